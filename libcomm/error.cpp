@@ -1,0 +1,46 @@
+#include "libcomm/error.h"
+
+#include <system_error>
+
+#include "libcomm/logging.h"
+
+namespace comm {
+
+Error::Error(const std::string& message) : std::runtime_error(message) {}
+Error::~Error() = default;
+
+InvalidArgument::InvalidArgument(const std::string& message)
+    : Error(message) {}
+ErrorKind InvalidArgument::kind() const noexcept {
+  return ErrorKind::kInvalidArgument;
+}
+
+TimeoutError::TimeoutError(const std::string& message)
+    : Error(with_log_hint(message)) {}
+ErrorKind TimeoutError::kind() const noexcept { return ErrorKind::kTimeout; }
+
+PeerError::PeerError(int peer_rank, const std::string& message)
+    : Error(with_log_hint(message)), peer_rank_(peer_rank) {}
+ErrorKind PeerError::kind() const noexcept { return ErrorKind::kPeer; }
+
+MismatchError::MismatchError(const std::string& message)
+    : Error(with_log_hint(message)) {}
+ErrorKind MismatchError::kind() const noexcept { return ErrorKind::kMismatch; }
+
+BackendError::BackendError(const std::string& message)
+    : Error(with_log_hint(message)) {}
+ErrorKind BackendError::kind() const noexcept { return ErrorKind::kBackend; }
+
+SystemError::SystemError(int error_code, const std::string& what_failed)
+    : Error(what_failed + ": " + std::system_category().message(error_code)),
+      error_code_(error_code) {}
+ErrorKind SystemError::kind() const noexcept { return ErrorKind::kSystem; }
+
+std::string with_log_hint(std::string message) {
+  if (log_level() > LogLevel::kDebug) {
+    message += " (set COMM_LOG_LEVEL=debug to see what led up to this)";
+  }
+  return message;
+}
+
+}  // namespace comm
