@@ -1,0 +1,273 @@
+// This file is compiled at -O3 (see meson.build) so that GCC vectorises the
+// loops below for unknown trip counts. Each loop body is branch-free: the
+// operators are written with conditional selects that become vector blends.
+#include "libcomm/reduce_kernels.h"
+
+#include <string>
+#include <type_traits>
+
+#include "libcomm/error.h"
+#include "libcomm/tensor.h"
+
+namespace comm {
+namespace {
+
+// Two's-complement arithmetic without signed overflow: compute in the
+// unsigned type of the same width, whose overflow is defined.
+template <typename T>
+using Wide = std::make_unsigned_t<T>;
+
+template <typename T>
+T wrap_add(T a, T b) {
+  return static_cast<T>(static_cast<Wide<T>>(static_cast<Wide<T>>(a) +
+                                             static_cast<Wide<T>>(b)));
+}
+
+template <typename T>
+T wrap_mul(T a, T b) {
+  // Promote 8-bit operands to unsigned int, not int, so the product of two
+  // 255s cannot overflow a signed type either.
+  using Promoted =
+      std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, Wide<T>>;
+  return static_cast<T>(static_cast<Wide<T>>(static_cast<Promoted>(
+      static_cast<Promoted>(static_cast<Wide<T>>(a)) *
+      static_cast<Promoted>(static_cast<Wide<T>>(b)))));
+}
+
+template <typename T>
+T nan_min(T a, T b) {
+  const T smaller = b < a ? b : a;
+  // a + b is NaN when either is; the select stays branch-free.
+  return (a != a || b != b) ? a + b : smaller;
+}
+
+template <typename T>
+T nan_max(T a, T b) {
+  const T larger = b > a ? b : a;
+  return (a != a || b != b) ? a + b : larger;
+}
+
+// The operator on values of the arithmetic type T (float for the half types).
+template <ReduceOp kOp, typename T>
+T combine(T a, T b) {
+  if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) {
+    if constexpr (std::is_integral_v<T>) return wrap_add(a, b);
+    else return a + b;
+  } else if constexpr (kOp == ReduceOp::kProduct) {
+    if constexpr (std::is_integral_v<T>) return wrap_mul(a, b);
+    else return a * b;
+  } else if constexpr (kOp == ReduceOp::kMin) {
+    if constexpr (std::is_integral_v<T>) return b < a ? b : a;
+    else return nan_min(a, b);
+  } else if constexpr (kOp == ReduceOp::kMax) {
+    if constexpr (std::is_integral_v<T>) return b > a ? b : a;
+    else return nan_max(a, b);
+  } else if constexpr (kOp == ReduceOp::kBand) {
+    return static_cast<T>(a & b);
+  } else if constexpr (kOp == ReduceOp::kBor) {
+    return static_cast<T>(a | b);
+  } else {
+    static_assert(kOp == ReduceOp::kBxor);
+    return static_cast<T>(a ^ b);
+  }
+}
+
+template <ReduceOp kOp, typename T>
+void reduce_plain(T* dst, const T* src, std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) dst[i] = combine<kOp>(dst[i], src[i]);
+}
+
+// The half types travel as their 16-bit patterns and are combined in float.
+template <ReduceOp kOp, float (*kWiden)(std::uint16_t),
+          std::uint16_t (*kNarrow)(float)>
+void reduce_half(std::uint16_t* dst, const std::uint16_t* src,
+                 std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    dst[i] = kNarrow(combine<kOp>(kWiden(dst[i]), kWiden(src[i])));
+  }
+}
+
+// bool: read bytes as truth values, so that a byte other than 0 or 1 (from
+// DLPack or from_blob) never reaches a C++ bool. SUM and MAX are "or",
+// PRODUCT and MIN are "and".
+template <ReduceOp kOp>
+void reduce_bool(std::uint8_t* dst, const std::uint8_t* src,
+                 std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint8_t a = dst[i] != 0;
+    const std::uint8_t b = src[i] != 0;
+    if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kMax ||
+                  kOp == ReduceOp::kBor) {
+      dst[i] = a | b;
+    } else if constexpr (kOp == ReduceOp::kProduct || kOp == ReduceOp::kMin ||
+                         kOp == ReduceOp::kBand) {
+      dst[i] = a & b;
+    } else {
+      dst[i] = a ^ b;
+    }
+  }
+}
+
+template <ReduceOp kOp>
+void reduce_dtype(DType dtype, void* dst, const void* src, std::size_t count) {
+  switch (dtype) {
+    case DType::kBool:
+      reduce_bool<kOp>(static_cast<std::uint8_t*>(dst),
+                       static_cast<const std::uint8_t*>(src), count);
+      return;
+    case DType::kI8:
+      reduce_plain<kOp>(static_cast<std::int8_t*>(dst),
+                        static_cast<const std::int8_t*>(src), count);
+      return;
+    case DType::kU8:
+      reduce_plain<kOp>(static_cast<std::uint8_t*>(dst),
+                        static_cast<const std::uint8_t*>(src), count);
+      return;
+    case DType::kI32:
+      reduce_plain<kOp>(static_cast<std::int32_t*>(dst),
+                        static_cast<const std::int32_t*>(src), count);
+      return;
+    case DType::kI64:
+      reduce_plain<kOp>(static_cast<std::int64_t*>(dst),
+                        static_cast<const std::int64_t*>(src), count);
+      return;
+    default:
+      break;
+  }
+  // Bitwise operators on floating types were rejected by check_reduce_op;
+  // this keeps them from being instantiated at all.
+  if constexpr (!is_bitwise(kOp)) {
+    switch (dtype) {
+      case DType::kF32:
+        reduce_plain<kOp>(static_cast<float*>(dst),
+                          static_cast<const float*>(src), count);
+        return;
+      case DType::kF64:
+        reduce_plain<kOp>(static_cast<double*>(dst),
+                          static_cast<const double*>(src), count);
+        return;
+      case DType::kF16:
+        reduce_half<kOp, half_bits::half_to_float, half_bits::float_to_half>(
+            static_cast<std::uint16_t*>(dst),
+            static_cast<const std::uint16_t*>(src), count);
+        return;
+      case DType::kBF16:
+        reduce_half<kOp, half_bits::bfloat16_to_float,
+                    half_bits::float_to_bfloat16>(
+            static_cast<std::uint16_t*>(dst),
+            static_cast<const std::uint16_t*>(src), count);
+        return;
+      default:
+        break;
+    }
+  }
+}
+
+template <typename T>
+void divide_plain(T* data, std::size_t count, std::int64_t divisor) {
+  if constexpr (std::is_floating_point_v<T>) {
+    const T d = static_cast<T>(divisor);
+    for (std::size_t i = 0; i < count; ++i) data[i] /= d;
+  } else {
+    // Divide in 64 bits: the divisor need not fit in T.
+    for (std::size_t i = 0; i < count; ++i) {
+      data[i] = static_cast<T>(static_cast<std::int64_t>(data[i]) / divisor);
+    }
+  }
+}
+
+template <float (*kWiden)(std::uint16_t), std::uint16_t (*kNarrow)(float)>
+void divide_half(std::uint16_t* data, std::size_t count, std::int64_t divisor) {
+  const float d = static_cast<float>(divisor);
+  for (std::size_t i = 0; i < count; ++i) data[i] = kNarrow(kWiden(data[i]) / d);
+}
+
+}  // namespace
+
+void check_reduce_op(ReduceOp op, DType dtype) {
+  if (is_bitwise(op) && is_floating(dtype)) {
+    throw InvalidArgument(std::string("reduce op ") + reduce_op_name(op) +
+                          " is bitwise and not defined on " +
+                          dtype_name(dtype) +
+                          " tensors; use an integer or bool dtype, or one of "
+                          "sum, avg, prod, min, max");
+  }
+  if (op == ReduceOp::kAvg && dtype == DType::kBool) {
+    throw InvalidArgument(
+        "reduce op avg is not defined on bool tensors; use sum (logical or) "
+        "or prod (logical and)");
+  }
+}
+
+void reduce_into(ReduceOp op, DType dtype, void* dst, const void* src,
+                 std::size_t count) {
+  check_reduce_op(op, dtype);
+  if (count == 0) return;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return reduce_dtype<ReduceOp::kSum>(dtype, dst, src, count);
+    case ReduceOp::kProduct:
+      return reduce_dtype<ReduceOp::kProduct>(dtype, dst, src, count);
+    case ReduceOp::kMin:
+      return reduce_dtype<ReduceOp::kMin>(dtype, dst, src, count);
+    case ReduceOp::kMax:
+      return reduce_dtype<ReduceOp::kMax>(dtype, dst, src, count);
+    case ReduceOp::kBand:
+      return reduce_dtype<ReduceOp::kBand>(dtype, dst, src, count);
+    case ReduceOp::kBor:
+      return reduce_dtype<ReduceOp::kBor>(dtype, dst, src, count);
+    case ReduceOp::kBxor:
+      return reduce_dtype<ReduceOp::kBxor>(dtype, dst, src, count);
+  }
+}
+
+void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src) {
+  if (dst.dtype() != src.dtype() || dst.numel() != src.numel()) {
+    throw InvalidArgument("reduce_into: destination " + dst.describe() +
+                          " and source " + src.describe() +
+                          " must have the same dtype and number of elements");
+  }
+  if (!dst.device().is_cpu() || !src.device().is_cpu()) {
+    throw InvalidArgument("reduce_into: the CPU kernels got " + dst.describe() +
+                          " and " + src.describe() +
+                          "; stage CUDA tensors through host memory first");
+  }
+  dst.check_contiguous("reduce_into");
+  src.check_contiguous("reduce_into");
+  reduce_into(op, dst.dtype(), dst.data_ptr(), src.data_ptr(),
+              static_cast<std::size_t>(dst.numel()));
+}
+
+void divide_by(DType dtype, void* data, std::size_t count,
+               std::int64_t divisor) {
+  if (divisor <= 0) {
+    throw InvalidArgument("divide_by: the divisor must be positive, got " +
+                          std::to_string(divisor));
+  }
+  switch (dtype) {
+    case DType::kF16:
+      return divide_half<half_bits::half_to_float, half_bits::float_to_half>(
+          static_cast<std::uint16_t*>(data), count, divisor);
+    case DType::kBF16:
+      return divide_half<half_bits::bfloat16_to_float,
+                         half_bits::float_to_bfloat16>(
+          static_cast<std::uint16_t*>(data), count, divisor);
+    case DType::kF32:
+      return divide_plain(static_cast<float*>(data), count, divisor);
+    case DType::kF64:
+      return divide_plain(static_cast<double*>(data), count, divisor);
+    case DType::kI8:
+      return divide_plain(static_cast<std::int8_t*>(data), count, divisor);
+    case DType::kU8:
+      return divide_plain(static_cast<std::uint8_t*>(data), count, divisor);
+    case DType::kI32:
+      return divide_plain(static_cast<std::int32_t*>(data), count, divisor);
+    case DType::kI64:
+      return divide_plain(static_cast<std::int64_t*>(data), count, divisor);
+    case DType::kBool:
+      throw InvalidArgument("divide_by: bool tensors cannot be averaged");
+  }
+}
+
+}  // namespace comm
