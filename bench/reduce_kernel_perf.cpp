@@ -72,8 +72,10 @@ int main(int argc, char** argv) {
   const std::size_t count = bytes / comm::dtype_size(dtype);
   bytes = count * comm::dtype_size(dtype);
   // Small integer values keep SUM and PRODUCT finite over many iterations.
-  comm::Tensor dst = comm::Tensor::full({static_cast<std::int64_t>(count)}, 1.0, dtype);
-  comm::Tensor src = comm::Tensor::full({static_cast<std::int64_t>(count)}, 1.0, dtype);
+  comm::Tensor dst =
+      comm::Tensor::full({static_cast<std::int64_t>(count)}, 1.0, dtype);
+  comm::Tensor src =
+      comm::Tensor::full({static_cast<std::int64_t>(count)}, 1.0, dtype);
   if (op == comm::ReduceOp::kSum || op == comm::ReduceOp::kAvg) {
     src = comm::Tensor::zeros({static_cast<std::int64_t>(count)}, dtype);
   }
@@ -95,10 +97,11 @@ int main(int argc, char** argv) {
 
   const double reduce_rate = static_cast<double>(bytes) / median(reduce_times);
   const double copy_rate = static_cast<double>(bytes) / median(copy_times);
-  std::printf("# in-place %s of two %zu-byte %s buffers vs memcpy of %zu bytes, "
-              "median of %d\n",
-              comm::reduce_op_name(op), bytes, comm::dtype_name(dtype), bytes,
-              iterations);
+  std::printf(
+      "# in-place %s of two %zu-byte %s buffers vs memcpy of %zu bytes, "
+      "median of %d\n",
+      comm::reduce_op_name(op), bytes, comm::dtype_name(dtype), bytes,
+      iterations);
   std::printf("%-10s %14s %12s %10s\n", "kernel", "time_us", "GB/s", "ratio");
   std::printf("%-10s %14.1f %12.2f %10.3f\n", comm::reduce_op_name(op),
               median(reduce_times) * 1e6, reduce_rate / 1e9,

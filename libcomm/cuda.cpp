@@ -60,8 +60,8 @@ void* cuda_malloc(std::size_t nbytes, int ordinal) {
   DeviceGuard guard(ordinal);
   void* data = nullptr;
   check_cuda(cudaMalloc(&data, nbytes),
-             "cudaMalloc of " + std::to_string(nbytes) + " bytes on cuda:" +
-                 std::to_string(ordinal));
+             "cudaMalloc of " + std::to_string(nbytes) +
+                 " bytes on cuda:" + std::to_string(ordinal));
   return data;
 }
 

@@ -25,11 +25,11 @@ const char* dtype_name(DType dtype) {
 
 DType parse_dtype(std::string_view text) {
   static const std::pair<const char*, DType> kAliases[] = {
-      {"half", DType::kF16},  {"fp16", DType::kF16},  {"f16", DType::kF16},
-      {"bf16", DType::kBF16}, {"float", DType::kF32}, {"fp32", DType::kF32},
+      {"half", DType::kF16},  {"fp16", DType::kF16},   {"f16", DType::kF16},
+      {"bf16", DType::kBF16}, {"float", DType::kF32},  {"fp32", DType::kF32},
       {"f32", DType::kF32},   {"double", DType::kF64}, {"fp64", DType::kF64},
-      {"f64", DType::kF64},   {"char", DType::kI8},   {"i8", DType::kI8},
-      {"u8", DType::kU8},     {"int", DType::kI32},   {"i32", DType::kI32},
+      {"f64", DType::kF64},   {"char", DType::kI8},    {"i8", DType::kI8},
+      {"u8", DType::kU8},     {"int", DType::kI32},    {"i32", DType::kI32},
       {"long", DType::kI64},  {"i64", DType::kI64},
   };
   const std::string lower = detail::lowercase(text);

@@ -61,14 +61,41 @@ COMM_API DType parse_dtype(std::string_view text);
 // types and bool for kBool (stored as one byte holding 0 or 1).
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<Float16>() { return DType::kF16; }
-template <> constexpr DType dtype_of<BFloat16>() { return DType::kBF16; }
-template <> constexpr DType dtype_of<float>() { return DType::kF32; }
-template <> constexpr DType dtype_of<double>() { return DType::kF64; }
-template <> constexpr DType dtype_of<std::int8_t>() { return DType::kI8; }
-template <> constexpr DType dtype_of<std::uint8_t>() { return DType::kU8; }
-template <> constexpr DType dtype_of<std::int32_t>() { return DType::kI32; }
-template <> constexpr DType dtype_of<std::int64_t>() { return DType::kI64; }
-template <> constexpr DType dtype_of<bool>() { return DType::kBool; }
+template <>
+constexpr DType dtype_of<Float16>() {
+  return DType::kF16;
+}
+template <>
+constexpr DType dtype_of<BFloat16>() {
+  return DType::kBF16;
+}
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType dtype_of<std::int8_t>() {
+  return DType::kI8;
+}
+template <>
+constexpr DType dtype_of<std::uint8_t>() {
+  return DType::kU8;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<std::int64_t>() {
+  return DType::kI64;
+}
+template <>
+constexpr DType dtype_of<bool>() {
+  return DType::kBool;
+}
 
 }  // namespace comm

@@ -9,8 +9,7 @@ namespace comm {
 Error::Error(const std::string& message) : std::runtime_error(message) {}
 Error::~Error() = default;
 
-InvalidArgument::InvalidArgument(const std::string& message)
-    : Error(message) {}
+InvalidArgument::InvalidArgument(const std::string& message) : Error(message) {}
 ErrorKind InvalidArgument::kind() const noexcept {
   return ErrorKind::kInvalidArgument;
 }

@@ -40,8 +40,8 @@ inline std::uint16_t float_to_half(float f) {
   const std::uint32_t magnitude = word << 1;
   // Scaling up then down by powers of two sends values too large for a half
   // to infinity while keeping the rest unchanged.
-  float base = (std::bit_cast<float>(word & 0x7FFFFFFFu) * 0x1.0p+112f) *
-               0x1.0p-110f;
+  float base =
+      (std::bit_cast<float>(word & 0x7FFFFFFFu) * 0x1.0p+112f) * 0x1.0p-110f;
   // Adding a power of two chosen from the exponent makes the float adder
   // round away exactly the mantissa bits a half cannot hold, to nearest even;
   // subnormal results use the smallest such power.

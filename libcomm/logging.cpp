@@ -86,7 +86,9 @@ LogLevel log_level() {
   }
 }
 
-void set_log_level(LogLevel level) { state().logger->set_level(to_spdlog(level)); }
+void set_log_level(LogLevel level) {
+  state().logger->set_level(to_spdlog(level));
+}
 
 void set_log_rank(int rank) { state().logger->set_pattern(make_pattern(rank)); }
 

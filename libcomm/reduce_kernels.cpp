@@ -19,8 +19,8 @@ using Wide = std::make_unsigned_t<T>;
 
 template <typename T>
 T wrap_add(T a, T b) {
-  return static_cast<T>(static_cast<Wide<T>>(static_cast<Wide<T>>(a) +
-                                             static_cast<Wide<T>>(b)));
+  return static_cast<T>(
+      static_cast<Wide<T>>(static_cast<Wide<T>>(a) + static_cast<Wide<T>>(b)));
 }
 
 template <typename T>
@@ -29,9 +29,9 @@ T wrap_mul(T a, T b) {
   // 255s cannot overflow a signed type either.
   using Promoted =
       std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, Wide<T>>;
-  return static_cast<T>(static_cast<Wide<T>>(static_cast<Promoted>(
-      static_cast<Promoted>(static_cast<Wide<T>>(a)) *
-      static_cast<Promoted>(static_cast<Wide<T>>(b)))));
+  return static_cast<T>(static_cast<Wide<T>>(
+      static_cast<Promoted>(static_cast<Promoted>(static_cast<Wide<T>>(a)) *
+                            static_cast<Promoted>(static_cast<Wide<T>>(b)))));
 }
 
 template <typename T>
@@ -51,17 +51,25 @@ T nan_max(T a, T b) {
 template <ReduceOp kOp, typename T>
 T combine(T a, T b) {
   if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kAvg) {
-    if constexpr (std::is_integral_v<T>) return wrap_add(a, b);
-    else return a + b;
+    if constexpr (std::is_integral_v<T>)
+      return wrap_add(a, b);
+    else
+      return a + b;
   } else if constexpr (kOp == ReduceOp::kProduct) {
-    if constexpr (std::is_integral_v<T>) return wrap_mul(a, b);
-    else return a * b;
+    if constexpr (std::is_integral_v<T>)
+      return wrap_mul(a, b);
+    else
+      return a * b;
   } else if constexpr (kOp == ReduceOp::kMin) {
-    if constexpr (std::is_integral_v<T>) return b < a ? b : a;
-    else return nan_min(a, b);
+    if constexpr (std::is_integral_v<T>)
+      return b < a ? b : a;
+    else
+      return nan_min(a, b);
   } else if constexpr (kOp == ReduceOp::kMax) {
-    if constexpr (std::is_integral_v<T>) return b > a ? b : a;
-    else return nan_max(a, b);
+    if constexpr (std::is_integral_v<T>)
+      return b > a ? b : a;
+    else
+      return nan_max(a, b);
   } else if constexpr (kOp == ReduceOp::kBand) {
     return static_cast<T>(a & b);
   } else if constexpr (kOp == ReduceOp::kBor) {
@@ -131,8 +139,7 @@ void reduce_dtype(DType dtype, void* dst, const void* src, std::size_t count) {
       reduce_plain<kOp>(static_cast<std::int64_t*>(dst),
                         static_cast<const std::int64_t*>(src), count);
       return;
-    default:
-      break;
+    default: break;
   }
   // Bitwise operators on floating types were rejected by check_reduce_op;
   // this keeps them from being instantiated at all.
@@ -157,8 +164,7 @@ void reduce_dtype(DType dtype, void* dst, const void* src, std::size_t count) {
             static_cast<std::uint16_t*>(dst),
             static_cast<const std::uint16_t*>(src), count);
         return;
-      default:
-        break;
+      default: break;
     }
   }
 }
@@ -179,7 +185,8 @@ void divide_plain(T* data, std::size_t count, std::int64_t divisor) {
 template <float (*kWiden)(std::uint16_t), std::uint16_t (*kNarrow)(float)>
 void divide_half(std::uint16_t* data, std::size_t count, std::int64_t divisor) {
   const float d = static_cast<float>(divisor);
-  for (std::size_t i = 0; i < count; ++i) data[i] = kNarrow(kWiden(data[i]) / d);
+  for (std::size_t i = 0; i < count; ++i)
+    data[i] = kNarrow(kWiden(data[i]) / d);
 }
 
 }  // namespace

@@ -35,8 +35,8 @@ COMM_API void reduce_into(ReduceOp op, DType dtype, void* dst, const void* src,
 // The same on tensors: both contiguous, on the CPU, of one dtype and numel.
 COMM_API void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src);
 
-// data[i] /= divisor, the last step of AVG; divisor > 0. Floating types divide exactly
-// (the half types in float); integers truncate toward zero.
+// data[i] /= divisor, the last step of AVG; divisor > 0. Floating types divide
+// exactly (the half types in float); integers truncate toward zero.
 COMM_API void divide_by(DType dtype, void* data, std::size_t count,
                         std::int64_t divisor);
 

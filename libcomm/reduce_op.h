@@ -28,8 +28,7 @@ inline constexpr std::array<ReduceOp, 8> kAllReduceOps = {
     ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
 
 constexpr bool is_bitwise(ReduceOp op) {
-  return op == ReduceOp::kBand || op == ReduceOp::kBor ||
-         op == ReduceOp::kBxor;
+  return op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
 }
 
 // sum, avg, prod, min, max, band, bor, bxor (the names nccl-tests prints).

@@ -18,7 +18,8 @@ constexpr std::size_t kHostAlignment = 64;
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
   if (device.is_cuda()) {
     // cudaMalloc(0) returns null, which is fine: nothing will be read.
-    void* data = nbytes == 0 ? nullptr : detail::cuda_malloc(nbytes, device.index);
+    void* data =
+        nbytes == 0 ? nullptr : detail::cuda_malloc(nbytes, device.index);
     const int ordinal = device.index;
     return std::shared_ptr<Storage>(new Storage(
         data, device, [ordinal](void* p) { detail::cuda_free(p, ordinal); }));
@@ -35,7 +36,8 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
 
 std::shared_ptr<Storage> Storage::borrow(void* data, Device device,
                                          Deleter deleter) {
-  return std::shared_ptr<Storage>(new Storage(data, device, std::move(deleter)));
+  return std::shared_ptr<Storage>(
+      new Storage(data, device, std::move(deleter)));
 }
 
 Storage::Storage(void* data, Device device, Deleter deleter)

@@ -66,8 +66,7 @@ DType from_dl_dtype(DLDataType dl) {
     case kDLPackBoolCode:
       if (dl.bits == 8) return DType::kBool;
       break;
-    default:
-      break;
+    default: break;
   }
   throw InvalidArgument("from_dlpack: DLPack dtype (" + seen +
                         ") has no libcomm dtype; supported are float16/32/64, "
@@ -79,8 +78,7 @@ Device from_dl_device(DLDevice dl) {
     case kDLCPU:
     case kDLCUDAHost:  // pinned host memory is ordinary host memory to us
       return Device::cpu();
-    case kDLCUDA:
-      return Device::cuda(dl.device_id);
+    case kDLCUDA: return Device::cuda(dl.device_id);
     default:
       throw InvalidArgument("from_dlpack: DLPack device type " +
                             std::to_string(dl.device_type) +
@@ -95,7 +93,8 @@ DLManagedTensor* to_dlpack(const Tensor& tensor) {
   if (!tensor.defined()) {
     throw InvalidArgument("to_dlpack: the tensor is undefined");
   }
-  auto* context = new ExportContext{tensor, tensor.shape(), tensor.strides(), {}};
+  auto* context =
+      new ExportContext{tensor, tensor.shape(), tensor.strides(), {}};
   DLTensor& dl = context->managed.dl_tensor;
   dl.data = tensor.data_ptr();
   dl.device.device_type = tensor.device().is_cuda() ? kDLCUDA : kDLCPU;
@@ -137,11 +136,11 @@ Tensor from_dlpack(DLManagedTensor* managed) {
   void* data = static_cast<std::byte*>(dl.data) + dl.byte_offset;
   // Everything from_blob could reject was checked above: from here on the
   // tensor owns `managed`.
-  return Tensor::from_blob(
-      data, shape, strides, dtype, device,
-      [managed](void*) {
-        if (managed->deleter != nullptr) managed->deleter(managed);
-      });
+  return Tensor::from_blob(data, shape, strides, dtype, device,
+                           [managed](void*) {
+                             if (managed->deleter != nullptr)
+                               managed->deleter(managed);
+                           });
 }
 
 }  // namespace comm

@@ -10,8 +10,9 @@
 
 int main(int argc, char** argv) {
   if (!comm::built_with_cuda()) {
-    std::printf("SKIP: libcomm was built without CUDA (see the GPU support "
-                "section of the meson summary)\n");
+    std::printf(
+        "SKIP: libcomm was built without CUDA (see the GPU support "
+        "section of the meson summary)\n");
     return 77;
   }
   if (comm::cuda_device_count() == 0) {

@@ -41,7 +41,8 @@ TEST_CASE("CUDA factories and slices", "[gpu][tensor]") {
 TEST_CASE("strided copies involving CUDA memory are refused", "[gpu][tensor]") {
   Tensor device = Tensor::zeros({4, 4}, DType::kF32, Device::cuda(0));
   std::vector<float> memory(32);
-  Tensor strided = Tensor::from_blob(memory.data(), {4, 4}, {8, 1}, DType::kF32);
+  Tensor strided =
+      Tensor::from_blob(memory.data(), {4, 4}, {8, 1}, DType::kF32);
   CHECK_THROWS_WITH(device.copy_(strided), Catch::Contains("contiguous"));
 }
 

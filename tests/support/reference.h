@@ -60,10 +60,14 @@ T int_reference(ReduceOp op, T a, T b) {
   std::int64_t r = 0;
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: r = static_cast<std::int64_t>(
-                             static_cast<std::uint64_t>(x) + static_cast<std::uint64_t>(y)); break;
-    case ReduceOp::kProduct: r = static_cast<std::int64_t>(
-                                 static_cast<std::uint64_t>(x) * static_cast<std::uint64_t>(y)); break;
+    case ReduceOp::kAvg:
+      r = static_cast<std::int64_t>(static_cast<std::uint64_t>(x) +
+                                    static_cast<std::uint64_t>(y));
+      break;
+    case ReduceOp::kProduct:
+      r = static_cast<std::int64_t>(static_cast<std::uint64_t>(x) *
+                                    static_cast<std::uint64_t>(y));
+      break;
     case ReduceOp::kMin: r = x < y ? x : y; break;
     case ReduceOp::kMax: r = x > y ? x : y; break;
     case ReduceOp::kBand: r = x & y; break;

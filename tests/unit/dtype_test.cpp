@@ -14,8 +14,9 @@ TEST_CASE("dtype names parse back, with nccl-tests aliases", "[dtype]") {
   CHECK(comm::parse_dtype("int") == comm::DType::kI32);
   CHECK(comm::dtype_size(comm::DType::kBF16) == 2);
   CHECK(comm::dtype_size(comm::DType::kI64) == 8);
-  CHECK_THROWS_WITH(comm::parse_dtype("complex64"),
-                    Catch::Contains("complex64") && Catch::Contains("bfloat16"));
+  CHECK_THROWS_WITH(
+      comm::parse_dtype("complex64"),
+      Catch::Contains("complex64") && Catch::Contains("bfloat16"));
 }
 
 TEST_CASE("reduce op names parse back", "[dtype]") {

@@ -16,8 +16,8 @@ TEST_CASE("each error class reports its kind", "[error]") {
   comm::SystemError system(ECONNREFUSED, "connect to 127.0.0.1:1");
   CHECK(system.kind() == comm::ErrorKind::kSystem);
   CHECK(system.error_code() == ECONNREFUSED);
-  CHECK_THAT(system.what(), Catch::Contains("127.0.0.1:1") &&
-                                Catch::Contains("refused"));
+  CHECK_THAT(system.what(),
+             Catch::Contains("127.0.0.1:1") && Catch::Contains("refused"));
 }
 
 TEST_CASE("all of them are caught as comm::Error and std::exception",

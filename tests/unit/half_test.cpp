@@ -18,7 +18,8 @@ using comm::half_bits::half_to_float;
 TEST_CASE("every float16 widens exactly", "[half]") {
   for (std::uint32_t bits = 0; bits <= 0xFFFF; ++bits) {
     const float ours = half_to_float(static_cast<std::uint16_t>(bits));
-    const float want = comm::testing::f16_value(static_cast<std::uint16_t>(bits));
+    const float want =
+        comm::testing::f16_value(static_cast<std::uint16_t>(bits));
     if (std::isnan(want)) {
       REQUIRE(std::isnan(ours));
     } else {
@@ -59,15 +60,15 @@ TEST_CASE("bfloat16 conversions round to nearest even", "[half]") {
   for (std::uint32_t bits = 0; bits <= 0xFFFF; ++bits) {
     const float f = bfloat16_to_float(static_cast<std::uint16_t>(bits));
     REQUIRE(std::bit_cast<std::uint32_t>(f) ==
-            std::bit_cast<std::uint32_t>(comm::testing::bf16_value(
-                static_cast<std::uint16_t>(bits))));
+            std::bit_cast<std::uint32_t>(
+                comm::testing::bf16_value(static_cast<std::uint16_t>(bits))));
   }
   std::mt19937 rng(11);
   for (int i = 0; i < 1000000; ++i) {
     // Magnitudes below the largest finite bfloat16, where the reference is
     // defined; overflow is checked separately.
-    const float f = std::bit_cast<float>(static_cast<std::uint32_t>(rng()) &
-                                         0xBF7FFFFFu);
+    const float f =
+        std::bit_cast<float>(static_cast<std::uint32_t>(rng()) & 0xBF7FFFFFu);
     INFO("float bits " << std::bit_cast<std::uint32_t>(f));
     REQUIRE(float_to_bfloat16(f) == comm::testing::bf16_round(f));
   }

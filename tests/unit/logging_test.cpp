@@ -66,17 +66,17 @@ TEST_CASE("COMM_LOG_LEVEL sets the level; unknown values fall back to warn",
 
 TEST_CASE("parse_log_level names the accepted values", "[logging]") {
   CHECK(comm::parse_log_level("Info") == comm::LogLevel::kInfo);
-  CHECK_THROWS_WITH(comm::parse_log_level("verbose"),
-                    Catch::Contains("verbose") &&
-                        Catch::Contains("off, error, warn, info, debug, trace"));
+  CHECK_THROWS_WITH(
+      comm::parse_log_level("verbose"),
+      Catch::Contains("verbose") &&
+          Catch::Contains("off, error, warn, info, debug, trace"));
 }
 
 TEST_CASE("each line carries host, pid and, once known, the rank",
           "[logging]") {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  const std::string origin =
-      std::string(host) + ":" + std::to_string(getpid());
+  const std::string origin = std::string(host) + ":" + std::to_string(getpid());
   comm::set_log_level(comm::LogLevel::kInfo);
 
   std::string before = capture_stderr([] { COMM_LOG_WARN("before {}", 1); });

@@ -208,7 +208,8 @@ TEST_CASE("integer SUM and PRODUCT wrap around", "[reduce]") {
   comm::reduce_into(ReduceOp::kSum, DType::kI32, sum.data(), b.data(), 4);
   CHECK(sum == std::vector<std::int32_t>{INT32_MIN, INT32_MAX, 131072, -4});
   auto product = a;
-  comm::reduce_into(ReduceOp::kProduct, DType::kI32, product.data(), b.data(), 4);
+  comm::reduce_into(ReduceOp::kProduct, DType::kI32, product.data(), b.data(),
+                    4);
   CHECK(product == std::vector<std::int32_t>{INT32_MAX, INT32_MIN, 0, -21});
 
   std::vector<std::int8_t> c = {127, -128, -128}, d = {1, -1, -128};
@@ -216,7 +217,8 @@ TEST_CASE("integer SUM and PRODUCT wrap around", "[reduce]") {
   comm::reduce_into(ReduceOp::kSum, DType::kI8, c_sum.data(), d.data(), 3);
   CHECK(c_sum == std::vector<std::int8_t>{-128, 127, 0});
   auto c_product = c;
-  comm::reduce_into(ReduceOp::kProduct, DType::kI8, c_product.data(), d.data(), 3);
+  comm::reduce_into(ReduceOp::kProduct, DType::kI8, c_product.data(), d.data(),
+                    3);
   CHECK(c_product == std::vector<std::int8_t>{127, -128, 0});
 
   std::vector<std::uint8_t> u = {255, 16}, v = {1, 16};
@@ -284,8 +286,8 @@ TEST_CASE("the tensor overload checks its arguments", "[reduce]") {
 
   // Every other row of an 8x3 tensor: 4x3, but not contiguous.
   auto tall = comm::Tensor::zeros({8, 3}, DType::kF32);
-  auto strided = comm::Tensor::from_blob(tall.data_ptr(), {4, 3}, {6, 1},
-                                         DType::kF32);
+  auto strided =
+      comm::Tensor::from_blob(tall.data_ptr(), {4, 3}, {6, 1}, DType::kF32);
   CHECK_THROWS_WITH(comm::reduce_into(ReduceOp::kSum, a, strided),
                     Catch::Contains("[4, 3]") && Catch::Contains("[6, 1]"));
 }

@@ -23,8 +23,8 @@ struct ForeignTensor {
 };
 
 DLManagedTensor* make_foreign(int* deleter_calls, std::uint64_t byte_offset) {
-  auto* foreign = new ForeignTensor{{0, 1, 2, 3, 4, 5, 6, 7}, {2, 3}, {},
-                                    deleter_calls};
+  auto* foreign =
+      new ForeignTensor{{0, 1, 2, 3, 4, 5, 6, 7}, {2, 3}, {}, deleter_calls};
   DLTensor& dl = foreign->managed.dl_tensor;
   dl.data = foreign->data.data();
   dl.byte_offset = byte_offset;
@@ -50,9 +50,9 @@ TEST_CASE("a DLPack round trip keeps the data pointer and frees once",
   void* original = nullptr;
   {
     std::vector<float> memory = {1, 2, 3, 4, 5, 6};
-    Tensor source = Tensor::from_blob(memory.data(), {3, 2}, DType::kF32,
-                                      comm::Device::cpu(),
-                                      [&](void*) { ++calls; });
+    Tensor source =
+        Tensor::from_blob(memory.data(), {3, 2}, DType::kF32,
+                          comm::Device::cpu(), [&](void*) { ++calls; });
     original = source.data_ptr();
     DLManagedTensor* exported = comm::to_dlpack(source);
     CHECK(exported->dl_tensor.data == original);

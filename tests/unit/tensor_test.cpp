@@ -71,12 +71,13 @@ TEST_CASE("slice views rows of dimension 0", "[tensor]") {
 TEST_CASE("contiguity is checked where it is required", "[tensor]") {
   std::vector<float> memory(24);
   // Columns 0..1 of a 4x6 matrix: shape [4, 2], strides [6, 1].
-  Tensor columns = Tensor::from_blob(memory.data(), {4, 2}, {6, 1}, DType::kF32);
+  Tensor columns =
+      Tensor::from_blob(memory.data(), {4, 2}, {6, 1}, DType::kF32);
   CHECK_FALSE(columns.is_contiguous());
-  CHECK_THROWS_WITH(columns.check_contiguous("all_reduce"),
-                    Catch::Contains("all_reduce") && Catch::Contains("[4, 2]") &&
-                        Catch::Contains("[6, 1]") &&
-                        Catch::Contains("contiguous()"));
+  CHECK_THROWS_WITH(
+      columns.check_contiguous("all_reduce"),
+      Catch::Contains("all_reduce") && Catch::Contains("[4, 2]") &&
+          Catch::Contains("[6, 1]") && Catch::Contains("contiguous()"));
   CHECK_THROWS_AS(columns.view({8}), comm::InvalidArgument);
   // Size-1 dimensions may carry any stride.
   Tensor row = Tensor::from_blob(memory.data(), {1, 6}, {100, 1}, DType::kF32);
