@@ -1,0 +1,243 @@
+#include "store/tcp_store.h"
+
+#include <cstdlib>
+
+#include "libcomm/detail/log.h"
+#include "libcomm/detail/socket.h"
+#include "libcomm/error.h"
+#include "libcomm/version.h"
+#include "store/tcp_store_protocol.h"
+
+namespace comm {
+
+namespace proto = tcp_store_protocol;
+
+namespace {
+
+proto::Message request_of(proto::Op op, std::vector<std::string> keys = {},
+                          std::vector<Bytes> values = {},
+                          std::int64_t number = 0) {
+  proto::Message message;
+  message.code = static_cast<std::uint8_t>(op);
+  message.keys = std::move(keys);
+  message.values = std::move(values);
+  message.number = number;
+  return message;
+}
+
+}  // namespace
+
+TCPStore::TCPStore(TCPStoreOptions options)
+    : Store(options.timeout), host_(options.host), port_(options.port) {
+  std::string token;
+  if (options.token) {
+    token = *options.token;
+  } else if (const char* env = std::getenv("COMM_STORE_TOKEN")) {
+    token = env;
+  }
+  if (options.is_server) {
+    TCPStoreServerOptions server_options;
+    server_options.host = options.host;
+    server_options.port = options.port;
+    server_options.token = token;
+    server_ = std::make_unique<TCPStoreServer>(server_options);
+    port_ = server_->port();
+  }
+  name_ = "TCPStore server " + detail::host_port(host_, port_);
+  socket_ = std::make_unique<detail::Socket>(detail::Socket::connect(
+      host_, port_, detail::deadline_after(options.timeout), "TCPStore"));
+  handshake(token);
+}
+
+TCPStore::~TCPStore() {
+  // Close our connection before stopping the server we host, so that the
+  // server sees an orderly goodbye rather than a reset.
+  socket_.reset();
+  server_.reset();
+}
+
+void TCPStore::handshake(const std::string& token) {
+  proto::Hello hello;
+  hello.token = token;
+  const Bytes frame = proto::encode_hello(hello);
+  const auto deadline = detail::deadline_after(timeout());
+  socket_->send_all(frame.data(), frame.size(), deadline, name_);
+  std::uint8_t length_bytes[proto::kLengthSize];
+  try {
+    socket_->recv_all(length_bytes, sizeof(length_bytes), deadline, name_);
+  } catch (const PeerError&) {
+    throw PeerError(-1, name_ + " closed the connection during the handshake; "
+                            "is something other than a libcomm TCPStore "
+                            "listening there?");
+  }
+  std::uint64_t length = 0;
+  for (std::size_t i = 0; i < proto::kLengthSize; ++i) {
+    length |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
+  }
+  if (length > 64) {
+    throw PeerError(-1, name_ + " answered the handshake with a " +
+                            std::to_string(length) +
+                            "-byte frame; it is not a libcomm TCPStore");
+  }
+  Bytes payload(length);
+  socket_->recv_all(payload.data(), payload.size(), deadline, name_);
+  proto::Welcome welcome;
+  const std::string problem =
+      proto::decode_welcome(payload.data(), payload.size(), &welcome);
+  if (!problem.empty()) throw PeerError(-1, name_ + ": " + problem);
+  switch (welcome.status) {
+    case proto::HelloStatus::kOk: return;
+    case proto::HelloStatus::kVersionMismatch:
+      throw BackendError(name_ + " speaks TCPStore protocol version " +
+                         std::to_string(welcome.version) +
+                         " but this libcomm (" + std::to_string(COMM_VERSION_MAJOR) +
+                         "." + std::to_string(COMM_VERSION_MINOR) + "." +
+                         std::to_string(COMM_VERSION_PATCH) + ") speaks " +
+                         std::to_string(proto::kVersion) +
+                         "; run the same libcomm version on every rank");
+    case proto::HelloStatus::kBadToken:
+      throw InvalidArgument(
+          name_ + " refused this client's token: " +
+          (token.empty() ? std::string("none was given")
+                         : std::string("it does not match")) +
+          "; set COMM_STORE_TOKEN to the job's token on every rank");
+  }
+}
+
+void TCPStore::send_request(const proto::Message& request) {
+  const Bytes frame = proto::encode_message(request);
+  socket_->send_all(frame.data(), frame.size(), detail::deadline_after(timeout()),
+                   name_);
+}
+
+proto::Message TCPStore::read_response() {
+  const auto deadline = detail::deadline_after(timeout());
+  std::uint8_t length_bytes[proto::kLengthSize];
+  socket_->recv_all(length_bytes, sizeof(length_bytes), deadline, name_);
+  std::uint64_t length = 0;
+  for (std::size_t i = 0; i < proto::kLengthSize; ++i) {
+    length |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
+  }
+  if (length > proto::kMaxPayload) {
+    throw PeerError(-1, name_ + " sent a frame of " + std::to_string(length) +
+                            " bytes, over the protocol's limit");
+  }
+  Bytes payload(length);
+  socket_->recv_all(payload.data(), payload.size(), deadline, name_);
+  proto::Message response;
+  const std::string problem =
+      proto::decode_message(payload.data(), payload.size(), &response);
+  if (!problem.empty()) throw PeerError(-1, name_ + " sent a " + problem);
+  return response;
+}
+
+proto::Message TCPStore::call(const proto::Message& request) {
+  if (proto::encoded_size(request) > proto::kMaxPayload) {
+    throw InvalidArgument("TCPStore request of " +
+                          std::to_string(proto::encoded_size(request)) +
+                          " bytes is over the limit of " +
+                          std::to_string(proto::kMaxPayload) +
+                          "; split the multi_set");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  send_request(request);
+  proto::Message response = read_response();
+  if (response.code == static_cast<std::uint8_t>(proto::Status::kError)) {
+    throw InvalidArgument(name_ + ": " +
+                          (response.values.empty() ? std::string("error")
+                                                   : to_string(response.values[0])));
+  }
+  if (response.code != static_cast<std::uint8_t>(proto::Status::kOk)) {
+    throw PeerError(-1, name_ + " answered with unexpected status " +
+                            std::to_string(response.code));
+  }
+  return response;
+}
+
+proto::Message TCPStore::call_blocking(const proto::Message& request,
+                                       Duration timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  send_request(request);
+  if (socket_->wait_readable(detail::deadline_after(timeout))) {
+    proto::Message response = read_response();
+    if (response.code != static_cast<std::uint8_t>(proto::Status::kOk)) {
+      throw PeerError(-1, name_ + " answered a blocking request with status " +
+                              std::to_string(response.code));
+    }
+    return response;
+  }
+  // Cancel, then read until the server confirms. The answer may have been
+  // sent just before the cancel arrived: then it comes first, and wins.
+  send_request(request_of(proto::Op::kCancel));
+  std::optional<proto::Message> answer;
+  for (int frames = 0; frames < 2; ++frames) {
+    proto::Message response = read_response();
+    if (response.code == static_cast<std::uint8_t>(proto::Status::kCanceled)) {
+      if (answer) return *answer;
+      throw_store_timeout(name_, response.keys.empty() ? request.keys : response.keys,
+                          timeout);
+    }
+    answer = std::move(response);
+  }
+  throw PeerError(-1, name_ + " did not confirm a canceled wait");
+}
+
+void TCPStore::do_set(const std::string& key, const Bytes& value) {
+  call(request_of(proto::Op::kSet, {key}, {value}));
+}
+
+Bytes TCPStore::do_get(const std::string& key, Duration timeout) {
+  return std::move(do_multi_get({key}, timeout).front());
+}
+
+std::int64_t TCPStore::do_add(const std::string& key, std::int64_t delta) {
+  return call(request_of(proto::Op::kAdd, {key}, {}, delta)).number;
+}
+
+Bytes TCPStore::do_compare_set(const std::string& key, const Bytes& expected,
+                               const Bytes& desired) {
+  auto response = call(request_of(proto::Op::kCompareSet, {key}, {expected, desired}));
+  if (response.values.size() != 1) {
+    throw PeerError(-1, name_ + " answered compare_set without a value");
+  }
+  return std::move(response.values[0]);
+}
+
+void TCPStore::do_wait(const std::vector<std::string>& keys, Duration timeout) {
+  call_blocking(request_of(proto::Op::kWait, keys), timeout);
+}
+
+bool TCPStore::do_check(const std::vector<std::string>& keys) {
+  return call(request_of(proto::Op::kCheck, keys)).number != 0;
+}
+
+bool TCPStore::do_delete_key(const std::string& key) {
+  return call(request_of(proto::Op::kDelete, {key})).number != 0;
+}
+
+std::int64_t TCPStore::do_num_keys() {
+  return call(request_of(proto::Op::kNumKeys)).number;
+}
+
+std::vector<Bytes> TCPStore::do_multi_get(const std::vector<std::string>& keys,
+                                          Duration timeout) {
+  auto response = call_blocking(request_of(proto::Op::kGet, keys), timeout);
+  if (response.code != static_cast<std::uint8_t>(proto::Status::kOk) ||
+      response.values.size() != keys.size()) {
+    throw PeerError(-1, name_ + " answered a get of " + std::to_string(keys.size()) +
+                            " keys with " + std::to_string(response.values.size()) +
+                            " values");
+  }
+  return std::move(response.values);
+}
+
+void TCPStore::do_multi_set(const std::vector<std::string>& keys,
+                            const std::vector<Bytes>& values) {
+  call(request_of(proto::Op::kMultiSet, keys, values));
+}
+
+void TCPStore::do_append(const std::string& key, const Bytes& value) {
+  call(request_of(proto::Op::kAppend, {key}, {value}));
+}
+
+}  // namespace comm

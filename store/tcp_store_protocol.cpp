@@ -1,0 +1,241 @@
+#include "store/tcp_store_protocol.h"
+
+#include <cstring>
+
+namespace comm::tcp_store_protocol {
+namespace {
+
+class Writer {
+ public:
+  void u8(std::uint8_t v) { out_.push_back(v); }
+  void u16(std::uint16_t v) { little_endian(v, 2); }
+  void u32(std::uint32_t v) { little_endian(v, 4); }
+  void i64(std::int64_t v) { little_endian(static_cast<std::uint64_t>(v), 8); }
+  void blob(const void* data, std::size_t size) {
+    u32(static_cast<std::uint32_t>(size));
+    const auto* bytes = static_cast<const std::uint8_t*>(data);
+    out_.insert(out_.end(), bytes, bytes + size);
+  }
+  // Prefixes the payload written so far with its length.
+  Bytes frame() {
+    Bytes framed(kLengthSize);
+    const std::uint64_t size = out_.size();
+    for (std::size_t i = 0; i < kLengthSize; ++i) {
+      framed[i] = static_cast<std::uint8_t>(size >> (8 * i));
+    }
+    framed.insert(framed.end(), out_.begin(), out_.end());
+    return framed;
+  }
+
+ private:
+  void little_endian(std::uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  Bytes out_;
+};
+
+// Reads fields from a payload; once a read runs past the end, every later
+// read fails too and ok() is false.
+class Reader {
+ public:
+  Reader(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+
+  std::uint64_t little_endian(int bytes) {
+    if (!take(static_cast<std::size_t>(bytes))) return 0;
+    std::uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) {
+      v |= static_cast<std::uint64_t>(data_[pos_ - bytes + i]) << (8 * i);
+    }
+    return v;
+  }
+  std::uint8_t u8() { return static_cast<std::uint8_t>(little_endian(1)); }
+  std::uint16_t u16() { return static_cast<std::uint16_t>(little_endian(2)); }
+  std::uint32_t u32() { return static_cast<std::uint32_t>(little_endian(4)); }
+  std::int64_t i64() { return static_cast<std::int64_t>(little_endian(8)); }
+  // A length-prefixed blob of at most `limit` bytes.
+  bool blob(std::size_t limit, const std::uint8_t** start, std::size_t* size) {
+    const std::uint32_t length = u32();
+    if (!ok_ || length > limit || !take(length)) {
+      ok_ = false;
+      return false;
+    }
+    *start = data_ + pos_ - length;
+    *size = length;
+    return true;
+  }
+  // The number of elements a count field may announce: each needs at least
+  // its 4-byte length, so a count beyond what is left is a lie.
+  bool count(std::uint32_t* n) {
+    *n = u32();
+    if (ok_ && *n > (size_ - pos_) / 4) ok_ = false;
+    return ok_;
+  }
+  bool ok() const { return ok_; }
+  bool at_end() const { return pos_ == size_; }
+
+ private:
+  bool take(std::size_t n) {
+    if (!ok_ || n > size_ - pos_) {
+      ok_ = false;
+      return false;
+    }
+    pos_ += n;
+    return true;
+  }
+  const std::uint8_t* data_;
+  std::size_t size_;
+  std::size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+}  // namespace
+
+Bytes encode_hello(const Hello& hello) {
+  Writer w;
+  w.u32(hello.magic);
+  w.u16(hello.version);
+  w.blob(hello.token.data(), hello.token.size());
+  return w.frame();
+}
+
+Bytes encode_welcome(const Welcome& welcome) {
+  Writer w;
+  w.u32(welcome.magic);
+  w.u16(welcome.version);
+  w.u8(static_cast<std::uint8_t>(welcome.status));
+  return w.frame();
+}
+
+Bytes encode_message(const Message& message) {
+  Writer w;
+  w.u8(message.code);
+  w.u32(static_cast<std::uint32_t>(message.keys.size()));
+  for (const std::string& key : message.keys) w.blob(key.data(), key.size());
+  w.u32(static_cast<std::uint32_t>(message.values.size()));
+  for (const Bytes& value : message.values) w.blob(value.data(), value.size());
+  w.i64(message.number);
+  return w.frame();
+}
+
+std::size_t encoded_size(const Message& message) {
+  std::size_t size = 1 + 4 + 4 + 8;
+  for (const std::string& key : message.keys) size += 4 + key.size();
+  for (const Bytes& value : message.values) size += 4 + value.size();
+  return size;
+}
+
+std::string decode_hello(const std::uint8_t* data, std::size_t size,
+                         Hello* hello) {
+  Reader r(data, size);
+  hello->magic = r.u32();
+  if (!r.ok() || hello->magic != kMagic) return "not a libcomm TCPStore client (bad magic)";
+  hello->version = r.u16();
+  const std::uint8_t* token = nullptr;
+  std::size_t token_size = 0;
+  if (!r.blob(kMaxTokenSize, &token, &token_size) || !r.at_end()) {
+    return "malformed hello";
+  }
+  hello->token.assign(reinterpret_cast<const char*>(token), token_size);
+  return {};
+}
+
+std::string decode_welcome(const std::uint8_t* data, std::size_t size,
+                           Welcome* welcome) {
+  Reader r(data, size);
+  welcome->magic = r.u32();
+  if (!r.ok() || welcome->magic != kMagic) return "not a libcomm TCPStore server (bad magic)";
+  welcome->version = r.u16();
+  const std::uint8_t status = r.u8();
+  if (!r.ok() || !r.at_end() || status > 2) return "malformed welcome";
+  welcome->status = static_cast<HelloStatus>(status);
+  return {};
+}
+
+std::string decode_message(const std::uint8_t* data, std::size_t size,
+                           Message* message) {
+  Reader r(data, size);
+  message->code = r.u8();
+  std::uint32_t key_count = 0;
+  if (!r.count(&key_count)) return "malformed message: bad key count";
+  message->keys.clear();
+  message->keys.reserve(key_count);
+  for (std::uint32_t i = 0; i < key_count; ++i) {
+    const std::uint8_t* key = nullptr;
+    std::size_t key_size = 0;
+    if (!r.blob(Store::kMaxKeySize, &key, &key_size)) {
+      return "malformed message: key " + std::to_string(i) +
+             " is truncated or longer than " + std::to_string(Store::kMaxKeySize) + " bytes";
+    }
+    message->keys.emplace_back(reinterpret_cast<const char*>(key), key_size);
+  }
+  std::uint32_t value_count = 0;
+  if (!r.count(&value_count)) return "malformed message: bad value count";
+  message->values.clear();
+  message->values.reserve(value_count);
+  for (std::uint32_t i = 0; i < value_count; ++i) {
+    const std::uint8_t* value = nullptr;
+    std::size_t value_size = 0;
+    if (!r.blob(Store::kMaxValueSize, &value, &value_size)) {
+      return "malformed message: value " + std::to_string(i) +
+             " is truncated or larger than " + std::to_string(Store::kMaxValueSize) + " bytes";
+    }
+    message->values.emplace_back(value, value + value_size);
+  }
+  message->number = r.i64();
+  if (!r.ok()) return "malformed message: truncated";
+  if (!r.at_end()) return "malformed message: trailing bytes";
+  return {};
+}
+
+std::string validate_request(const Message& request) {
+  const std::size_t keys = request.keys.size();
+  const std::size_t values = request.values.size();
+  auto expect = [&](bool ok, const char* shape) -> std::string {
+    if (ok) return {};
+    return "op " + std::to_string(request.code) + " needs " + shape + ", got " +
+           std::to_string(keys) + " keys and " + std::to_string(values) + " values";
+  };
+  switch (static_cast<Op>(request.code)) {
+    case Op::kSet:
+    case Op::kAppend: return expect(keys == 1 && values == 1, "1 key and 1 value");
+    case Op::kGet:
+    case Op::kWait:
+    case Op::kCheck: return expect(keys >= 1 && values == 0, "keys and no values");
+    case Op::kAdd:
+    case Op::kDelete: return expect(keys == 1 && values == 0, "1 key");
+    case Op::kCompareSet: return expect(keys == 1 && values == 2, "1 key and 2 values");
+    case Op::kNumKeys:
+    case Op::kCancel: return expect(keys == 0 && values == 0, "nothing");
+    case Op::kMultiSet: return expect(keys == values, "as many values as keys");
+  }
+  return "unknown op " + std::to_string(request.code);
+}
+
+void FrameReader::append(const std::uint8_t* data, std::size_t size) {
+  buffer_.insert(buffer_.end(), data, data + size);
+}
+
+FrameReader::State FrameReader::next() {
+  if (handed_out_) {
+    start_ += kLengthSize + payload_size_;
+    handed_out_ = false;
+  }
+  // Drop consumed bytes once they are the larger part of the buffer, so
+  // that the buffer stays bounded without moving bytes on every frame.
+  if (start_ > 0 && start_ * 2 >= buffer_.size()) {
+    buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(start_));
+    start_ = 0;
+  }
+  if (buffer_.size() - start_ < kLengthSize) return State::kNeedMore;
+  std::uint64_t length = 0;
+  for (std::size_t i = 0; i < kLengthSize; ++i) {
+    length |= static_cast<std::uint64_t>(buffer_[start_ + i]) << (8 * i);
+  }
+  if (length > kMaxPayload) return State::kTooLarge;
+  if (buffer_.size() - start_ < kLengthSize + length) return State::kNeedMore;
+  payload_size_ = length;
+  handed_out_ = true;
+  return State::kFrame;
+}
+
+}  // namespace comm::tcp_store_protocol

@@ -1,0 +1,534 @@
+#include "store/tcp_store_server.h"
+
+#include <netdb.h>
+#include <uv.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "libcomm/detail/log.h"
+#include "libcomm/detail/socket.h"
+#include "libcomm/error.h"
+#include "store/key_value_table.h"
+#include "store/tcp_store_protocol.h"
+
+namespace comm {
+
+namespace proto = tcp_store_protocol;
+
+namespace {
+
+// Compares without an early exit, so the time taken does not reveal how much
+// of a guessed token was right.
+bool tokens_equal(const std::string& a, const std::string& b) {
+  const std::size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+std::string address_string(const sockaddr_storage& address) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (address.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&address);
+    uv_ip4_name(v4, host, sizeof(host));
+    port = ntohs(v4->sin_port);
+  } else if (address.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&address);
+    uv_ip6_name(v6, host, sizeof(host));
+    port = ntohs(v6->sin6_port);
+  }
+  return detail::host_port(host, static_cast<std::uint16_t>(port));
+}
+
+std::string uv_error(int status) {
+  return std::string(uv_err_name(status)) + ": " + uv_strerror(status);
+}
+
+}  // namespace
+
+struct TCPStoreServer::Impl {
+  // One client connection. The handle comes first so that libuv's handle
+  // pointer is also the Connection's.
+  struct Connection {
+    uv_tcp_t handle{};
+    Impl* server = nullptr;
+    std::string peer;
+    proto::FrameReader reader;
+    bool greeted = false;
+    bool closing = false;
+    // The kGet or kWait waiting for its keys, if any.
+    bool pending = false;
+    proto::Op pending_op = proto::Op::kWait;
+    std::vector<std::string> pending_keys;
+  };
+
+  struct WriteRequest {
+    uv_write_t request{};
+    Bytes frame;
+    Connection* connection = nullptr;
+  };
+
+  std::string host;
+  std::uint16_t port = 0;
+  std::string token;
+  uv_loop_t loop{};
+  uv_tcp_t listener{};
+  uv_async_t stop_signal{};
+  std::thread thread;
+  bool stopped = false;
+  std::atomic<std::size_t> open_connections{0};
+
+  // Loop-thread state.
+  KeyValueTable table;
+  std::unordered_set<Connection*> connections;
+  std::unordered_map<std::string, std::unordered_set<Connection*>> waiters;
+  char read_buffer[64 * 1024];
+
+  explicit Impl(const TCPStoreServerOptions& options);
+  ~Impl();
+  void listen(const TCPStoreServerOptions& options);
+  void shut_down_loop();
+
+  static void on_connection(uv_stream_t* listener, int status);
+  static void on_alloc(uv_handle_t* handle, std::size_t, uv_buf_t* buffer);
+  static void on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t*);
+  static void on_write(uv_write_t* request, int status);
+  static void on_stop(uv_async_t* signal);
+
+  void accept();
+  void handle_frame(Connection* c, const std::uint8_t* data, std::size_t size);
+  void handle_hello(Connection* c, const std::uint8_t* data, std::size_t size);
+  void handle_request(Connection* c, proto::Message& request);
+  void answer_when_ready(Connection* c, proto::Op op,
+                         std::vector<std::string> keys);
+  void answer_pending(Connection* c);
+  void forget_pending(Connection* c);
+  void key_changed(const std::string& key);
+  void send(Connection* c, Bytes frame);
+  void send_status(Connection* c, proto::Status status,
+                   std::vector<Bytes> values = {}, std::int64_t number = 0);
+  void close(Connection* c, const char* why);
+  void close_after_flush(Connection* c);
+};
+
+TCPStoreServer::Impl::Impl(const TCPStoreServerOptions& options)
+    : host(options.host) {
+  if (options.token) {
+    token = *options.token;
+  } else if (const char* env = std::getenv("COMM_STORE_TOKEN")) {
+    token = env;
+  }
+  if (token.size() > proto::kMaxTokenSize) {
+    throw InvalidArgument("TCPStore token of " + std::to_string(token.size()) +
+                          " bytes is longer than the limit of " +
+                          std::to_string(proto::kMaxTokenSize));
+  }
+  int status = uv_loop_init(&loop);
+  if (status != 0) throw BackendError("uv_loop_init: " + uv_error(status));
+  uv_tcp_init(&loop, &listener);
+  listener.data = this;
+  uv_async_init(&loop, &stop_signal, on_stop);
+  stop_signal.data = this;
+  try {
+    listen(options);
+  } catch (...) {
+    shut_down_loop();
+    throw;
+  }
+  thread = std::thread([this] {
+    uv_run(&loop, UV_RUN_DEFAULT);
+  });
+}
+
+void TCPStoreServer::Impl::listen(const TCPStoreServerOptions& options) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* addresses = nullptr;
+  const std::string service = std::to_string(options.port);
+  const int resolved = getaddrinfo(options.host.empty() ? nullptr : options.host.c_str(),
+                                   service.c_str(), &hints, &addresses);
+  if (resolved != 0) {
+    throw InvalidArgument("TCPStore server: cannot resolve host '" +
+                          options.host + "': " + gai_strerror(resolved));
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(addresses, freeaddrinfo);
+  int status = UV_EADDRNOTAVAIL;
+  for (const addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
+    status = uv_tcp_bind(&listener, a->ai_addr, 0);
+    if (status == 0) status = uv_listen(reinterpret_cast<uv_stream_t*>(&listener),
+                                        options.backlog, on_connection);
+    if (status == 0) break;
+  }
+  if (status != 0) {
+    throw SystemError(-status, "TCPStore server: listen on " +
+                                   detail::host_port(options.host, options.port));
+  }
+  sockaddr_storage bound{};
+  int length = sizeof(bound);
+  uv_tcp_getsockname(&listener, reinterpret_cast<sockaddr*>(&bound), &length);
+  port = bound.ss_family == AF_INET
+             ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
+             : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  COMM_LOG_INFO("TCPStore server listening on {}", address_string(bound));
+}
+
+// Closes every handle and runs the loop until the closes are done, so that
+// uv_loop_close finds nothing open.
+void TCPStoreServer::Impl::shut_down_loop() {
+  auto close_all = [](uv_handle_t* handle, void*) {
+    if (!uv_is_closing(handle)) uv_close(handle, nullptr);
+  };
+  uv_walk(&loop, close_all, nullptr);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  const int status = uv_loop_close(&loop);
+  if (status != 0) {
+    COMM_LOG_ERROR("TCPStore server: the event loop did not close cleanly ({})",
+                   uv_error(status));
+  }
+}
+
+TCPStoreServer::Impl::~Impl() = default;
+
+void TCPStoreServer::Impl::on_stop(uv_async_t* signal) {
+  auto* self = static_cast<Impl*>(signal->data);
+  for (Connection* c : std::vector<Connection*>(self->connections.begin(),
+                                                self->connections.end())) {
+    self->close(c, "the server is stopping");
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(&self->listener), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_signal), nullptr);
+}
+
+void TCPStoreServer::Impl::on_connection(uv_stream_t* listener, int status) {
+  auto* self = static_cast<Impl*>(listener->data);
+  if (status != 0) {
+    COMM_LOG_WARN("TCPStore server: accept failed: {}", uv_error(status));
+    return;
+  }
+  self->accept();
+}
+
+void TCPStoreServer::Impl::accept() {
+  auto* c = new Connection;
+  c->server = this;
+  uv_tcp_init(&loop, &c->handle);
+  c->handle.data = c;
+  if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener),
+                reinterpret_cast<uv_stream_t*>(&c->handle)) != 0) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->handle),
+             [](uv_handle_t* h) { delete static_cast<Connection*>(h->data); });
+    return;
+  }
+  connections.insert(c);
+  open_connections.store(connections.size(), std::memory_order_relaxed);
+  uv_tcp_nodelay(&c->handle, 1);
+  sockaddr_storage peer{};
+  int length = sizeof(peer);
+  if (uv_tcp_getpeername(&c->handle, reinterpret_cast<sockaddr*>(&peer), &length) == 0) {
+    c->peer = address_string(peer);
+  }
+  COMM_LOG_DEBUG("TCPStore server: connection from {}", c->peer);
+  uv_read_start(reinterpret_cast<uv_stream_t*>(&c->handle), on_alloc, on_read);
+}
+
+void TCPStoreServer::Impl::on_alloc(uv_handle_t* handle, std::size_t,
+                                    uv_buf_t* buffer) {
+  // The loop runs one callback at a time and on_read copies what it gets
+  // into the connection's FrameReader, so one buffer serves everyone.
+  Impl* self = static_cast<Connection*>(handle->data)->server;
+  *buffer = uv_buf_init(self->read_buffer, sizeof(self->read_buffer));
+}
+
+void TCPStoreServer::Impl::on_read(uv_stream_t* stream, ssize_t nread,
+                                   const uv_buf_t* buffer) {
+  auto* c = static_cast<Connection*>(stream->data);
+  Impl* self = c->server;
+  if (nread < 0) {
+    self->close(c, nread == UV_EOF ? "the client closed it" : uv_strerror(static_cast<int>(nread)));
+    return;
+  }
+  c->reader.append(reinterpret_cast<const std::uint8_t*>(buffer->base),
+                   static_cast<std::size_t>(nread));
+  // Bounded by the bytes just received: every frame consumes some.
+  while (!c->closing) {
+    const auto state = c->reader.next();
+    if (state == proto::FrameReader::State::kNeedMore) break;
+    if (state == proto::FrameReader::State::kTooLarge) {
+      self->close(c, "it announced a frame longer than the limit");
+      break;
+    }
+    try {
+      self->handle_frame(c, c->reader.payload(), c->reader.payload_size());
+    } catch (const std::exception& e) {
+      // Nothing may escape into libuv: record the error, drop the client.
+      COMM_LOG_ERROR("TCPStore server: dropping {}: {}", c->peer, e.what());
+      self->close(c, "the server failed to handle its request");
+    }
+  }
+}
+
+void TCPStoreServer::Impl::handle_frame(Connection* c, const std::uint8_t* data,
+                                        std::size_t size) {
+  if (!c->greeted) {
+    handle_hello(c, data, size);
+    return;
+  }
+  proto::Message request;
+  std::string problem = proto::decode_message(data, size, &request);
+  if (problem.empty()) problem = proto::validate_request(request);
+  if (!problem.empty()) {
+    COMM_LOG_WARN("TCPStore server: closing {}: {}", c->peer, problem);
+    close(c, "it sent a malformed request");
+    return;
+  }
+  if (c->pending && static_cast<proto::Op>(request.code) != proto::Op::kCancel) {
+    close(c, "it sent a request while its get or wait was pending");
+    return;
+  }
+  handle_request(c, request);
+}
+
+void TCPStoreServer::Impl::handle_hello(Connection* c, const std::uint8_t* data,
+                                        std::size_t size) {
+  proto::Hello hello;
+  const std::string problem = proto::decode_hello(data, size, &hello);
+  if (!problem.empty()) {
+    COMM_LOG_WARN("TCPStore server: closing {}: {}", c->peer, problem);
+    close(c, "its hello was malformed");
+    return;
+  }
+  proto::Welcome welcome;
+  if (hello.version != proto::kVersion) {
+    welcome.status = proto::HelloStatus::kVersionMismatch;
+    COMM_LOG_WARN(
+        "TCPStore server: refusing {}: it speaks protocol version {}, this "
+        "server speaks {}; run the same libcomm version on every rank",
+        c->peer, hello.version, proto::kVersion);
+  } else if (!tokens_equal(hello.token, token)) {
+    welcome.status = proto::HelloStatus::kBadToken;
+    COMM_LOG_WARN("TCPStore server: refusing {}: wrong or missing token "
+                  "(COMM_STORE_TOKEN)", c->peer);
+  }
+  send(c, proto::encode_welcome(welcome));
+  if (welcome.status != proto::HelloStatus::kOk) {
+    close_after_flush(c);
+    return;
+  }
+  c->greeted = true;
+}
+
+void TCPStoreServer::Impl::handle_request(Connection* c,
+                                          proto::Message& request) {
+  using proto::Op;
+  using proto::Status;
+  const auto op = static_cast<Op>(request.code);
+  switch (op) {
+    case Op::kSet:
+      table.set(request.keys[0], std::move(request.values[0]));
+      send_status(c, Status::kOk);
+      key_changed(request.keys[0]);
+      return;
+    case Op::kGet:
+    case Op::kWait:
+      answer_when_ready(c, op, std::move(request.keys));
+      return;
+    case Op::kAdd: {
+      std::int64_t sum = 0;
+      try {
+        sum = table.add(request.keys[0], request.number);
+      } catch (const InvalidArgument& e) {
+        send_status(c, Status::kError, {to_bytes(e.what())});
+        return;
+      }
+      send_status(c, Status::kOk, {}, sum);
+      key_changed(request.keys[0]);
+      return;
+    }
+    case Op::kCompareSet: {
+      bool stored = false;
+      Bytes now = table.compare_set(request.keys[0], request.values[0],
+                                    request.values[1], &stored);
+      send_status(c, Status::kOk, {std::move(now)});
+      if (stored) key_changed(request.keys[0]);
+      return;
+    }
+    case Op::kCheck:
+      send_status(c, Status::kOk, {}, table.contains_all(request.keys) ? 1 : 0);
+      return;
+    case Op::kDelete:
+      send_status(c, Status::kOk, {}, table.erase(request.keys[0]) ? 1 : 0);
+      return;
+    case Op::kNumKeys:
+      send_status(c, Status::kOk, {}, table.size());
+      return;
+    case Op::kMultiSet:
+      for (std::size_t i = 0; i < request.keys.size(); ++i) {
+        table.set(request.keys[i], std::move(request.values[i]));
+      }
+      send_status(c, Status::kOk);
+      for (const std::string& key : request.keys) key_changed(key);
+      return;
+    case Op::kAppend:
+      table.append(request.keys[0], request.values[0]);
+      send_status(c, Status::kOk);
+      key_changed(request.keys[0]);
+      return;
+    case Op::kCancel: {
+      // Answered even without a pending request: the answer to the wait may
+      // already be on its way, and the client reads until this one. The
+      // answer lists the keys still missing, for the client's message.
+      proto::Message canceled;
+      canceled.code = static_cast<std::uint8_t>(Status::kCanceled);
+      if (c->pending) canceled.keys = table.missing(c->pending_keys);
+      forget_pending(c);
+      send(c, proto::encode_message(canceled));
+      return;
+    }
+  }
+}
+
+void TCPStoreServer::Impl::answer_when_ready(Connection* c, proto::Op op,
+                                             std::vector<std::string> keys) {
+  c->pending = true;
+  c->pending_op = op;
+  c->pending_keys = std::move(keys);
+  if (table.contains_all(c->pending_keys)) {
+    answer_pending(c);
+    return;
+  }
+  for (const std::string& key : c->pending_keys) waiters[key].insert(c);
+}
+
+void TCPStoreServer::Impl::answer_pending(Connection* c) {
+  std::vector<Bytes> values;
+  if (c->pending_op == proto::Op::kGet) {
+    values.reserve(c->pending_keys.size());
+    for (const std::string& key : c->pending_keys) values.push_back(*table.find(key));
+  }
+  forget_pending(c);
+  send_status(c, proto::Status::kOk, std::move(values));
+}
+
+void TCPStoreServer::Impl::forget_pending(Connection* c) {
+  if (!c->pending) return;
+  for (const std::string& key : c->pending_keys) {
+    auto it = waiters.find(key);
+    if (it == waiters.end()) continue;
+    it->second.erase(c);
+    if (it->second.empty()) waiters.erase(it);
+  }
+  c->pending = false;
+  c->pending_keys.clear();
+}
+
+void TCPStoreServer::Impl::key_changed(const std::string& key) {
+  auto it = waiters.find(key);
+  if (it == waiters.end()) return;
+  // answer_pending edits `waiters`, so walk a copy.
+  const std::vector<Connection*> waiting(it->second.begin(), it->second.end());
+  for (Connection* c : waiting) {
+    if (c->pending && table.contains_all(c->pending_keys)) answer_pending(c);
+  }
+}
+
+void TCPStoreServer::Impl::send(Connection* c, Bytes frame) {
+  if (c->closing) return;
+  auto* write = new WriteRequest;
+  write->frame = std::move(frame);
+  write->connection = c;
+  write->request.data = write;
+  uv_buf_t buffer = uv_buf_init(reinterpret_cast<char*>(write->frame.data()),
+                                static_cast<unsigned>(write->frame.size()));
+  const int status = uv_write(&write->request,
+                              reinterpret_cast<uv_stream_t*>(&c->handle),
+                              &buffer, 1, on_write);
+  if (status != 0) {
+    delete write;
+    close(c, "writing to it failed");
+  }
+}
+
+void TCPStoreServer::Impl::on_write(uv_write_t* request, int status) {
+  auto* write = static_cast<WriteRequest*>(request->data);
+  Connection* c = write->connection;
+  delete write;
+  if (status != 0 && status != UV_ECANCELED) {
+    c->server->close(c, "writing to it failed");
+  }
+}
+
+void TCPStoreServer::Impl::send_status(Connection* c, proto::Status status,
+                                       std::vector<Bytes> values,
+                                       std::int64_t number) {
+  proto::Message response;
+  response.code = static_cast<std::uint8_t>(status);
+  response.values = std::move(values);
+  response.number = number;
+  send(c, proto::encode_message(response));
+}
+
+void TCPStoreServer::Impl::close(Connection* c, const char* why) {
+  if (c->closing) return;
+  c->closing = true;
+  COMM_LOG_DEBUG("TCPStore server: closing connection from {}: {}", c->peer, why);
+  forget_pending(c);
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));
+  uv_close(reinterpret_cast<uv_handle_t*>(&c->handle), [](uv_handle_t* handle) {
+    auto* closed = static_cast<Connection*>(handle->data);
+    Impl* self = closed->server;
+    self->connections.erase(closed);
+    self->open_connections.store(self->connections.size(), std::memory_order_relaxed);
+    delete closed;
+  });
+}
+
+// Lets the queued writes (a refusal) reach the client, then closes.
+void TCPStoreServer::Impl::close_after_flush(Connection* c) {
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));
+  auto* shutdown = new uv_shutdown_t;
+  shutdown->data = c;
+  const int status = uv_shutdown(shutdown, reinterpret_cast<uv_stream_t*>(&c->handle),
+                                 [](uv_shutdown_t* request, int) {
+                                   auto* done = static_cast<Connection*>(request->data);
+                                   delete request;
+                                   done->server->close(done, "it was refused");
+                                 });
+  if (status != 0) {
+    delete shutdown;
+    close(c, "it was refused");
+  }
+}
+
+TCPStoreServer::TCPStoreServer(TCPStoreServerOptions options)
+    : impl_(std::make_unique<Impl>(options)) {}
+
+TCPStoreServer::~TCPStoreServer() { stop(); }
+
+const std::string& TCPStoreServer::host() const { return impl_->host; }
+std::uint16_t TCPStoreServer::port() const { return impl_->port; }
+std::size_t TCPStoreServer::connection_count() const {
+  return impl_->open_connections.load(std::memory_order_relaxed);
+}
+
+void TCPStoreServer::stop() {
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  uv_async_send(&impl_->stop_signal);
+  impl_->thread.join();
+  impl_->shut_down_loop();
+}
+
+}  // namespace comm
