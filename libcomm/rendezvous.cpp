@@ -28,11 +28,13 @@ constexpr std::string_view kConflict = "conflict: ";
 long parse_integer(const std::string& text, const std::string& what, long low,
                    long high) {
   long value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  auto [end, ec] =
+      std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size() ||
       value < low || value > high) {
     throw InvalidArgument(what + "='" + text + "' is not an integer in [" +
-                          std::to_string(low) + ", " + std::to_string(high) + "]");
+                          std::to_string(low) + ", " + std::to_string(high) +
+                          "]");
   }
   return value;
 }
@@ -114,8 +116,8 @@ void split_host_port(const std::string& url, const std::string& text,
     *host = text.substr(0, colon);
     port_text = text.substr(colon + 1);
   }
-  *port = static_cast<std::uint16_t>(
-      parse_integer(port_text, "the port of init_method '" + url + "'", 0, 65535));
+  *port = static_cast<std::uint16_t>(parse_integer(
+      port_text, "the port of init_method '" + url + "'", 0, 65535));
 }
 
 void check_rank(int rank, int world_size) {
@@ -162,7 +164,8 @@ void join_ranks(Store& store, int rank, int world_size,
     throw InvalidArgument("rendezvous failed: " + problem);
   }
   const std::string rank_key = prefix + "rank/" + std::to_string(rank);
-  const std::string owner = to_string(store.compare_set(rank_key, {}, to_bytes(me)));
+  const std::string owner =
+      to_string(store.compare_set(rank_key, {}, to_bytes(me)));
   if (owner != me) {
     const std::string problem = "rank " + std::to_string(rank) +
                                 " is claimed twice, by " + owner + " and by " +
@@ -174,8 +177,13 @@ void join_ranks(Store& store, int rank, int world_size,
   if (store.add(prefix + "arrived", 1) == world_size) {
     store.set_string(complete_key, kJoined);
   }
+  // One blocking get rather than a wait and then a get: every waiting rank
+  // receives the outcome in the same answer that wakes it, so a failing
+  // rank 0 taking the store server down with it cannot cut anyone off
+  // between the two.
+  std::string outcome;
   try {
-    store.wait({complete_key}, timeout);
+    outcome = store.get_string(complete_key, timeout);
   } catch (const TimeoutError&) {
     std::vector<std::string> missing;
     for (int r = 0; r < world_size; ++r) {
@@ -194,7 +202,6 @@ void join_ranks(Store& store, int rank, int world_size,
         std::to_string(world_size) + " ranks arrived; missing rank" +
         (missing.size() == 1 ? " " : "s ") + list);
   }
-  const std::string outcome = store.get_string(complete_key, timeout);
   if (outcome != kJoined) {
     throw InvalidArgument("rendezvous failed for rank " + std::to_string(rank) +
                           " (" + me + "): " + outcome.substr(kConflict.size()));
@@ -210,37 +217,44 @@ RendezvousResult rendezvous(const std::string& init_method, int rank,
     if (given >= 0) return given;
     auto it = url.query.find(name);
     if (it == url.query.end()) {
-      throw InvalidArgument("init_method '" + init_method + "' needs " + name +
-                            "=...; add it to the URL or pass it as an argument");
+      throw InvalidArgument(
+          "init_method '" + init_method + "' needs " + name +
+          "=...; add it to the URL or pass it as an argument");
     }
     return static_cast<int>(parse_integer(
-        it->second, std::string("the ") + name + " parameter of '" + init_method + "'",
-        0, 1 << 30));
+        it->second,
+        std::string("the ") + name + " parameter of '" + init_method + "'", 0,
+        1 << 30));
   };
 
   std::string host;
   std::uint16_t port = 0;
   if (url.scheme == "env") {
-    host = required_env("MASTER_ADDR",
-                        "set it to the address of rank 0's host, e.g. 127.0.0.1");
+    host =
+        required_env("MASTER_ADDR",
+                     "set it to the address of rank 0's host, e.g. 127.0.0.1");
     port = static_cast<std::uint16_t>(parse_integer(
-        required_env("MASTER_PORT", "set it to a free port on rank 0's host, e.g. 29500"),
+        required_env("MASTER_PORT",
+                     "set it to a free port on rank 0's host, e.g. 29500"),
         "MASTER_PORT", 0, 65535));
-    result.rank = rank >= 0 ? rank
-                            : static_cast<int>(parse_integer(
-                                  required_env("RANK", "set it to this process's rank"),
-                                  "RANK", 0, 1 << 30));
+    result.rank =
+        rank >= 0 ? rank
+                  : static_cast<int>(parse_integer(
+                        required_env("RANK", "set it to this process's rank"),
+                        "RANK", 0, 1 << 30));
     result.world_size =
-        world_size >= 0 ? world_size
-                        : static_cast<int>(parse_integer(
-                              required_env("WORLD_SIZE", "set it to the number of ranks"),
-                              "WORLD_SIZE", 0, 1 << 30));
+        world_size >= 0
+            ? world_size
+            : static_cast<int>(parse_integer(
+                  required_env("WORLD_SIZE", "set it to the number of ranks"),
+                  "WORLD_SIZE", 0, 1 << 30));
     if (auto local = env("LOCAL_RANK")) {
-      result.local_rank = static_cast<int>(parse_integer(*local, "LOCAL_RANK", 0, 1 << 30));
+      result.local_rank =
+          static_cast<int>(parse_integer(*local, "LOCAL_RANK", 0, 1 << 30));
     }
     if (auto local = env("LOCAL_WORLD_SIZE")) {
-      result.local_world_size =
-          static_cast<int>(parse_integer(*local, "LOCAL_WORLD_SIZE", 1, 1 << 30));
+      result.local_world_size = static_cast<int>(
+          parse_integer(*local, "LOCAL_WORLD_SIZE", 1, 1 << 30));
     }
   } else if (url.scheme == "tcp") {
     split_host_port(init_method, url.rest, &host, &port);

@@ -35,10 +35,9 @@ struct RendezvousResult {
   int local_world_size = -1;
 };
 
-COMM_API RendezvousResult rendezvous(const std::string& init_method,
-                                     int rank = -1, int world_size = -1,
-                                     Store::Duration timeout =
-                                         Store::kDefaultTimeout);
+COMM_API RendezvousResult
+rendezvous(const std::string& init_method, int rank = -1, int world_size = -1,
+           Store::Duration timeout = Store::kDefaultTimeout);
 
 // The join step alone, on a store the caller already has: each rank claims
 // its rank and waits for the others. rendezvous() calls it; tests and

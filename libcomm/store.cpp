@@ -108,7 +108,9 @@ std::string Store::get_string(const std::string& key, Duration timeout) {
   return to_string(get(key, timeout));
 }
 
-Bytes to_bytes(std::string_view text) { return Bytes(text.begin(), text.end()); }
+Bytes to_bytes(std::string_view text) {
+  return Bytes(text.begin(), text.end());
+}
 
 std::string to_string(const Bytes& bytes) {
   return std::string(bytes.begin(), bytes.end());
@@ -138,12 +140,11 @@ std::string quote_keys(const std::vector<std::string>& keys) {
 void throw_store_timeout(const std::string& store_name,
                          const std::vector<std::string>& keys,
                          std::chrono::milliseconds waited) {
-  throw TimeoutError(store_name + ": timed out after " +
-                     format_duration(waited) + " waiting for key" +
-                     (keys.size() == 1 ? " " : "s ") + quote_keys(keys) +
-                     "; the rank that should set " +
-                     (keys.size() == 1 ? "it" : "them") +
-                     " may have failed or not started");
+  throw TimeoutError(
+      store_name + ": timed out after " + format_duration(waited) +
+      " waiting for key" + (keys.size() == 1 ? " " : "s ") + quote_keys(keys) +
+      "; the rank that should set " + (keys.size() == 1 ? "it" : "them") +
+      " may have failed or not started");
 }
 
 }  // namespace comm

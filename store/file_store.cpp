@@ -80,7 +80,8 @@ void FileStore::open_locked_file() {
         throw SystemError(error, "FileStore: flock " + path_);
       }
     }
-    struct stat opened{}, named{};
+    struct stat opened {
+    }, named{};
     if (fstat(fd_, &opened) == 0 && stat(path_.c_str(), &named) == 0 &&
         opened.st_ino == named.st_ino && opened.st_dev == named.st_dev) {
       return;
@@ -108,8 +109,9 @@ FileStore::~FileStore() {
 }
 
 void FileStore::catch_up() {
-  struct stat st{};
-  if (fstat(fd_, &st) != 0) throw SystemError(errno, "FileStore: fstat " + path_);
+  struct stat st {};
+  if (fstat(fd_, &st) != 0)
+    throw SystemError(errno, "FileStore: fstat " + path_);
   const std::int64_t size = st.st_size;
   if (size <= read_offset_) return;
   Bytes data(static_cast<std::size_t>(size - read_offset_));
@@ -163,7 +165,8 @@ void FileStore::write_record(RecordKind kind, const std::string& key,
   put_u32(&record[5], static_cast<std::uint32_t>(value.size()));
   std::memcpy(&record[kRecordHeader], key.data(), key.size());
   if (!value.empty()) {
-    std::memcpy(&record[kRecordHeader + key.size()], value.data(), value.size());
+    std::memcpy(&record[kRecordHeader + key.size()], value.data(),
+                value.size());
   }
   // The table has caught up to the end of the file under the exclusive
   // lock, so the record goes exactly there.
@@ -194,8 +197,10 @@ void FileStore::wait_for(const std::vector<std::string>& keys,
     }
     if (missing.empty()) return;
     const auto now = Clock::now();
-    if (now >= deadline) throw_store_timeout("FileStore " + path_, missing, timeout);
-    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
+    if (now >= deadline)
+      throw_store_timeout("FileStore " + path_, missing, timeout);
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(50));
   }
 }

@@ -84,7 +84,8 @@ void HashStore::do_multi_set(const std::vector<std::string>& keys,
                              const std::vector<Bytes>& values) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (std::size_t i = 0; i < keys.size(); ++i) table_.set(keys[i], values[i]);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      table_.set(keys[i], values[i]);
   }
   changed_.notify_all();
 }

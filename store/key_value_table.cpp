@@ -87,6 +87,8 @@ void KeyValueTable::append(const std::string& key, const Bytes& value) {
   slot.insert(slot.end(), value.begin(), value.end());
 }
 
-bool KeyValueTable::erase(const std::string& key) { return map_.erase(key) > 0; }
+bool KeyValueTable::erase(const std::string& key) {
+  return map_.erase(key) > 0;
+}
 
 }  // namespace comm

@@ -66,7 +66,8 @@ void TCPStore::handshake(const std::string& token) {
   try {
     socket_->recv_all(length_bytes, sizeof(length_bytes), deadline, name_);
   } catch (const PeerError&) {
-    throw PeerError(-1, name_ + " closed the connection during the handshake; "
+    throw PeerError(-1, name_ +
+                            " closed the connection during the handshake; "
                             "is something other than a libcomm TCPStore "
                             "listening there?");
   }
@@ -90,8 +91,9 @@ void TCPStore::handshake(const std::string& token) {
     case proto::HelloStatus::kVersionMismatch:
       throw BackendError(name_ + " speaks TCPStore protocol version " +
                          std::to_string(welcome.version) +
-                         " but this libcomm (" + std::to_string(COMM_VERSION_MAJOR) +
-                         "." + std::to_string(COMM_VERSION_MINOR) + "." +
+                         " but this libcomm (" +
+                         std::to_string(COMM_VERSION_MAJOR) + "." +
+                         std::to_string(COMM_VERSION_MINOR) + "." +
                          std::to_string(COMM_VERSION_PATCH) + ") speaks " +
                          std::to_string(proto::kVersion) +
                          "; run the same libcomm version on every rank");
@@ -106,8 +108,8 @@ void TCPStore::handshake(const std::string& token) {
 
 void TCPStore::send_request(const proto::Message& request) {
   const Bytes frame = proto::encode_message(request);
-  socket_->send_all(frame.data(), frame.size(), detail::deadline_after(timeout()),
-                   name_);
+  socket_->send_all(frame.data(), frame.size(),
+                    detail::deadline_after(timeout()), name_);
 }
 
 proto::Message TCPStore::read_response() {
@@ -133,19 +135,19 @@ proto::Message TCPStore::read_response() {
 
 proto::Message TCPStore::call(const proto::Message& request) {
   if (proto::encoded_size(request) > proto::kMaxPayload) {
-    throw InvalidArgument("TCPStore request of " +
-                          std::to_string(proto::encoded_size(request)) +
-                          " bytes is over the limit of " +
-                          std::to_string(proto::kMaxPayload) +
-                          "; split the multi_set");
+    throw InvalidArgument(
+        "TCPStore request of " + std::to_string(proto::encoded_size(request)) +
+        " bytes is over the limit of " + std::to_string(proto::kMaxPayload) +
+        "; split the multi_set");
   }
   std::lock_guard<std::mutex> lock(mutex_);
   send_request(request);
   proto::Message response = read_response();
   if (response.code == static_cast<std::uint8_t>(proto::Status::kError)) {
     throw InvalidArgument(name_ + ": " +
-                          (response.values.empty() ? std::string("error")
-                                                   : to_string(response.values[0])));
+                          (response.values.empty()
+                               ? std::string("error")
+                               : to_string(response.values[0])));
   }
   if (response.code != static_cast<std::uint8_t>(proto::Status::kOk)) {
     throw PeerError(-1, name_ + " answered with unexpected status " +
@@ -174,8 +176,8 @@ proto::Message TCPStore::call_blocking(const proto::Message& request,
     proto::Message response = read_response();
     if (response.code == static_cast<std::uint8_t>(proto::Status::kCanceled)) {
       if (answer) return *answer;
-      throw_store_timeout(name_, response.keys.empty() ? request.keys : response.keys,
-                          timeout);
+      throw_store_timeout(
+          name_, response.keys.empty() ? request.keys : response.keys, timeout);
     }
     answer = std::move(response);
   }
@@ -196,7 +198,8 @@ std::int64_t TCPStore::do_add(const std::string& key, std::int64_t delta) {
 
 Bytes TCPStore::do_compare_set(const std::string& key, const Bytes& expected,
                                const Bytes& desired) {
-  auto response = call(request_of(proto::Op::kCompareSet, {key}, {expected, desired}));
+  auto response =
+      call(request_of(proto::Op::kCompareSet, {key}, {expected, desired}));
   if (response.values.size() != 1) {
     throw PeerError(-1, name_ + " answered compare_set without a value");
   }
@@ -224,9 +227,9 @@ std::vector<Bytes> TCPStore::do_multi_get(const std::vector<std::string>& keys,
   auto response = call_blocking(request_of(proto::Op::kGet, keys), timeout);
   if (response.code != static_cast<std::uint8_t>(proto::Status::kOk) ||
       response.values.size() != keys.size()) {
-    throw PeerError(-1, name_ + " answered a get of " + std::to_string(keys.size()) +
-                            " keys with " + std::to_string(response.values.size()) +
-                            " values");
+    throw PeerError(-1, name_ + " answered a get of " +
+                            std::to_string(keys.size()) + " keys with " +
+                            std::to_string(response.values.size()) + " values");
   }
   return std::move(response.values);
 }

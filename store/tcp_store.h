@@ -60,8 +60,7 @@ class COMM_API TCPStore final : public Store {
   std::int64_t do_add(const std::string& key, std::int64_t delta) override;
   Bytes do_compare_set(const std::string& key, const Bytes& expected,
                        const Bytes& desired) override;
-  void do_wait(const std::vector<std::string>& keys,
-               Duration timeout) override;
+  void do_wait(const std::vector<std::string>& keys, Duration timeout) override;
   bool do_check(const std::vector<std::string>& keys) override;
   bool do_delete_key(const std::string& key) override;
   std::int64_t do_num_keys() override;

@@ -29,7 +29,8 @@ class Writer {
 
  private:
   void little_endian(std::uint64_t v, int bytes) {
-    for (int i = 0; i < bytes; ++i) out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+    for (int i = 0; i < bytes; ++i)
+      out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
   }
   Bytes out_;
 };
@@ -38,7 +39,8 @@ class Writer {
 // read fails too and ok() is false.
 class Reader {
  public:
-  Reader(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+  Reader(const std::uint8_t* data, std::size_t size)
+      : data_(data), size_(size) {}
 
   std::uint64_t little_endian(int bytes) {
     if (!take(static_cast<std::size_t>(bytes))) return 0;
@@ -128,7 +130,8 @@ std::string decode_hello(const std::uint8_t* data, std::size_t size,
                          Hello* hello) {
   Reader r(data, size);
   hello->magic = r.u32();
-  if (!r.ok() || hello->magic != kMagic) return "not a libcomm TCPStore client (bad magic)";
+  if (!r.ok() || hello->magic != kMagic)
+    return "not a libcomm TCPStore client (bad magic)";
   hello->version = r.u16();
   const std::uint8_t* token = nullptr;
   std::size_t token_size = 0;
@@ -143,7 +146,8 @@ std::string decode_welcome(const std::uint8_t* data, std::size_t size,
                            Welcome* welcome) {
   Reader r(data, size);
   welcome->magic = r.u32();
-  if (!r.ok() || welcome->magic != kMagic) return "not a libcomm TCPStore server (bad magic)";
+  if (!r.ok() || welcome->magic != kMagic)
+    return "not a libcomm TCPStore server (bad magic)";
   welcome->version = r.u16();
   const std::uint8_t status = r.u8();
   if (!r.ok() || !r.at_end() || status > 2) return "malformed welcome";
@@ -164,7 +168,8 @@ std::string decode_message(const std::uint8_t* data, std::size_t size,
     std::size_t key_size = 0;
     if (!r.blob(Store::kMaxKeySize, &key, &key_size)) {
       return "malformed message: key " + std::to_string(i) +
-             " is truncated or longer than " + std::to_string(Store::kMaxKeySize) + " bytes";
+             " is truncated or longer than " +
+             std::to_string(Store::kMaxKeySize) + " bytes";
     }
     message->keys.emplace_back(reinterpret_cast<const char*>(key), key_size);
   }
@@ -177,7 +182,8 @@ std::string decode_message(const std::uint8_t* data, std::size_t size,
     std::size_t value_size = 0;
     if (!r.blob(Store::kMaxValueSize, &value, &value_size)) {
       return "malformed message: value " + std::to_string(i) +
-             " is truncated or larger than " + std::to_string(Store::kMaxValueSize) + " bytes";
+             " is truncated or larger than " +
+             std::to_string(Store::kMaxValueSize) + " bytes";
     }
     message->values.emplace_back(value, value + value_size);
   }
@@ -193,17 +199,21 @@ std::string validate_request(const Message& request) {
   auto expect = [&](bool ok, const char* shape) -> std::string {
     if (ok) return {};
     return "op " + std::to_string(request.code) + " needs " + shape + ", got " +
-           std::to_string(keys) + " keys and " + std::to_string(values) + " values";
+           std::to_string(keys) + " keys and " + std::to_string(values) +
+           " values";
   };
   switch (static_cast<Op>(request.code)) {
     case Op::kSet:
-    case Op::kAppend: return expect(keys == 1 && values == 1, "1 key and 1 value");
+    case Op::kAppend:
+      return expect(keys == 1 && values == 1, "1 key and 1 value");
     case Op::kGet:
     case Op::kWait:
-    case Op::kCheck: return expect(keys >= 1 && values == 0, "keys and no values");
+    case Op::kCheck:
+      return expect(keys >= 1 && values == 0, "keys and no values");
     case Op::kAdd:
     case Op::kDelete: return expect(keys == 1 && values == 0, "1 key");
-    case Op::kCompareSet: return expect(keys == 1 && values == 2, "1 key and 2 values");
+    case Op::kCompareSet:
+      return expect(keys == 1 && values == 2, "1 key and 2 values");
     case Op::kNumKeys:
     case Op::kCancel: return expect(keys == 0 && values == 0, "nothing");
     case Op::kMultiSet: return expect(keys == values, "as many values as keys");
@@ -223,7 +233,8 @@ FrameReader::State FrameReader::next() {
   // Drop consumed bytes once they are the larger part of the buffer, so
   // that the buffer stays bounded without moving bytes on every frame.
   if (start_ > 0 && start_ * 2 >= buffer_.size()) {
-    buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(start_));
+    buffer_.erase(buffer_.begin(),
+                  buffer_.begin() + static_cast<std::ptrdiff_t>(start_));
     start_ = 0;
   }
   if (buffer_.size() - start_ < kLengthSize) return State::kNeedMore;

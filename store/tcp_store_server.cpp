@@ -146,9 +146,7 @@ TCPStoreServer::Impl::Impl(const TCPStoreServerOptions& options)
     shut_down_loop();
     throw;
   }
-  thread = std::thread([this] {
-    uv_run(&loop, UV_RUN_DEFAULT);
-  });
+  thread = std::thread([this] { uv_run(&loop, UV_RUN_DEFAULT); });
 }
 
 void TCPStoreServer::Impl::listen(const TCPStoreServerOptions& options) {
@@ -158,23 +156,27 @@ void TCPStoreServer::Impl::listen(const TCPStoreServerOptions& options) {
   hints.ai_flags = AI_PASSIVE;
   addrinfo* addresses = nullptr;
   const std::string service = std::to_string(options.port);
-  const int resolved = getaddrinfo(options.host.empty() ? nullptr : options.host.c_str(),
-                                   service.c_str(), &hints, &addresses);
+  const int resolved =
+      getaddrinfo(options.host.empty() ? nullptr : options.host.c_str(),
+                  service.c_str(), &hints, &addresses);
   if (resolved != 0) {
     throw InvalidArgument("TCPStore server: cannot resolve host '" +
                           options.host + "': " + gai_strerror(resolved));
   }
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(addresses, freeaddrinfo);
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(addresses,
+                                                           freeaddrinfo);
   int status = UV_EADDRNOTAVAIL;
   for (const addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
     status = uv_tcp_bind(&listener, a->ai_addr, 0);
-    if (status == 0) status = uv_listen(reinterpret_cast<uv_stream_t*>(&listener),
-                                        options.backlog, on_connection);
+    if (status == 0)
+      status = uv_listen(reinterpret_cast<uv_stream_t*>(&listener),
+                         options.backlog, on_connection);
     if (status == 0) break;
   }
   if (status != 0) {
-    throw SystemError(-status, "TCPStore server: listen on " +
-                                   detail::host_port(options.host, options.port));
+    throw SystemError(-status,
+                      "TCPStore server: listen on " +
+                          detail::host_port(options.host, options.port));
   }
   sockaddr_storage bound{};
   int length = sizeof(bound);
@@ -237,7 +239,8 @@ void TCPStoreServer::Impl::accept() {
   uv_tcp_nodelay(&c->handle, 1);
   sockaddr_storage peer{};
   int length = sizeof(peer);
-  if (uv_tcp_getpeername(&c->handle, reinterpret_cast<sockaddr*>(&peer), &length) == 0) {
+  if (uv_tcp_getpeername(&c->handle, reinterpret_cast<sockaddr*>(&peer),
+                         &length) == 0) {
     c->peer = address_string(peer);
   }
   COMM_LOG_DEBUG("TCPStore server: connection from {}", c->peer);
@@ -257,7 +260,8 @@ void TCPStoreServer::Impl::on_read(uv_stream_t* stream, ssize_t nread,
   auto* c = static_cast<Connection*>(stream->data);
   Impl* self = c->server;
   if (nread < 0) {
-    self->close(c, nread == UV_EOF ? "the client closed it" : uv_strerror(static_cast<int>(nread)));
+    self->close(c, nread == UV_EOF ? "the client closed it"
+                                   : uv_strerror(static_cast<int>(nread)));
     return;
   }
   c->reader.append(reinterpret_cast<const std::uint8_t*>(buffer->base),
@@ -294,7 +298,8 @@ void TCPStoreServer::Impl::handle_frame(Connection* c, const std::uint8_t* data,
     close(c, "it sent a malformed request");
     return;
   }
-  if (c->pending && static_cast<proto::Op>(request.code) != proto::Op::kCancel) {
+  if (c->pending &&
+      static_cast<proto::Op>(request.code) != proto::Op::kCancel) {
     close(c, "it sent a request while its get or wait was pending");
     return;
   }
@@ -319,8 +324,10 @@ void TCPStoreServer::Impl::handle_hello(Connection* c, const std::uint8_t* data,
         c->peer, hello.version, proto::kVersion);
   } else if (!tokens_equal(hello.token, token)) {
     welcome.status = proto::HelloStatus::kBadToken;
-    COMM_LOG_WARN("TCPStore server: refusing {}: wrong or missing token "
-                  "(COMM_STORE_TOKEN)", c->peer);
+    COMM_LOG_WARN(
+        "TCPStore server: refusing {}: wrong or missing token "
+        "(COMM_STORE_TOKEN)",
+        c->peer);
   }
   send(c, proto::encode_welcome(welcome));
   if (welcome.status != proto::HelloStatus::kOk) {
@@ -342,9 +349,7 @@ void TCPStoreServer::Impl::handle_request(Connection* c,
       key_changed(request.keys[0]);
       return;
     case Op::kGet:
-    case Op::kWait:
-      answer_when_ready(c, op, std::move(request.keys));
-      return;
+    case Op::kWait: answer_when_ready(c, op, std::move(request.keys)); return;
     case Op::kAdd: {
       std::int64_t sum = 0;
       try {
@@ -371,9 +376,7 @@ void TCPStoreServer::Impl::handle_request(Connection* c,
     case Op::kDelete:
       send_status(c, Status::kOk, {}, table.erase(request.keys[0]) ? 1 : 0);
       return;
-    case Op::kNumKeys:
-      send_status(c, Status::kOk, {}, table.size());
-      return;
+    case Op::kNumKeys: send_status(c, Status::kOk, {}, table.size()); return;
     case Op::kMultiSet:
       for (std::size_t i = 0; i < request.keys.size(); ++i) {
         table.set(request.keys[i], std::move(request.values[i]));
@@ -416,7 +419,8 @@ void TCPStoreServer::Impl::answer_pending(Connection* c) {
   std::vector<Bytes> values;
   if (c->pending_op == proto::Op::kGet) {
     values.reserve(c->pending_keys.size());
-    for (const std::string& key : c->pending_keys) values.push_back(*table.find(key));
+    for (const std::string& key : c->pending_keys)
+      values.push_back(*table.find(key));
   }
   forget_pending(c);
   send_status(c, proto::Status::kOk, std::move(values));
@@ -452,9 +456,9 @@ void TCPStoreServer::Impl::send(Connection* c, Bytes frame) {
   write->request.data = write;
   uv_buf_t buffer = uv_buf_init(reinterpret_cast<char*>(write->frame.data()),
                                 static_cast<unsigned>(write->frame.size()));
-  const int status = uv_write(&write->request,
-                              reinterpret_cast<uv_stream_t*>(&c->handle),
-                              &buffer, 1, on_write);
+  const int status =
+      uv_write(&write->request, reinterpret_cast<uv_stream_t*>(&c->handle),
+               &buffer, 1, on_write);
   if (status != 0) {
     delete write;
     close(c, "writing to it failed");
@@ -483,14 +487,16 @@ void TCPStoreServer::Impl::send_status(Connection* c, proto::Status status,
 void TCPStoreServer::Impl::close(Connection* c, const char* why) {
   if (c->closing) return;
   c->closing = true;
-  COMM_LOG_DEBUG("TCPStore server: closing connection from {}: {}", c->peer, why);
+  COMM_LOG_DEBUG("TCPStore server: closing connection from {}: {}", c->peer,
+                 why);
   forget_pending(c);
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));
   uv_close(reinterpret_cast<uv_handle_t*>(&c->handle), [](uv_handle_t* handle) {
     auto* closed = static_cast<Connection*>(handle->data);
     Impl* self = closed->server;
     self->connections.erase(closed);
-    self->open_connections.store(self->connections.size(), std::memory_order_relaxed);
+    self->open_connections.store(self->connections.size(),
+                                 std::memory_order_relaxed);
     delete closed;
   });
 }
@@ -500,12 +506,13 @@ void TCPStoreServer::Impl::close_after_flush(Connection* c) {
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));
   auto* shutdown = new uv_shutdown_t;
   shutdown->data = c;
-  const int status = uv_shutdown(shutdown, reinterpret_cast<uv_stream_t*>(&c->handle),
-                                 [](uv_shutdown_t* request, int) {
-                                   auto* done = static_cast<Connection*>(request->data);
-                                   delete request;
-                                   done->server->close(done, "it was refused");
-                                 });
+  const int status =
+      uv_shutdown(shutdown, reinterpret_cast<uv_stream_t*>(&c->handle),
+                  [](uv_shutdown_t* request, int) {
+                    auto* done = static_cast<Connection*>(request->data);
+                    delete request;
+                    done->server->close(done, "it was refused");
+                  });
   if (status != 0) {
     delete shutdown;
     close(c, "it was refused");

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <memory>
 #include <cerrno>
+#include <memory>
 #include <random>
 #include <system_error>
 #include <thread>
@@ -152,7 +152,8 @@ Socket Socket::connect(const std::string& host, std::uint16_t port,
     // not retry in lockstep, and never past the deadline.
     const auto sleep = std::chrono::milliseconds(
         backoff.count() / 2 +
-        static_cast<std::int64_t>(jitter() % static_cast<unsigned>(backoff.count())));
+        static_cast<std::int64_t>(jitter() %
+                                  static_cast<unsigned>(backoff.count())));
     COMM_LOG_DEBUG("{}: {} not reachable yet ({}); retrying in {} ms", what,
                    host_port(host, port),
                    std::system_category().message(last_error), sleep.count());
@@ -203,12 +204,13 @@ void Socket::send_all(const void* data, std::size_t size,
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       if (!wait_ready(POLLOUT, deadline)) {
         throw TimeoutError("timed out sending to " + peer + " (" +
-                           std::to_string(done) + " of " + std::to_string(size) +
-                           " bytes sent)");
+                           std::to_string(done) + " of " +
+                           std::to_string(size) + " bytes sent)");
       }
       continue;
     }
-    throw PeerError(peer_rank, "connection to " + peer + " failed while sending: " +
+    throw PeerError(peer_rank, "connection to " + peer +
+                                   " failed while sending: " +
                                    std::system_category().message(errno));
   }
 }
@@ -230,8 +232,8 @@ void Socket::recv_all(void* data, std::size_t size, Clock::time_point deadline,
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (!wait_ready(POLLIN, deadline)) {
         throw TimeoutError("timed out waiting for " + peer + " (" +
-                           std::to_string(done) + " of " + std::to_string(size) +
-                           " bytes received)");
+                           std::to_string(done) + " of " +
+                           std::to_string(size) + " bytes received)");
       }
       continue;
     }

@@ -77,47 +77,64 @@ std::vector<std::string> run_ranks(int world, F body) {
 
 TEST_CASE("env:// names the missing or malformed variable", "[rendezvous]") {
   {
-    ScopedEnv env({{"MASTER_PORT", "29500"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
-    CHECK_THROWS_WITH(comm::rendezvous("env://"), Catch::Contains("MASTER_ADDR"));
+    ScopedEnv env(
+        {{"MASTER_PORT", "29500"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+    CHECK_THROWS_WITH(comm::rendezvous("env://"),
+                      Catch::Contains("MASTER_ADDR"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "http"},
-                   {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "http"},
+                   {"RANK", "0"},
+                   {"WORLD_SIZE", "1"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"),
                       Catch::Contains("MASTER_PORT='http'"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "70000"},
-                   {"RANK", "0"}, {"WORLD_SIZE", "1"}});
+    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "70000"},
+                   {"RANK", "0"},
+                   {"WORLD_SIZE", "1"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"), Catch::Contains("70000"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "0"},
+    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "0"},
                    {"WORLD_SIZE", "2"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"), Catch::Contains("RANK"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "0"},
-                   {"RANK", "2"}, {"WORLD_SIZE", "2"}});
+    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "0"},
+                   {"RANK", "2"},
+                   {"WORLD_SIZE", "2"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"),
                       Catch::Contains("rank 2 is outside [0, 2)"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "0"},
-                   {"RANK", "0"}, {"WORLD_SIZE", "0"}});
-    CHECK_THROWS_WITH(comm::rendezvous("env://"), Catch::Contains("at least 1"));
+    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "0"},
+                   {"RANK", "0"},
+                   {"WORLD_SIZE", "0"}});
+    CHECK_THROWS_WITH(comm::rendezvous("env://"),
+                      Catch::Contains("at least 1"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "0"},
-                   {"RANK", "x1"}, {"WORLD_SIZE", "2"}});
+    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "0"},
+                   {"RANK", "x1"},
+                   {"WORLD_SIZE", "2"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"), Catch::Contains("RANK='x1'"));
   }
 }
 
 TEST_CASE("env:// with one rank hosts the store and reads LOCAL_*",
           "[rendezvous]") {
-  ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "0"},
-                 {"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"},
+  ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
+                 {"MASTER_PORT", "0"},
+                 {"RANK", "0"},
+                 {"WORLD_SIZE", "1"},
+                 {"LOCAL_RANK", "0"},
                  {"LOCAL_WORLD_SIZE", "1"}});
   comm::RendezvousResult joined = comm::rendezvous("env://", -1, -1, 10s);
   CHECK(joined.rank == 0);
@@ -129,15 +146,17 @@ TEST_CASE("env:// with one rank hosts the store and reads LOCAL_*",
 }
 
 TEST_CASE("malformed URLs are InvalidArgument", "[rendezvous]") {
-  CHECK_THROWS_WITH(comm::rendezvous("127.0.0.1:29500"), Catch::Contains("not a URL"));
+  CHECK_THROWS_WITH(comm::rendezvous("127.0.0.1:29500"),
+                    Catch::Contains("not a URL"));
   CHECK_THROWS_WITH(comm::rendezvous("udp://h:1?rank=0&world_size=1"),
                     Catch::Contains("'udp'"));
   CHECK_THROWS_WITH(comm::rendezvous("tcp://127.0.0.1?rank=0&world_size=1"),
                     Catch::Contains("HOST:PORT"));
   CHECK_THROWS_WITH(comm::rendezvous("tcp://127.0.0.1:1?world_size=1"),
                     Catch::Contains("rank="));
-  CHECK_THROWS_WITH(comm::rendezvous("tcp://127.0.0.1:1?rank=zero&world_size=1"),
-                    Catch::Contains("'zero'"));
+  CHECK_THROWS_WITH(
+      comm::rendezvous("tcp://127.0.0.1:1?rank=zero&world_size=1"),
+      Catch::Contains("'zero'"));
   CHECK_THROWS_WITH(comm::rendezvous("file://relative?rank=0&world_size=1"),
                     Catch::Contains("absolute path"));
 }
@@ -147,7 +166,8 @@ TEST_CASE("8 ranks join over tcp:// and see one store", "[rendezvous]") {
       "tcp://127.0.0.1:" + std::to_string(free_port()) + "?world_size=8";
   std::vector<std::shared_ptr<comm::Store>> stores(8);
   auto errors = run_ranks(8, [&](int rank) {
-    auto joined = comm::rendezvous(url + "&rank=" + std::to_string(rank), -1, -1, 30s);
+    auto joined =
+        comm::rendezvous(url + "&rank=" + std::to_string(rank), -1, -1, 30s);
     CHECK(joined.world_size == 8);
     joined.store->add("sum", rank);
     joined.store->add("done", 1);
@@ -162,7 +182,8 @@ TEST_CASE("ranks join over file://", "[rendezvous]") {
   comm::testing::TempPath path("rendezvous_file");
   const std::string url = "file://" + path.str() + "?world_size=4";
   auto errors = run_ranks(4, [&](int rank) {
-    auto joined = comm::rendezvous(url + "&rank=" + std::to_string(rank), -1, -1, 30s);
+    auto joined =
+        comm::rendezvous(url + "&rank=" + std::to_string(rank), -1, -1, 30s);
     CHECK(joined.rank == rank);
   });
   for (const auto& error : errors) CHECK(error == "");
@@ -177,7 +198,8 @@ TEST_CASE("a rank claimed twice fails both claimants", "[rendezvous]") {
   });
   int claimed_twice = 0;
   for (const auto& error : errors) {
-    if (error.find("rank 1 is claimed twice") != std::string::npos) ++claimed_twice;
+    if (error.find("rank 1 is claimed twice") != std::string::npos)
+      ++claimed_twice;
   }
   // Both processes that claimed rank 1 fail, and so does rank 0, which the
   // conflict wakes instead of leaving it to time out.

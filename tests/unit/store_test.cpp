@@ -27,7 +27,8 @@ namespace {
 // client, another FileStore on the same file) for concurrency tests.
 class StoreFixture {
  public:
-  explicit StoreFixture(const std::string& kind) : kind_(kind), path_("store_test") {
+  explicit StoreFixture(const std::string& kind)
+      : kind_(kind), path_("store_test") {
     if (kind == "hash") {
       shared_ = std::make_shared<comm::HashStore>();
     } else if (kind == "prefix") {
@@ -127,7 +128,8 @@ TEST_CASE("compare_set follows c10d", "[store]") {
   // Missing key, empty expected: stored.
   CHECK(store.compare_set("k", {}, to_bytes("first")) == to_bytes("first"));
   // Mismatch: the current value comes back, unchanged.
-  CHECK(store.compare_set("k", to_bytes("other"), to_bytes("z")) == to_bytes("first"));
+  CHECK(store.compare_set("k", to_bytes("other"), to_bytes("z")) ==
+        to_bytes("first"));
   // Match: replaced.
   CHECK(store.compare_set("k", to_bytes("first"), to_bytes("second")) ==
         to_bytes("second"));
@@ -139,10 +141,12 @@ TEST_CASE("multi_set, multi_get and append", "[store]") {
   INFO("store: " << kind);
   StoreFixture fixture(kind);
   Store& store = fixture.store();
-  store.multi_set({"x", "y", "z"}, {to_bytes("1"), to_bytes("22"), to_bytes("333")});
+  store.multi_set({"x", "y", "z"},
+                  {to_bytes("1"), to_bytes("22"), to_bytes("333")});
   CHECK(store.multi_get({"z", "x"}) ==
         std::vector<Bytes>{to_bytes("333"), to_bytes("1")});
-  CHECK_THROWS_AS(store.multi_set({"a", "b"}, {to_bytes("1")}), comm::InvalidArgument);
+  CHECK_THROWS_AS(store.multi_set({"a", "b"}, {to_bytes("1")}),
+                  comm::InvalidArgument);
   store.append("log", to_bytes("ab"));
   store.append("log", to_bytes("cd"));
   CHECK(store.get_string("log") == "abcd");
@@ -174,7 +178,8 @@ TEST_CASE("a timeout names the keys and fires on time", "[store]") {
   const auto start = std::chrono::steady_clock::now();
   // The message names the key still missing, not the one that was set.
   CHECK_THROWS_WITH(fixture.store().wait({"present", "missing"}, timeout),
-                    Catch::Contains("missing'") && !Catch::Contains("present") &&
+                    Catch::Contains("missing'") &&
+                        !Catch::Contains("present") &&
                         Catch::Contains("1000 ms"));
   const auto waited = std::chrono::steady_clock::now() - start;
   CHECK(waited >= timeout);
@@ -190,12 +195,14 @@ TEST_CASE("keys and values over the limits are InvalidArgument", "[store]") {
   INFO("store: " << kind);
   StoreFixture fixture(kind);
   const std::string long_key(Store::kMaxKeySize + 1, 'k');
-  CHECK_THROWS_AS(fixture.store().set(long_key, to_bytes("v")), comm::InvalidArgument);
+  CHECK_THROWS_AS(fixture.store().set(long_key, to_bytes("v")),
+                  comm::InvalidArgument);
   CHECK_THROWS_AS(fixture.store().get(long_key, 10ms), comm::InvalidArgument);
   CHECK_THROWS_WITH(fixture.store().set("big", Bytes(Store::kMaxValueSize + 1)),
                     Catch::Contains("limit"));
   // At the limits exactly, both work (PrefixStore adds "job/" to the key).
-  const std::string max_key(Store::kMaxKeySize - (kind == "prefix" ? 4 : 0), 'k');
+  const std::string max_key(Store::kMaxKeySize - (kind == "prefix" ? 4 : 0),
+                            'k');
   fixture.store().set(max_key, Bytes(Store::kMaxValueSize, 7));
   CHECK(fixture.store().get(max_key).size() == Store::kMaxValueSize);
 }
@@ -221,11 +228,13 @@ TEST_CASE("32 threads adding to one key sum exactly", "[store]") {
 TEST_CASE("PrefixStore scopes keys under its prefix", "[store]") {
   auto base = std::make_shared<comm::HashStore>();
   comm::PrefixStore group("group1", base);
-  comm::PrefixStore nested("sub", std::make_shared<comm::PrefixStore>("group1", base));
+  comm::PrefixStore nested("sub",
+                           std::make_shared<comm::PrefixStore>("group1", base));
   group.set_string("k", "v");
   CHECK(base->get_string("group1/k") == "v");
   CHECK_FALSE(base->check({"k"}));
   nested.set_string("k", "w");
   CHECK(base->get_string("group1/sub/k") == "w");
-  CHECK_THROWS_WITH(group.get("absent", 10ms), Catch::Contains("'group1/absent'"));
+  CHECK_THROWS_WITH(group.get("absent", 10ms),
+                    Catch::Contains("'group1/absent'"));
 }

@@ -1,0 +1,302 @@
+// The TCPStore server under hostile and broken clients, across processes:
+// whatever one client does, the server keeps serving the others correctly.
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "libcomm/error.h"
+#include "store/tcp_store.h"
+#include "store/tcp_store_protocol.h"
+#include "support/child_process.h"
+#include "support/server_process.h"
+
+namespace proto = comm::tcp_store_protocol;
+using comm::testing::ChildProcess;
+using comm::testing::ServerProcess;
+using namespace std::chrono_literals;
+
+namespace {
+
+comm::TCPStoreOptions client_options(std::uint16_t port, const char* token = "") {
+  comm::TCPStoreOptions options;
+  options.port = port;
+  options.timeout = 20s;
+  options.token = token;
+  return options;
+}
+
+// A plain blocking socket to the server, for speaking broken protocol.
+class RawClient {
+ public:
+  explicit RawClient(std::uint16_t port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  }
+  ~RawClient() { close(fd_); }
+
+  void send_bytes(const std::vector<std::uint8_t>& bytes) {
+    // The server may already have closed; that is not this helper's failure.
+    (void)::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  }
+  void hello(const std::string& token = "", std::uint16_t version = proto::kVersion) {
+    proto::Hello h;
+    h.token = token;
+    h.version = version;
+    send_bytes(proto::encode_hello(h));
+  }
+  // Reads one welcome frame.
+  proto::Welcome welcome() {
+    std::uint8_t frame[64];
+    const ssize_t n = recv_within(frame, sizeof(frame), 5s);
+    REQUIRE(n >= static_cast<ssize_t>(proto::kLengthSize));
+    proto::Welcome w;
+    REQUIRE(proto::decode_welcome(frame + proto::kLengthSize,
+                                  static_cast<std::size_t>(n) - proto::kLengthSize,
+                                  &w) == "");
+    return w;
+  }
+  // True when the server closes the connection within `timeout` (reading
+  // and discarding whatever it sends first).
+  bool closed_by_server(std::chrono::milliseconds timeout) {
+    std::uint8_t sink[4096];
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const ssize_t n = recv_within(sink, sizeof(sink), 100ms);
+      if (n == 0) return true;
+      if (n < 0 && errno != EAGAIN && errno != ETIMEDOUT) return true;  // reset
+    }
+    return false;
+  }
+
+ private:
+  ssize_t recv_within(std::uint8_t* buffer, std::size_t size,
+                      std::chrono::milliseconds timeout) {
+    pollfd entry{fd_, POLLIN, 0};
+    if (poll(&entry, 1, static_cast<int>(timeout.count())) <= 0) {
+      errno = ETIMEDOUT;
+      return -1;
+    }
+    return ::recv(fd_, buffer, size, 0);
+  }
+  int fd_ = -1;
+};
+
+// The check every test ends with: a fresh, well-behaved client gets correct
+// answers.
+void expect_server_healthy(std::uint16_t port) {
+  comm::TCPStore store(client_options(port));
+  store.set_string("health", "ok");
+  CHECK(store.get_string("health") == "ok");
+  CHECK(store.add("health-counter", 2) >= 2);
+}
+
+}  // namespace
+
+TEST_CASE("random bytes close that connection only", "[tcp_store][multiproc]") {
+  ServerProcess server;
+  comm::TCPStore bystander(client_options(server.port()));
+  bystander.set_string("kept", "value");
+  std::mt19937 rng(1);
+  for (int round = 0; round < 20; ++round) {
+    RawClient raw(server.port());
+    std::vector<std::uint8_t> noise(1 + rng() % 4096);
+    for (auto& byte : noise) byte = static_cast<std::uint8_t>(rng());
+    raw.send_bytes(noise);
+    // Either the server closed it or is waiting for the rest of a frame;
+    // either way the others must be unaffected.
+  }
+  CHECK(bystander.get_string("kept") == "value");
+  expect_server_healthy(server.port());
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a truncated frame leaves the server serving", "[tcp_store][multiproc]") {
+  ServerProcess server;
+  {
+    RawClient raw(server.port());
+    raw.hello();
+    CHECK(raw.welcome().status == proto::HelloStatus::kOk);
+    proto::Message set;
+    set.code = static_cast<std::uint8_t>(proto::Op::kSet);
+    set.keys = {"k"};
+    set.values = {comm::Bytes(1000, 1)};
+    auto frame = proto::encode_message(set);
+    frame.resize(frame.size() / 2);
+    raw.send_bytes(frame);
+    expect_server_healthy(server.port());  // while the half frame is pending
+  }
+  expect_server_healthy(server.port());  // and after its client went away
+  comm::TCPStore check(client_options(server.port()));
+  CHECK_FALSE(check.check({"k"}));  // the half-sent set had no effect
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a length of 2^62 is refused without allocating",
+          "[tcp_store][multiproc]") {
+  ServerProcess server;
+  for (bool greeted : {false, true}) {
+    RawClient raw(server.port());
+    if (greeted) {
+      raw.hello();
+      CHECK(raw.welcome().status == proto::HelloStatus::kOk);
+    }
+    std::vector<std::uint8_t> length(8, 0);
+    length[7] = 0x40;  // 2^62, little-endian
+    raw.send_bytes(length);
+    CHECK(raw.closed_by_server(5s));
+  }
+  expect_server_healthy(server.port());
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a malformed request closes that connection",
+          "[tcp_store][multiproc]") {
+  ServerProcess server;
+  RawClient raw(server.port());
+  raw.hello();
+  CHECK(raw.welcome().status == proto::HelloStatus::kOk);
+  proto::Message bad;
+  bad.code = static_cast<std::uint8_t>(proto::Op::kCompareSet);
+  bad.keys = {"k"};  // compare_set needs two values
+  raw.send_bytes(proto::encode_message(bad));
+  CHECK(raw.closed_by_server(5s));
+  expect_server_healthy(server.port());
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a wait in one process wakes on a set from another",
+          "[tcp_store][multiproc]") {
+  ServerProcess server;
+  ChildProcess waiter([&] {
+    comm::TCPStore store(client_options(server.port()));
+    return store.get_string("wake", 20s) == "now" ? 0 : 1;
+  });
+  ChildProcess setter([&] {
+    std::this_thread::sleep_for(200ms);
+    comm::TCPStore store(client_options(server.port()));
+    store.set_string("wake", "now");
+    return 0;
+  });
+  CHECK(setter.wait(20s) == 0);
+  CHECK(waiter.wait(20s) == 0);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a client killed in the middle of a wait", "[tcp_store][multiproc]") {
+  ServerProcess server;
+  ChildProcess doomed([&] {
+    comm::TCPStore store(client_options(server.port()));
+    store.set_string("doomed-waiting", "1");
+    store.wait({"never"}, 60s);
+    return 0;
+  });
+  comm::TCPStore store(client_options(server.port()));
+  store.wait({"doomed-waiting"}, 20s);
+  doomed.kill(SIGKILL);
+  CHECK(doomed.wait(10s) == 128 + SIGKILL);
+  // Setting the key the dead client waited for must not touch its closed
+  // connection, and the server goes on.
+  store.set_string("never", "set after all");
+  expect_server_healthy(server.port());
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("1,000 connect/disconnect cycles", "[tcp_store][multiproc]") {
+  ServerProcess server;
+  for (int cycle = 0; cycle < 1000; ++cycle) {
+    if (cycle % 2 == 0) {
+      comm::TCPStore store(client_options(server.port()));
+    } else {
+      RawClient raw(server.port());  // gone before saying hello
+    }
+  }
+  expect_server_healthy(server.port());
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a wrong or missing token is refused", "[tcp_store][multiproc]") {
+  comm::TCPStoreServerOptions options;
+  options.token = "job-secret";
+  ServerProcess server(options);
+  CHECK_THROWS_WITH(comm::TCPStore(client_options(server.port(), "guess")),
+                    Catch::Contains("refused") && Catch::Contains("does not match") &&
+                        Catch::Contains("COMM_STORE_TOKEN"));
+  CHECK_THROWS_WITH(comm::TCPStore(client_options(server.port(), "")),
+                    Catch::Contains("none was given"));
+  comm::TCPStore member(client_options(server.port(), "job-secret"));
+  member.set_string("in", "yes");
+  CHECK(member.get_string("in") == "yes");
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a protocol version mismatch is clear on both sides",
+          "[tcp_store][multiproc]") {
+  ServerProcess server;
+  {
+    RawClient future(server.port());
+    future.hello("", proto::kVersion + 1);
+    const proto::Welcome welcome = future.welcome();
+    CHECK(welcome.status == proto::HelloStatus::kVersionMismatch);
+    CHECK(welcome.version == proto::kVersion);
+    CHECK(future.closed_by_server(5s));
+  }
+  expect_server_healthy(server.port());
+  CHECK(server.stop() == 0);
+
+  // The client's side: a fake server that answers every hello with a
+  // mismatch from version 7.
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(listen(listener, 1) == 0);
+  socklen_t length = sizeof(address);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  ChildProcess fake([&] {
+    const int client = accept(listener, nullptr, nullptr);
+    std::uint8_t hello[256];
+    (void)recv(client, hello, sizeof(hello), 0);
+    proto::Welcome w;
+    w.version = 7;
+    w.status = proto::HelloStatus::kVersionMismatch;
+    const auto frame = proto::encode_welcome(w);
+    (void)send(client, frame.data(), frame.size(), 0);
+    close(client);
+    return 0;
+  });
+  CHECK_THROWS_WITH(comm::TCPStore(client_options(ntohs(address.sin_port))),
+                    Catch::Contains("version 7") && Catch::Contains("same libcomm"));
+  CHECK(fake.wait(10s) == 0);
+  close(listener);
+}
+
+TEST_CASE("connecting to nothing times out naming host and port",
+          "[tcp_store][multiproc]") {
+  // A port that was just free: nobody listens there.
+  const int probe = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length);
+  close(probe);
+  auto options = client_options(ntohs(address.sin_port));
+  options.timeout = 500ms;
+  CHECK_THROWS_WITH(comm::TCPStore(options),
+                    Catch::Contains("127.0.0.1:" + std::to_string(ntohs(address.sin_port))) &&
+                        Catch::Contains("attempts"));
+}
