@@ -28,7 +28,10 @@ proto::Message request_of(proto::Op op, std::vector<std::string> keys = {},
 }  // namespace
 
 TCPStore::TCPStore(TCPStoreOptions options)
-    : Store(options.timeout), host_(options.host), port_(options.port) {
+    : Store(options.timeout),
+      host_(options.host),
+      port_(options.port),
+      inbox_(std::make_unique<proto::FrameReader>()) {
   std::string token;
   if (options.token) {
     token = *options.token;
@@ -62,29 +65,16 @@ void TCPStore::handshake(const std::string& token) {
   const Bytes frame = proto::encode_hello(hello);
   const auto deadline = detail::deadline_after(timeout());
   socket_->send_all(frame.data(), frame.size(), deadline, name_);
-  std::uint8_t length_bytes[proto::kLengthSize];
   try {
-    socket_->recv_all(length_bytes, sizeof(length_bytes), deadline, name_);
-  } catch (const PeerError&) {
-    throw PeerError(-1, name_ +
-                            " closed the connection during the handshake; "
-                            "is something other than a libcomm TCPStore "
-                            "listening there?");
+    read_frame(deadline);
+  } catch (const PeerError& e) {
+    throw PeerError(-1, std::string(e.what()) +
+                            " during the TCPStore handshake; is something "
+                            "other than a libcomm TCPStore listening there?");
   }
-  std::uint64_t length = 0;
-  for (std::size_t i = 0; i < proto::kLengthSize; ++i) {
-    length |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
-  }
-  if (length > 64) {
-    throw PeerError(-1, name_ + " answered the handshake with a " +
-                            std::to_string(length) +
-                            "-byte frame; it is not a libcomm TCPStore");
-  }
-  Bytes payload(length);
-  socket_->recv_all(payload.data(), payload.size(), deadline, name_);
   proto::Welcome welcome;
-  const std::string problem =
-      proto::decode_welcome(payload.data(), payload.size(), &welcome);
+  const std::string problem = proto::decode_welcome(
+      inbox_->payload(), inbox_->payload_size(), &welcome);
   if (!problem.empty()) throw PeerError(-1, name_ + ": " + problem);
   switch (welcome.status) {
     case proto::HelloStatus::kOk: return;
@@ -112,23 +102,26 @@ void TCPStore::send_request(const proto::Message& request) {
                     detail::deadline_after(timeout()), name_);
 }
 
+void TCPStore::read_frame(detail::Clock::time_point deadline) {
+  std::uint8_t chunk[16 * 1024];
+  // Bounded by the deadline: every round either returns or waits for bytes.
+  while (true) {
+    const auto state = inbox_->next();
+    if (state == proto::FrameReader::State::kFrame) break;
+    if (state == proto::FrameReader::State::kTooLarge) {
+      throw PeerError(-1, name_ + " sent a frame over the protocol's limit");
+    }
+    const std::size_t n =
+        socket_->recv_some(chunk, sizeof(chunk), deadline, name_);
+    inbox_->append(chunk, n);
+  }
+}
+
 proto::Message TCPStore::read_response() {
-  const auto deadline = detail::deadline_after(timeout());
-  std::uint8_t length_bytes[proto::kLengthSize];
-  socket_->recv_all(length_bytes, sizeof(length_bytes), deadline, name_);
-  std::uint64_t length = 0;
-  for (std::size_t i = 0; i < proto::kLengthSize; ++i) {
-    length |= static_cast<std::uint64_t>(length_bytes[i]) << (8 * i);
-  }
-  if (length > proto::kMaxPayload) {
-    throw PeerError(-1, name_ + " sent a frame of " + std::to_string(length) +
-                            " bytes, over the protocol's limit");
-  }
-  Bytes payload(length);
-  socket_->recv_all(payload.data(), payload.size(), deadline, name_);
+  read_frame(detail::deadline_after(timeout()));
   proto::Message response;
-  const std::string problem =
-      proto::decode_message(payload.data(), payload.size(), &response);
+  const std::string problem = proto::decode_message(
+      inbox_->payload(), inbox_->payload_size(), &response);
   if (!problem.empty()) throw PeerError(-1, name_ + " sent a " + problem);
   return response;
 }
@@ -185,7 +178,10 @@ proto::Message TCPStore::call_blocking(const proto::Message& request,
 }
 
 void TCPStore::do_set(const std::string& key, const Bytes& value) {
-  call(request_of(proto::Op::kSet, {key}, {value}));
+  // The server does not answer a set: one send, and the next request on
+  // this connection sees its effect.
+  std::lock_guard<std::mutex> lock(mutex_);
+  send_request(request_of(proto::Op::kSet, {key}, {value}));
 }
 
 Bytes TCPStore::do_get(const std::string& key, Duration timeout) {

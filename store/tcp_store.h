@@ -23,7 +23,8 @@ namespace comm {
 
 namespace tcp_store_protocol {
 struct Message;
-}
+class FrameReader;
+}  // namespace tcp_store_protocol
 namespace detail {
 class Socket;
 }
@@ -79,6 +80,8 @@ class COMM_API TCPStore final : public Store {
   tcp_store_protocol::Message call_blocking(
       const tcp_store_protocol::Message& request, Duration timeout);
   void send_request(const tcp_store_protocol::Message& request);
+  // Receives until inbox_ holds a whole frame, which it then hands out.
+  void read_frame(std::chrono::steady_clock::time_point deadline);
   tcp_store_protocol::Message read_response();
 
   std::string host_;
@@ -87,6 +90,9 @@ class COMM_API TCPStore final : public Store {
   std::unique_ptr<TCPStoreServer> server_;
   std::mutex mutex_;
   std::unique_ptr<detail::Socket> socket_;
+  // Bytes received but not yet consumed: one recv usually brings a whole
+  // answer, header and payload together.
+  std::unique_ptr<tcp_store_protocol::FrameReader> inbox_;
 };
 
 }  // namespace comm

@@ -11,9 +11,11 @@
 //   code (u8) | key count (u32) | keys (u32 length + bytes each)
 //             | value count (u32) | values (u32 length + bytes each)
 //             | number (i64)
-// All integers are little-endian. Requests are answered in order; the
-// blocking ones (kGet, kWait) are answered when their keys are all set, or
-// with kCanceled after the client sends kCancel.
+// All integers are little-endian. Requests are answered in order, except
+// kSet, which is not answered at all (as in c10d, a set costs the client one
+// send; the connection's ordering makes it visible to the client's next
+// request). The blocking ones (kGet, kWait) are answered when their keys are
+// all set, or with kCanceled after the client sends kCancel.
 #pragma once
 
 #include <cstddef>
@@ -36,7 +38,7 @@ inline constexpr std::size_t kMaxPayload =
     Store::kMaxValueSize + Store::kMaxKeySize + 4096;
 
 enum class Op : std::uint8_t {
-  kSet = 1,         // keys[0], values[0]
+  kSet = 1,         // keys[0], values[0]; no answer
   kGet = 2,         // keys (one or more); blocks; answers values
   kAdd = 3,         // keys[0], number = delta; answers number
   kCompareSet = 4,  // keys[0], values[0] expected, values[1] desired

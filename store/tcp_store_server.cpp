@@ -343,9 +343,8 @@ void TCPStoreServer::Impl::handle_request(Connection* c,
   using proto::Status;
   const auto op = static_cast<Op>(request.code);
   switch (op) {
-    case Op::kSet:
+    case Op::kSet:  // not answered; see the protocol
       table.set(request.keys[0], std::move(request.values[0]));
-      send_status(c, Status::kOk);
       key_changed(request.keys[0]);
       return;
     case Op::kGet:
@@ -450,7 +449,25 @@ void TCPStoreServer::Impl::key_changed(const std::string& key) {
 
 void TCPStoreServer::Impl::send(Connection* c, Bytes frame) {
   if (c->closing) return;
+  auto* stream = reinterpret_cast<uv_stream_t*>(&c->handle);
+  std::size_t offset = 0;
+  // Most answers are small and the socket has room: write them at once,
+  // and queue (with an allocation and a callback) only what is left.
+  if (uv_stream_get_write_queue_size(stream) == 0) {
+    uv_buf_t whole = uv_buf_init(reinterpret_cast<char*>(frame.data()),
+                                 static_cast<unsigned>(frame.size()));
+    const int written = uv_try_write(stream, &whole, 1);
+    if (written == static_cast<int>(frame.size())) return;
+    if (written > 0)
+      offset = static_cast<std::size_t>(written);
+    else if (written != UV_EAGAIN) {
+      close(c, "writing to it failed");
+      return;
+    }
+  }
   auto* write = new WriteRequest;
+  frame.erase(frame.begin(),
+              frame.begin() + static_cast<std::ptrdiff_t>(offset));
   write->frame = std::move(frame);
   write->connection = c;
   write->request.data = write;

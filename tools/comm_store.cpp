@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   app.add_option("--host", options.host,
                  "address to listen on (0.0.0.0 or :: for every interface)")
       ->capture_default_str();
-  app.add_option("--port", options.port, "port to listen on; 0 picks a free one")
+  app.add_option("--port", options.port,
+                 "port to listen on; 0 picks a free one")
       ->capture_default_str();
   try {
     app.parse(argc, argv);

@@ -215,6 +215,23 @@ void Socket::send_all(const void* data, std::size_t size,
   }
 }
 
+std::size_t Socket::recv_some(void* data, std::size_t capacity,
+                              Clock::time_point deadline,
+                              const std::string& peer, int peer_rank) {
+  while (true) {
+    if (!wait_ready(POLLIN, deadline)) {
+      throw TimeoutError("timed out waiting for " + peer);
+    }
+    const ssize_t n = ::recv(fd_, data, capacity, MSG_DONTWAIT);
+    if (n > 0) return static_cast<std::size_t>(n);
+    if (n == 0) throw PeerError(peer_rank, peer + " closed the connection");
+    if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+    throw PeerError(peer_rank, "connection to " + peer +
+                                   " failed while receiving: " +
+                                   std::system_category().message(errno));
+  }
+}
+
 void Socket::recv_all(void* data, std::size_t size, Clock::time_point deadline,
                       const std::string& peer, int peer_rank) {
   auto* bytes = static_cast<std::uint8_t*>(data);

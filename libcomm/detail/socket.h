@@ -47,6 +47,12 @@ class COMM_API Socket {
   void recv_all(void* data, std::size_t size, Clock::time_point deadline,
                 const std::string& peer, int peer_rank = -1);
 
+  // Waits until there is something to read, then reads what is there, up to
+  // `capacity` bytes; returns how many (at least 1). Errors as recv_all.
+  std::size_t recv_some(void* data, std::size_t capacity,
+                        Clock::time_point deadline, const std::string& peer,
+                        int peer_rank = -1);
+
   // Waits until there is something to read (or the peer closed); false when
   // the deadline came first.
   bool wait_readable(Clock::time_point deadline);

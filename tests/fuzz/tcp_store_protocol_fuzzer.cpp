@@ -13,7 +13,8 @@
 
 namespace proto = comm::tcp_store_protocol;
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
+                                      std::size_t size) {
   if (size < 1) return 0;
   // The first byte picks the chunk size for feeding the rest.
   const std::size_t chunk = 1 + data[0] % 64;
@@ -31,7 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (reader.payload_size() > proto::kMaxPayload) std::abort();
       if (!greeted) {
         proto::Hello hello;
-        if (!proto::decode_hello(reader.payload(), reader.payload_size(), &hello).empty()) {
+        if (!proto::decode_hello(reader.payload(), reader.payload_size(),
+                                 &hello)
+                 .empty()) {
           return 0;  // the server closes the connection here
         }
         const auto again = proto::encode_hello(hello);
@@ -44,7 +47,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         continue;
       }
       proto::Message message;
-      if (!proto::decode_message(reader.payload(), reader.payload_size(), &message).empty()) {
+      if (!proto::decode_message(reader.payload(), reader.payload_size(),
+                                 &message)
+               .empty()) {
         return 0;
       }
       (void)proto::validate_request(message);

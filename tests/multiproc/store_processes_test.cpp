@@ -10,8 +10,8 @@
 
 #include <cstdlib>
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "libcomm/error.h"
@@ -41,7 +41,8 @@ std::uint16_t free_port() {
 // Runs rendezvous("env://") in a child with the given RANK; the child exits
 // 0 on success, 10 when it failed naming a rank claimed twice, 11 for any
 // other error (printed).
-std::unique_ptr<ChildProcess> env_rank(std::uint16_t port, int rank, int world) {
+std::unique_ptr<ChildProcess> env_rank(std::uint16_t port, int rank,
+                                       int world) {
   return std::make_unique<ChildProcess>([=] {
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
@@ -68,8 +69,9 @@ std::unique_ptr<ChildProcess> env_rank(std::uint16_t port, int rank, int world) 
 
 }  // namespace
 
-TEST_CASE("FileStore: concurrent processes add exactly, last one removes the file",
-          "[file_store][multiproc]") {
+TEST_CASE(
+    "FileStore: concurrent processes add exactly, last one removes the file",
+    "[file_store][multiproc]") {
   comm::testing::TempPath path("file_store_processes");
   constexpr int kProcesses = 4;
   constexpr int kAdds = 200;
@@ -141,13 +143,14 @@ TEST_CASE("comm-store serves clients and stops cleanly on SIGTERM",
   std::string line;
   char c = 0;
   pollfd entry{output[0], POLLIN, 0};
-  while (line.size() < 200 && poll(&entry, 1, 10000) > 0 && read(output[0], &c, 1) == 1 &&
-         c != '\n') {
+  while (line.size() < 200 && poll(&entry, 1, 10000) > 0 &&
+         read(output[0], &c, 1) == 1 && c != '\n') {
     line += c;
   }
   close(output[0]);
   REQUIRE_THAT(line, Catch::StartsWith("comm-store listening on 127.0.0.1:"));
-  const auto port = static_cast<std::uint16_t>(std::stoi(line.substr(line.rfind(':') + 1)));
+  const auto port =
+      static_cast<std::uint16_t>(std::stoi(line.substr(line.rfind(':') + 1)));
   {
     comm::TCPStoreOptions options;
     options.port = port;
@@ -161,7 +164,8 @@ TEST_CASE("comm-store serves clients and stops cleanly on SIGTERM",
   CHECK(server.wait(10s) == 0);
 }
 
-TEST_CASE("comm-store rejects bad arguments with exit code 2", "[tools][multiproc]") {
+TEST_CASE("comm-store rejects bad arguments with exit code 2",
+          "[tools][multiproc]") {
   const char* binary = std::getenv("COMM_STORE_BIN");
   REQUIRE(binary != nullptr);
   ChildProcess bad([&] {

@@ -25,7 +25,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-comm::TCPStoreOptions client_options(std::uint16_t port, const char* token = "") {
+comm::TCPStoreOptions client_options(std::uint16_t port,
+                                     const char* token = "") {
   comm::TCPStoreOptions options;
   options.port = port;
   options.timeout = 20s;
@@ -42,7 +43,8 @@ class RawClient {
     address.sin_family = AF_INET;
     address.sin_port = htons(port);
     address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+    REQUIRE(connect(fd_, reinterpret_cast<sockaddr*>(&address),
+                    sizeof(address)) == 0);
   }
   ~RawClient() { close(fd_); }
 
@@ -50,7 +52,8 @@ class RawClient {
     // The server may already have closed; that is not this helper's failure.
     (void)::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
   }
-  void hello(const std::string& token = "", std::uint16_t version = proto::kVersion) {
+  void hello(const std::string& token = "",
+             std::uint16_t version = proto::kVersion) {
     proto::Hello h;
     h.token = token;
     h.version = version;
@@ -62,9 +65,9 @@ class RawClient {
     const ssize_t n = recv_within(frame, sizeof(frame), 5s);
     REQUIRE(n >= static_cast<ssize_t>(proto::kLengthSize));
     proto::Welcome w;
-    REQUIRE(proto::decode_welcome(frame + proto::kLengthSize,
-                                  static_cast<std::size_t>(n) - proto::kLengthSize,
-                                  &w) == "");
+    REQUIRE(proto::decode_welcome(
+                frame + proto::kLengthSize,
+                static_cast<std::size_t>(n) - proto::kLengthSize, &w) == "");
     return w;
   }
   // True when the server closes the connection within `timeout` (reading
@@ -122,7 +125,8 @@ TEST_CASE("random bytes close that connection only", "[tcp_store][multiproc]") {
   CHECK(server.stop() == 0);
 }
 
-TEST_CASE("a truncated frame leaves the server serving", "[tcp_store][multiproc]") {
+TEST_CASE("a truncated frame leaves the server serving",
+          "[tcp_store][multiproc]") {
   ServerProcess server;
   {
     RawClient raw(server.port());
@@ -231,7 +235,8 @@ TEST_CASE("a wrong or missing token is refused", "[tcp_store][multiproc]") {
   options.token = "job-secret";
   ServerProcess server(options);
   CHECK_THROWS_WITH(comm::TCPStore(client_options(server.port(), "guess")),
-                    Catch::Contains("refused") && Catch::Contains("does not match") &&
+                    Catch::Contains("refused") &&
+                        Catch::Contains("does not match") &&
                         Catch::Contains("COMM_STORE_TOKEN"));
   CHECK_THROWS_WITH(comm::TCPStore(client_options(server.port(), "")),
                     Catch::Contains("none was given"));
@@ -261,7 +266,8 @@ TEST_CASE("a protocol version mismatch is clear on both sides",
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&address),
+               sizeof(address)) == 0);
   REQUIRE(listen(listener, 1) == 0);
   socklen_t length = sizeof(address);
   getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
@@ -277,8 +283,9 @@ TEST_CASE("a protocol version mismatch is clear on both sides",
     close(client);
     return 0;
   });
-  CHECK_THROWS_WITH(comm::TCPStore(client_options(ntohs(address.sin_port))),
-                    Catch::Contains("version 7") && Catch::Contains("same libcomm"));
+  CHECK_THROWS_WITH(
+      comm::TCPStore(client_options(ntohs(address.sin_port))),
+      Catch::Contains("version 7") && Catch::Contains("same libcomm"));
   CHECK(fake.wait(10s) == 0);
   close(listener);
 }
@@ -296,7 +303,8 @@ TEST_CASE("connecting to nothing times out naming host and port",
   close(probe);
   auto options = client_options(ntohs(address.sin_port));
   options.timeout = 500ms;
-  CHECK_THROWS_WITH(comm::TCPStore(options),
-                    Catch::Contains("127.0.0.1:" + std::to_string(ntohs(address.sin_port))) &&
-                        Catch::Contains("attempts"));
+  CHECK_THROWS_WITH(
+      comm::TCPStore(options),
+      Catch::Contains("127.0.0.1:" + std::to_string(ntohs(address.sin_port))) &&
+          Catch::Contains("attempts"));
 }
