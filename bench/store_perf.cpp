@@ -66,7 +66,8 @@ std::vector<std::vector<float>> run_client(std::uint16_t port, int id,
   for (int phase = 0; phase < kPhaseCount; ++phase) {
     // Every client arrives, then all start together.
     const std::string gate = std::string("gate/") + kPhases[phase];
-    if (store.add(gate, 1) == config.clients) store.set_string(gate + "/open", "1");
+    if (store.add(gate, 1) == config.clients)
+      store.set_string(gate + "/open", "1");
     store.wait({gate + "/open"});
     latencies[phase].reserve(static_cast<std::size_t>(config.ops));
     for (int i = 0; i < config.ops; ++i) {
@@ -79,18 +80,22 @@ std::vector<std::vector<float>> run_client(std::uint16_t port, int id,
         case 3: store.wait({key}); break;
       }
       latencies[phase].push_back(
-          std::chrono::duration<float, std::micro>(Clock::now() - start).count());
+          std::chrono::duration<float, std::micro>(Clock::now() - start)
+              .count());
     }
     const std::string done = std::string("done/") + kPhases[phase];
-    if (store.add(done, 1) == config.clients) store.set_string(done + "/all", "1");
+    if (store.add(done, 1) == config.clients)
+      store.set_string(done + "/all", "1");
   }
   return latencies;
 }
 
 float percentile(std::vector<float>& samples, double p) {
   if (samples.empty()) return 0;
-  const auto index = static_cast<std::size_t>(p * static_cast<double>(samples.size() - 1));
-  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(index),
+  const auto index =
+      static_cast<std::size_t>(p * static_cast<double>(samples.size() - 1));
+  std::nth_element(samples.begin(),
+                   samples.begin() + static_cast<std::ptrdiff_t>(index),
                    samples.end());
   return samples[index];
 }
@@ -98,14 +103,16 @@ float percentile(std::vector<float>& samples, double p) {
 // Times each phase from the coordinator's side: from the gate opening to
 // the last client's "done" (the client that completes the count sets
 // done/PHASE/all).
-std::vector<double> time_phases(comm::TCPStore& coordinator, const Config& config) {
+std::vector<double> time_phases(comm::TCPStore& coordinator,
+                                const Config& config) {
   std::vector<double> seconds;
   for (const char* phase : kPhases) {
     const std::string gate = std::string("gate/") + phase;
     coordinator.wait({gate + "/open"});
     const auto start = Clock::now();
     coordinator.wait({std::string("done/") + phase + "/all"});
-    seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    seconds.push_back(
+        std::chrono::duration<double>(Clock::now() - start).count());
   }
   return seconds;
 }
@@ -171,7 +178,8 @@ int run_workload(const Config& config) {
     phase_seconds = time_phases(coordinator, config);
     for (int c = 0; c < config.clients; ++c) {
       auto& mine = results[static_cast<std::size_t>(c)];
-      mine.assign(kPhaseCount, std::vector<float>(static_cast<std::size_t>(config.ops)));
+      mine.assign(kPhaseCount,
+                  std::vector<float>(static_cast<std::size_t>(config.ops)));
       for (auto& phase : mine) {
         if (!read_all(result_pipes[static_cast<std::size_t>(c)], phase.data(),
                       phase.size() * sizeof(float))) {
@@ -187,7 +195,8 @@ int run_workload(const Config& config) {
     std::vector<std::thread> threads;
     for (int c = 0; c < config.clients; ++c) {
       threads.emplace_back([&, c] {
-        results[static_cast<std::size_t>(c)] = run_client(server.port(), c, config);
+        results[static_cast<std::size_t>(c)] =
+            run_client(server.port(), c, config);
       });
     }
     comm::TCPStore coordinator(client_options(server.port()));
@@ -195,9 +204,11 @@ int run_workload(const Config& config) {
     for (auto& thread : threads) thread.join();
   }
 
-  std::printf("# libcomm TCPStore: %d %s clients x %d calls per phase, %d-byte values\n",
-              config.clients, config.processes ? "process" : "thread", config.ops,
-              config.value_bytes);
+  std::printf(
+      "# libcomm TCPStore: %d %s clients x %d calls per phase, %d-byte "
+      "values\n",
+      config.clients, config.processes ? "process" : "thread", config.ops,
+      config.value_bytes);
   std::printf("%-6s %12s %10s %10s\n", "op", "ops/s", "p50_us", "p99_us");
   for (int phase = 0; phase < kPhaseCount; ++phase) {
     std::vector<float> all;
@@ -225,14 +236,17 @@ int run_rendezvous(const Config& config) {
         comm::TCPStore store(client_options(server.port()));
         comm::join_ranks(store, rank, world, 120s);
       } catch (const std::exception& e) {
-        if (failures++ == 0) std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        if (failures++ == 0)
+          std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
       }
     });
   }
   for (auto& rank : ranks) rank.join();
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  std::printf("# rendezvous of %d ranks (threads, one TCPStore server): %.3f s%s\n",
-              world, seconds, failures ? " FAILED" : "");
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf(
+      "# rendezvous of %d ranks (threads, one TCPStore server): %.3f s%s\n",
+      world, seconds, failures ? " FAILED" : "");
   return failures ? 1 : 0;
 }
 
@@ -240,7 +254,8 @@ double cpu_seconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
-         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) /
+             1e6;
 }
 
 int run_idle(const Config& config) {
@@ -254,17 +269,21 @@ int run_idle(const Config& config) {
   comm::TCPStoreServer server;
   std::vector<std::unique_ptr<comm::TCPStore>> clients;
   for (int c = 0; c < config.idle_connections; ++c) {
-    clients.push_back(std::make_unique<comm::TCPStore>(client_options(server.port())));
+    clients.push_back(
+        std::make_unique<comm::TCPStore>(client_options(server.port())));
   }
-  std::printf("# %zu idle connections held by the server\n", server.connection_count());
+  std::printf("# %zu idle connections held by the server\n",
+              server.connection_count());
   std::printf("%-8s %10s %12s\n", "window", "seconds", "cpu_percent");
   const auto window = std::chrono::duration<double>(config.idle_seconds);
   for (int w = 1; w <= 3; ++w) {
     const double cpu_before = cpu_seconds();
     const auto start = Clock::now();
     std::this_thread::sleep_for(window);
-    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
-    std::printf("%-8d %10.2f %12.3f\n", w, wall, 100.0 * (cpu_seconds() - cpu_before) / wall);
+    const double wall =
+        std::chrono::duration<double>(Clock::now() - start).count();
+    std::printf("%-8d %10.2f %12.3f\n", w, wall,
+                100.0 * (cpu_seconds() - cpu_before) / wall);
   }
   // The server still answers promptly with all of them open.
   clients.front()->set_string("after-idle", "ok");
@@ -275,19 +294,24 @@ int run_idle(const Config& config) {
 
 int main(int argc, char** argv) {
   Config config;
-  CLI::App app{"store_perf: TCPStore throughput, latency, rendezvous and idle cost"};
-  app.add_option("--clients", config.clients, "concurrent clients")->check(CLI::Range(1, 4096));
-  app.add_option("--ops", config.ops, "calls per client per phase")->check(CLI::Range(1, 10000000));
+  CLI::App app{
+      "store_perf: TCPStore throughput, latency, rendezvous and idle cost"};
+  app.add_option("--clients", config.clients, "concurrent clients")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--ops", config.ops, "calls per client per phase")
+      ->check(CLI::Range(1, 10000000));
   app.add_option("--value-bytes", config.value_bytes, "size of each value")
       ->check(CLI::Range(0, 1 << 20));
-  app.add_flag("--processes", config.processes, "clients are processes, not threads");
+  app.add_flag("--processes", config.processes,
+               "clients are processes, not threads");
   app.add_option("--rendezvous", config.rendezvous_world,
                  "instead: time a rendezvous of this many ranks (threads)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--idle", config.idle_connections,
                  "instead: hold this many idle connections and report CPU use")
       ->check(CLI::Range(1, 100000));
-  app.add_option("--idle-seconds", config.idle_seconds, "length of each idle window")
+  app.add_option("--idle-seconds", config.idle_seconds,
+                 "length of each idle window")
       ->check(CLI::Range(0.1, 600.0));
   try {
     app.parse(argc, argv);
