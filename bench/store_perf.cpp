@@ -103,8 +103,7 @@ float percentile(std::vector<float>& samples, double p) {
 // Times each phase from the coordinator's side: from the gate opening to
 // the last client's "done" (the client that completes the count sets
 // done/PHASE/all).
-std::vector<double> time_phases(comm::TCPStore& coordinator,
-                                const Config& config) {
+std::vector<double> time_phases(comm::TCPStore& coordinator) {
   std::vector<double> seconds;
   for (const char* phase : kPhases) {
     const std::string gate = std::string("gate/") + phase;
@@ -175,7 +174,7 @@ int run_workload(const Config& config) {
       close(fd);
     }
     comm::TCPStore coordinator(client_options(server.port()));
-    phase_seconds = time_phases(coordinator, config);
+    phase_seconds = time_phases(coordinator);
     for (int c = 0; c < config.clients; ++c) {
       auto& mine = results[static_cast<std::size_t>(c)];
       mine.assign(kPhaseCount,
@@ -200,7 +199,7 @@ int run_workload(const Config& config) {
       });
     }
     comm::TCPStore coordinator(client_options(server.port()));
-    phase_seconds = time_phases(coordinator, config);
+    phase_seconds = time_phases(coordinator);
     for (auto& thread : threads) thread.join();
   }
 

@@ -87,6 +87,7 @@ struct TCPStoreServer::Impl {
   uv_async_t stop_signal{};
   std::thread thread;
   bool stopped = false;
+  bool closed_cleanly = false;
   std::atomic<std::size_t> open_connections{0};
 
   // Loop-thread state.
@@ -98,7 +99,7 @@ struct TCPStoreServer::Impl {
   explicit Impl(const TCPStoreServerOptions& options);
   ~Impl();
   void listen(const TCPStoreServerOptions& options);
-  void shut_down_loop();
+  bool shut_down_loop();
 
   static void on_connection(uv_stream_t* listener, int status);
   static void on_alloc(uv_handle_t* handle, std::size_t, uv_buf_t* buffer);
@@ -188,8 +189,8 @@ void TCPStoreServer::Impl::listen(const TCPStoreServerOptions& options) {
 }
 
 // Closes every handle and runs the loop until the closes are done, so that
-// uv_loop_close finds nothing open.
-void TCPStoreServer::Impl::shut_down_loop() {
+// uv_loop_close finds nothing open. Returns whether the loop closed.
+bool TCPStoreServer::Impl::shut_down_loop() {
   auto close_all = [](uv_handle_t* handle, void*) {
     if (!uv_is_closing(handle)) uv_close(handle, nullptr);
   };
@@ -200,6 +201,7 @@ void TCPStoreServer::Impl::shut_down_loop() {
     COMM_LOG_ERROR("TCPStore server: the event loop did not close cleanly ({})",
                    uv_error(status));
   }
+  return status == 0;
 }
 
 TCPStoreServer::Impl::~Impl() = default;
@@ -547,12 +549,13 @@ std::size_t TCPStoreServer::connection_count() const {
   return impl_->open_connections.load(std::memory_order_relaxed);
 }
 
-void TCPStoreServer::stop() {
-  if (impl_->stopped) return;
+bool TCPStoreServer::stop() {
+  if (impl_->stopped) return impl_->closed_cleanly;
   impl_->stopped = true;
   uv_async_send(&impl_->stop_signal);
   impl_->thread.join();
-  impl_->shut_down_loop();
+  impl_->closed_cleanly = impl_->shut_down_loop();
+  return impl_->closed_cleanly;
 }
 
 }  // namespace comm

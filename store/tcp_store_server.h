@@ -48,7 +48,9 @@ class COMM_API TCPStoreServer {
 
   // Closes every connection and the listener and joins the loop thread.
   // Clients see their connection close. Idempotent; the destructor calls it.
-  void stop();
+  // Returns true when every libuv handle was closed and the loop closed
+  // without error (otherwise the log says what was left).
+  bool stop();
 
   struct Impl;
 

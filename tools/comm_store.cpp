@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     sigwait(&stop_signals, &received);
     std::fprintf(stderr, "comm-store: %s received, stopping\n",
                  received == SIGINT ? "SIGINT" : "SIGTERM");
-    server.stop();
+    if (!server.stop()) return 1;
   } catch (const comm::Error& e) {
     std::fprintf(stderr, "comm-store: %s\n", e.what());
     return 1;

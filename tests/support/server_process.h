@@ -32,8 +32,7 @@ class ServerProcess {
       char byte;
       while (read(from_parent[0], &byte, 1) > 0) {
       }
-      server.stop();
-      return 0;
+      return server.stop() ? 0 : 4;  // 4: the event loop did not close cleanly
     });
     close(to_parent[1]);
     close(from_parent[0]);
@@ -51,8 +50,8 @@ class ServerProcess {
   std::uint16_t port() const { return port_; }
   ChildProcess& process() { return *child_; }
 
-  // Asks the server to stop and returns the process's exit code (0 when it
-  // stopped cleanly).
+  // Asks the server to stop and returns the process's exit code: 0 when
+  // every libuv handle closed and the loop closed without error.
   int stop(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     close(stop_pipe_);
     stop_pipe_ = -1;
