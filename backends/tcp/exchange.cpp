@@ -1,0 +1,325 @@
+#include "backends/tcp/exchange.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <system_error>
+
+#include "libcomm/reduce_kernels.h"
+
+namespace comm::tcp {
+namespace {
+
+bool would_block(int error) {
+  return error == EAGAIN || error == EWOULDBLOCK || error == EINTR;
+}
+
+int remaining_ms(detail::Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - detail::Clock::now());
+  // Round up, so that poll does not return a millisecond early forever.
+  return static_cast<int>(
+      std::clamp<std::int64_t>(left.count() + 1, 0, 1 << 30));
+}
+
+}  // namespace
+
+std::size_t chunk_bytes() {
+  static const std::size_t value = [] {
+    std::size_t bytes = 256 << 10;
+    if (const char* env = std::getenv("COMM_TCP_CHUNK_BYTES")) {
+      const long long parsed = std::atoll(env);
+      if (parsed >= 64) bytes = static_cast<std::size_t>(parsed);
+    }
+    return bytes / 64 * 64;
+  }();
+  return value;
+}
+
+std::vector<std::uint8_t> encode_abort(const CallInfo& call, ErrorKind kind,
+                                       int culprit,
+                                       const std::string& message) {
+  MessageHeader header;
+  header.call = call;
+  header.call.collective = Collective::kAbort;
+  header.call.root = culprit;
+  header.call.count = static_cast<std::int64_t>(kind);
+  const std::string text = message.substr(0, 4000);
+  header.payload_bytes = text.size();
+  std::vector<std::uint8_t> bytes(MessageHeader::kWireSize + text.size());
+  header.encode(bytes.data());
+  std::memcpy(bytes.data() + MessageHeader::kWireSize, text.data(),
+              text.size());
+  return bytes;
+}
+
+Exchange::Exchange(Mesh& mesh, const CallInfo& call,
+                   detail::Clock::time_point deadline, int wake_fd)
+    : mesh_(mesh), call_(call), deadline_(deadline), wake_fd_(wake_fd) {}
+
+void Exchange::add(Transfer::Kind kind, int peer, void* data,
+                   std::size_t bytes) {
+  Transfer& t = transfers_.emplace_back();
+  t.kind = kind;
+  t.peer = peer;
+  t.data = static_cast<std::uint8_t*>(data);
+  t.bytes = bytes;
+  if (kind == Transfer::Kind::kSend) {
+    MessageHeader header;
+    header.call = call_;
+    header.payload_bytes = bytes;
+    header.encode(t.header);
+  }
+}
+
+void Exchange::send(int peer, const void* data, std::size_t bytes) {
+  add(Transfer::Kind::kSend, peer, const_cast<void*>(data), bytes);
+}
+
+void Exchange::recv(int peer, void* data, std::size_t bytes) {
+  add(Transfer::Kind::kRecv, peer, data, bytes);
+}
+
+void Exchange::recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
+                           ReduceOp op) {
+  add(Transfer::Kind::kRecvReduce, peer, data, bytes);
+  transfers_.back().dtype = dtype;
+  transfers_.back().op = op;
+  transfers_.back().scratch.resize(std::min(bytes, chunk_bytes()));
+}
+
+void Exchange::run() {
+  std::vector<pollfd> fds;
+  std::vector<int> owner;  // per pollfd: transfer index, or -1 - peer (control)
+  // Bounded by the deadline: every round waits in poll until a socket is
+  // ready, then moves what it can.
+  while (true) {
+    fds.clear();
+    owner.clear();
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      Transfer& t = transfers_[i];
+      if (t.done()) continue;
+      const short events = t.kind == Transfer::Kind::kSend ? POLLOUT : POLLIN;
+      fds.push_back(
+          {mesh_.socket(t.peer, Channel::kCollective).fd(), events, 0});
+      owner.push_back(static_cast<int>(i));
+    }
+    if (fds.empty()) return;
+    for (int peer = 0; peer < mesh_.size(); ++peer) {
+      if (peer == mesh_.rank()) continue;
+      const int fd = mesh_.socket(peer, Channel::kControl).fd();
+      if (fd >= 0) {
+        fds.push_back({fd, POLLIN, 0});
+        owner.push_back(-1 - peer);
+      }
+    }
+    if (wake_fd_ >= 0) {
+      fds.push_back({wake_fd_, POLLIN, 0});
+      owner.push_back(INT32_MIN);
+    }
+    const int ready = ::poll(fds.data(), fds.size(), remaining_ms(deadline_));
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      throw SystemError(errno, "poll");
+    }
+    if (ready == 0) {
+      if (detail::Clock::now() >= deadline_) throw_timeout();
+      continue;
+    }
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      if (owner[k] == INT32_MIN) {
+        throw BackendError(
+            call_.describe() +
+            " was interrupted: the process group is shutting down");
+      }
+      if (owner[k] < 0) {
+        read_control(-1 - owner[k]);
+        continue;
+      }
+      Transfer& t = transfers_[static_cast<std::size_t>(owner[k])];
+      if (t.kind == Transfer::Kind::kSend) {
+        progress_send(t);
+      } else {
+        progress_recv(t);
+      }
+    }
+  }
+}
+
+void Exchange::progress_send(Transfer& t) {
+  detail::Socket& socket = mesh_.socket(t.peer, Channel::kCollective);
+  while (!t.done()) {
+    iovec parts[2];
+    int count = 0;
+    if (t.header_done < MessageHeader::kWireSize) {
+      parts[count++] = {t.header + t.header_done,
+                        MessageHeader::kWireSize - t.header_done};
+    }
+    if (t.payload_done < t.bytes) {
+      parts[count++] = {t.data + t.payload_done, t.bytes - t.payload_done};
+    }
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = static_cast<std::size_t>(count);
+    const ssize_t n =
+        ::sendmsg(socket.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (would_block(errno)) return;
+      throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
+                                  " failed while sending " + call_.describe() +
+                                  ": " + std::system_category().message(errno) +
+                                  " (did it exit or crash?)");
+    }
+    std::size_t moved = static_cast<std::size_t>(n);
+    const std::size_t to_header =
+        std::min(moved, MessageHeader::kWireSize - t.header_done);
+    t.header_done += to_header;
+    t.payload_done += moved - to_header;
+  }
+}
+
+void Exchange::progress_recv(Transfer& t) {
+  detail::Socket& socket = mesh_.socket(t.peer, Channel::kCollective);
+  const bool reducing = t.kind == Transfer::Kind::kRecvReduce;
+  while (!t.done()) {
+    iovec parts[2];
+    int count = 0;
+    const bool header_pending = t.header_done < MessageHeader::kWireSize;
+    if (header_pending) {
+      parts[count++] = {t.header + t.header_done,
+                        MessageHeader::kWireSize - t.header_done};
+    }
+    // Never read past this message: the next one may belong to another call.
+    std::size_t room = 0;
+    std::uint8_t* target = nullptr;
+    if (reducing) {
+      const std::size_t chunk =
+          std::min(t.scratch.size(), t.bytes - t.payload_done);
+      room = chunk - t.scratch_filled;
+      target = t.scratch.data() + t.scratch_filled;
+    } else {
+      room = t.bytes - t.payload_done;
+      target = t.data + t.payload_done;
+    }
+    if (room > 0) parts[count++] = {target, room};
+    const ssize_t n = ::readv(socket.fd(), parts, count);
+    if (n == 0) {
+      throw PeerError(
+          t.peer, mesh_.peer_name(t.peer) + " closed its connection during " +
+                      call_.describe() + " (did it exit or crash?)");
+    }
+    if (n < 0) {
+      if (would_block(errno)) return;
+      throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
+                                  " failed during " + call_.describe() + ": " +
+                                  std::system_category().message(errno));
+    }
+    std::size_t moved = static_cast<std::size_t>(n);
+    if (header_pending) {
+      const std::size_t to_header =
+          std::min(moved, MessageHeader::kWireSize - t.header_done);
+      t.header_done += to_header;
+      moved -= to_header;
+      if (t.header_done == MessageHeader::kWireSize) check_header(t);
+    }
+    if (!reducing) {
+      t.payload_done += moved;
+      continue;
+    }
+    t.scratch_filled += moved;
+    const std::size_t chunk =
+        std::min(t.scratch.size(), t.bytes - t.payload_done);
+    if (t.scratch_filled == chunk && chunk > 0) {
+      reduce_into(t.op, t.dtype, t.data + t.payload_done, t.scratch.data(),
+                  chunk / dtype_size(t.dtype));
+      t.payload_done += chunk;
+      t.scratch_filled = 0;
+    }
+  }
+}
+
+void Exchange::check_header(const Transfer& t) {
+  MessageHeader header;
+  if (!header.decode(t.header)) {
+    throw PeerError(t.peer,
+                    mesh_.peer_name(t.peer) +
+                        " sent bytes that are not a libcomm message during " +
+                        call_.describe());
+  }
+  if (!(header.call == call_)) {
+    throw MismatchError(
+        "rank " + std::to_string(mesh_.rank()) + " called " + call_.describe() +
+        " but rank " + std::to_string(t.peer) + " called " +
+        header.call.describe() +
+        "; every rank must issue the same collectives in the same "
+        "order with the same dtype, count, op and root");
+  }
+  if (header.payload_bytes != t.bytes) {
+    throw MismatchError(
+        "in " + call_.describe() + ", rank " + std::to_string(t.peer) +
+        " sends " + std::to_string(header.payload_bytes) +
+        " bytes where rank " + std::to_string(mesh_.rank()) + " expects " +
+        std::to_string(t.bytes) + "; check that the ranks' split sizes agree");
+  }
+}
+
+void Exchange::read_control(int peer) {
+  detail::Socket& socket = mesh_.socket(peer, Channel::kControl);
+  std::uint8_t bytes[MessageHeader::kWireSize];
+  const ssize_t n =
+      ::recv(socket.fd(), bytes, sizeof(bytes), MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && !would_block(errno))) {
+    // The peer is gone or going. Whether that matters shows on the channels
+    // this call uses; stop watching this one.
+    socket.close();
+    return;
+  }
+  if (n < static_cast<ssize_t>(sizeof(bytes))) return;  // the rest is coming
+  const auto deadline = detail::deadline_after(std::chrono::seconds(1));
+  socket.recv_all(bytes, sizeof(bytes), deadline, mesh_.peer_name(peer), peer);
+  MessageHeader header;
+  if (!header.decode(bytes) || header.call.collective != Collective::kAbort ||
+      header.payload_bytes > 4096) {
+    socket.close();
+    return;
+  }
+  std::string message(header.payload_bytes, '\0');
+  socket.recv_all(message.data(), message.size(), deadline,
+                  mesh_.peer_name(peer), peer);
+  relayed_ = true;
+  const int culprit = header.call.root;
+  const std::string text = call_.describe() + " failed: rank " +
+                           std::to_string(peer) + " reported: " + message;
+  switch (static_cast<ErrorKind>(header.call.count)) {
+    case ErrorKind::kPeer: throw PeerError(culprit, text);
+    case ErrorKind::kTimeout: throw TimeoutError(text);
+    case ErrorKind::kMismatch: throw MismatchError(text);
+    default: throw BackendError(text);
+  }
+}
+
+void Exchange::throw_timeout() {
+  std::vector<int> owed;
+  for (const Transfer& t : transfers_) {
+    if (!t.done() &&
+        std::find(owed.begin(), owed.end(), t.peer) == owed.end()) {
+      owed.push_back(t.peer);
+    }
+  }
+  std::string ranks;
+  for (std::size_t i = 0; i < owed.size(); ++i) {
+    ranks += (i ? ", " : "") + std::to_string(owed[i]);
+  }
+  throw TimeoutError(
+      call_.describe() + " on rank " + std::to_string(mesh_.rank()) +
+      " timed out waiting for rank" + (owed.size() == 1 ? " " : "s ") + ranks +
+      ", which did not send or receive in time");
+}
+
+}  // namespace comm::tcp

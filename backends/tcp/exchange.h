@@ -1,0 +1,95 @@
+// One step of a collective: a set of sends and receives to and from peers
+// that progress together, in one thread, without busy waiting.
+//
+// Sends and receives run concurrently (a rank may send to its right
+// neighbour while receiving from its left, or exchange with one partner in
+// both directions) through non-blocking sockets and poll(). A receive may
+// reduce as it goes: it reads the payload into a scratch buffer of one chunk
+// and reduces each chunk into its destination while the kernel keeps
+// receiving the next one, so scratch memory is O(chunk), not O(message).
+//
+// While waiting, run() also watches every peer's control channel and the
+// backend's wake-up descriptor, so that a failure elsewhere in the group or
+// a shutdown ends the wait at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/tcp/mesh.h"
+#include "backends/tcp/message_header.h"
+#include "libcomm/error.h"
+
+namespace comm::tcp {
+
+// The bytes of scratch a reducing receive uses: COMM_TCP_CHUNK_BYTES, or
+// 256 KiB; always a multiple of 64.
+std::size_t chunk_bytes();
+
+// A control message telling peers that this rank's call failed: what kind
+// of error, which rank it blames (or -1), and the message.
+std::vector<std::uint8_t> encode_abort(const CallInfo& call, ErrorKind kind,
+                                       int culprit, const std::string& message);
+
+// A transfer list holds at most one send and one receive per peer: the
+// messages of one peer arrive in order on one socket.
+class Exchange {
+ public:
+  // `wake_fd` becomes readable when the backend shuts down (or is -1).
+  Exchange(Mesh& mesh, const CallInfo& call, detail::Clock::time_point deadline,
+           int wake_fd);
+
+  void send(int peer, const void* data, std::size_t bytes);
+  void recv(int peer, void* data, std::size_t bytes);
+  // Receives `bytes` and reduces them into `data` (dtype elements, op).
+  void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
+                   ReduceOp op);
+
+  // Progresses every transfer until all are done. Throws PeerError when a
+  // peer closes or resets its connection, MismatchError when a peer's
+  // message belongs to another call, TimeoutError at the deadline naming
+  // the peers still owed, and rethrows failures that peers report on the
+  // control channel (then relayed() is true).
+  void run();
+
+  // Whether the failure run() threw came from a peer's control message, so
+  // that the backend does not report it back to everyone.
+  bool relayed() const { return relayed_; }
+
+ private:
+  struct Transfer {
+    enum class Kind { kSend, kRecv, kRecvReduce } kind;
+    int peer;
+    std::uint8_t* data;
+    std::size_t bytes;
+    DType dtype = DType::kU8;
+    ReduceOp op = ReduceOp::kSum;
+    std::uint8_t header[MessageHeader::kWireSize];
+    std::size_t header_done = 0;
+    std::size_t payload_done = 0;  // sent, received, or reduced
+    std::vector<std::uint8_t> scratch;
+    std::size_t scratch_filled = 0;
+    bool done() const {
+      return header_done == MessageHeader::kWireSize && payload_done == bytes;
+    }
+  };
+
+  void add(Transfer::Kind kind, int peer, void* data, std::size_t bytes);
+  // Moves bytes while the socket takes or gives them; false on EAGAIN.
+  void progress_send(Transfer& t);
+  void progress_recv(Transfer& t);
+  void check_header(const Transfer& t);
+  void read_control(int peer);
+  [[noreturn]] void throw_timeout();
+
+  Mesh& mesh_;
+  CallInfo call_;
+  detail::Clock::time_point deadline_;
+  int wake_fd_;
+  std::vector<Transfer> transfers_;
+  bool relayed_ = false;
+};
+
+}  // namespace comm::tcp

@@ -1,0 +1,248 @@
+#include "backends/tcp/mesh.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "libcomm/detail/log.h"
+#include "libcomm/error.h"
+
+namespace comm::tcp {
+namespace {
+
+constexpr std::uint32_t kHandshakeMagic = 0x48544d43;  // "CMTH" on the wire
+
+// What a connecting rank says first: 24 bytes.
+struct Handshake {
+  std::uint32_t magic = kHandshakeMagic;
+  std::uint8_t channel = 0;
+  std::uint8_t reserved[3] = {};
+  std::uint64_t job = 0;
+  std::int32_t rank = 0;
+  std::int32_t size = 0;
+};
+static_assert(sizeof(Handshake) == 24);
+
+int remaining_ms(detail::Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - detail::Clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1 << 30));
+}
+
+void set_nonblocking(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+std::string split_host(const std::string& address, std::uint16_t* port) {
+  const auto colon = address.rfind(':');
+  *port = static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1)));
+  std::string host = address.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[')
+    host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+}  // namespace
+
+std::string listen_address() {
+  if (const char* explicit_address = std::getenv("COMM_TCP_ADDR")) {
+    return explicit_address;
+  }
+  const char* master = std::getenv("MASTER_ADDR");
+  if (master == nullptr || is_loopback(master)) return "127.0.0.1";
+  // Ask the routing table which local address reaches the master: a UDP
+  // socket's connect sends nothing.
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(master, "9", &hints, &found) != 0) return "127.0.0.1";
+  std::string result = "127.0.0.1";
+  const int probe = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (probe >= 0 && connect(probe, found->ai_addr, found->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t length = sizeof(local);
+    char text[INET_ADDRSTRLEN] = {};
+    if (getsockname(probe, reinterpret_cast<sockaddr*>(&local), &length) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text)) != nullptr) {
+      result = text;
+    }
+  }
+  if (probe >= 0) close(probe);
+  freeaddrinfo(found);
+  return result;
+}
+
+Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
+    : rank_(rank), size_(size), sockets_(size), peer_names_(size) {
+  const auto deadline = detail::deadline_after(timeout);
+  // The job id tells this group's connections from any other's.
+  std::uint64_t job = 0;
+  if (rank == 0) {
+    std::random_device entropy;
+    job = (static_cast<std::uint64_t>(entropy()) << 32) | entropy();
+    store.set_string("tcp/job", std::to_string(job));
+  } else {
+    job = std::stoull(store.get_string("tcp/job", timeout));
+  }
+
+  const std::string host = listen_address();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  if (const int status = getaddrinfo(host.c_str(), "0", &hints, &found);
+      status != 0) {
+    throw InvalidArgument("TCP backend: cannot listen on '" + host +
+                          "' (COMM_TCP_ADDR): " + gai_strerror(status));
+  }
+  detail::Socket listener(
+      ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int one = 1;
+  setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool bound =
+      bind(listener.fd(), found->ai_addr, found->ai_addrlen) == 0 &&
+      listen(listener.fd(), 1024) == 0;
+  freeaddrinfo(found);
+  if (!bound) throw SystemError(errno, "TCP backend: listen on " + host);
+  sockaddr_storage local{};
+  socklen_t length = sizeof(local);
+  getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&local), &length);
+  const std::uint16_t port =
+      ntohs(local.ss_family == AF_INET
+                ? reinterpret_cast<sockaddr_in*>(&local)->sin_port
+                : reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+  store.set_string("tcp/addr/" + std::to_string(rank),
+                   detail::host_port(host, port));
+
+  for (int peer = 0; peer < rank; ++peer) {
+    const std::string address =
+        store.get_string("tcp/addr/" + std::to_string(peer), timeout);
+    std::uint16_t peer_port = 0;
+    const std::string peer_host = split_host(address, &peer_port);
+    peer_names_[peer] = "rank " + std::to_string(peer) + " (" + address + ")";
+    for (int channel = 0; channel < kChannels; ++channel) {
+      detail::Socket connection = detail::Socket::connect(
+          peer_host, peer_port, deadline, "TCP backend");
+      Handshake hello;
+      hello.channel = static_cast<std::uint8_t>(channel);
+      hello.job = job;
+      hello.rank = rank;
+      hello.size = size;
+      connection.send_all(&hello, sizeof(hello), deadline, peer_names_[peer],
+                          peer);
+      std::uint8_t accepted = 0;
+      connection.recv_all(&accepted, 1, deadline, peer_names_[peer], peer);
+      if (accepted != 1) {
+        throw PeerError(peer, peer_names_[peer] + " refused our connection");
+      }
+      sockets_[peer][channel] = std::move(connection);
+    }
+  }
+  accept_from_higher_ranks(listener.fd(), job, deadline);
+  COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
+}
+
+void Mesh::accept_from_higher_ranks(int listener, std::uint64_t job,
+                                    detail::Clock::time_point deadline) {
+  int expected = (size_ - 1 - rank_) * kChannels;
+  // Bounded by the deadline: each round waits in poll for a connection.
+  while (expected > 0) {
+    pollfd entry{listener, POLLIN, 0};
+    const int ready = poll(&entry, 1, remaining_ms(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      std::string missing;
+      for (int peer = rank_ + 1; peer < size_; ++peer) {
+        if (!sockets_[peer][kChannels - 1].valid()) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(peer);
+        }
+      }
+      throw TimeoutError("TCP backend: rank " + std::to_string(rank_) +
+                         " timed out waiting for connections from rank(s) " +
+                         missing);
+    }
+    detail::Socket connection(
+        accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+    if (!connection.valid()) continue;
+    Handshake hello;
+    try {
+      // A stranger that connects and says nothing must not stall the set-up
+      // for long.
+      connection.recv_all(
+          &hello, sizeof(hello),
+          std::min(deadline, detail::deadline_after(std::chrono::seconds(5))),
+          "an incoming connection");
+    } catch (const Error& e) {
+      COMM_LOG_WARN("TCP backend: dropping an incoming connection: {}",
+                    e.what());
+      continue;
+    }
+    const bool fits = hello.magic == kHandshakeMagic && hello.job == job &&
+                      hello.size == size_ && hello.rank > rank_ &&
+                      hello.rank < size_ && hello.channel < kChannels &&
+                      !sockets_[hello.rank][hello.channel].valid();
+    const std::uint8_t answer = fits ? 1 : 0;
+    (void)::send(connection.fd(), &answer, 1, MSG_NOSIGNAL);
+    if (!fits) {
+      COMM_LOG_WARN(
+          "TCP backend: refused a connection claiming rank {} of {} "
+          "(job {:x}, expected job {:x} of size {})",
+          hello.rank, hello.size, hello.job, job, size_);
+      continue;
+    }
+    set_nonblocking(connection.fd());
+    connection.set_no_delay();
+    peer_names_[hello.rank] = "rank " + std::to_string(hello.rank);
+    sockets_[hello.rank][hello.channel] = std::move(connection);
+    --expected;
+  }
+}
+
+Mesh::~Mesh() = default;
+
+detail::Socket& Mesh::socket(int peer, Channel channel) {
+  return sockets_[peer][static_cast<int>(channel)];
+}
+
+void Mesh::broadcast_control(const std::vector<std::uint8_t>& message,
+                             std::chrono::milliseconds budget) {
+  std::lock_guard<std::mutex> lock(control_mutex_);
+  const auto deadline = detail::deadline_after(budget);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    try {
+      socket(peer, Channel::kControl)
+          .send_all(message.data(), message.size(), deadline, peer_names_[peer],
+                    peer);
+    } catch (const Error&) {
+      // The peer may be the one that died; the others still get theirs.
+    }
+  }
+}
+
+void Mesh::shutdown_all() {
+  for (auto& channels : sockets_) {
+    for (auto& s : channels) {
+      if (s.valid()) ::shutdown(s.fd(), SHUT_RDWR);
+    }
+  }
+}
+
+}  // namespace comm::tcp

@@ -1,0 +1,78 @@
+// The TCP backend's connections: three sockets to every other rank, set up
+// through the group's Store.
+//
+// Channels keep traffic that progresses independently apart: collectives
+// (whose messages follow the group's call order), point-to-point messages
+// (matched by tag, in any order against collectives), and control (small
+// whole messages, such as "my call failed because rank 3 died", that must
+// reach a peer even while a large collective message to it is half sent).
+//
+// Set-up: each rank listens on an ephemeral port and publishes host:port in
+// the store; rank r connects to every lower rank and accepts from every
+// higher one. Each connection opens with a handshake carrying the group's
+// job id (chosen by rank 0), the world size, the sender's rank and the
+// channel; a connection whose handshake does not fit (a stale job, a
+// stranger) is closed and the rank keeps waiting for the right one.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "libcomm/detail/socket.h"
+#include "libcomm/store.h"
+
+namespace comm::tcp {
+
+enum class Channel : std::uint8_t {
+  kCollective = 0,
+  kPointToPoint = 1,
+  kControl = 2
+};
+inline constexpr int kChannels = 3;
+
+class Mesh {
+ public:
+  // Connects to every other rank. Throws TimeoutError naming the ranks that
+  // did not connect within `timeout`.
+  Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout);
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The (non-blocking) socket to `peer` on `channel`; peer != rank().
+  detail::Socket& socket(int peer, Channel channel);
+  // "rank 3 (127.0.0.1:41235)", for messages.
+  const std::string& peer_name(int peer) const { return peer_names_[peer]; }
+
+  // Sends one whole control message to every other rank, best effort: a
+  // peer whose socket does not take it within `budget` is skipped.
+  void broadcast_control(const std::vector<std::uint8_t>& message,
+                         std::chrono::milliseconds budget);
+
+  // Shuts every socket down (both directions) so that threads blocked on
+  // them wake up, without closing the descriptors under them.
+  void shutdown_all();
+
+ private:
+  void accept_from_higher_ranks(int listener, std::uint64_t job,
+                                detail::Clock::time_point deadline);
+
+  int rank_;
+  int size_;
+  std::vector<std::array<detail::Socket, kChannels>> sockets_;
+  std::vector<std::string> peer_names_;
+  std::mutex control_mutex_;
+};
+
+// The address this rank listens on: COMM_TCP_ADDR if set, 127.0.0.1 when
+// MASTER_ADDR is unset or a loopback address, else the local address of the
+// interface that routes to MASTER_ADDR.
+std::string listen_address();
+
+}  // namespace comm::tcp

@@ -1,0 +1,419 @@
+#include "backends/tcp/point_to_point.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "libcomm/error.h"
+#include "libcomm/options.h"
+
+namespace comm::tcp {
+namespace {
+
+bool would_block(int error) {
+  return error == EAGAIN || error == EWOULDBLOCK || error == EINTR;
+}
+
+}  // namespace
+
+PointToPoint::PointToPoint(Mesh& mesh)
+    : mesh_(mesh),
+      sends_(static_cast<std::size_t>(mesh.size())),
+      incoming_(static_cast<std::size_t>(mesh.size())),
+      broken_(static_cast<std::size_t>(mesh.size())) {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw SystemError(errno, "eventfd");
+  thread_ = std::thread([this] { loop(); });
+}
+
+PointToPoint::~PointToPoint() {
+  stop(std::make_exception_ptr(BackendError(
+      "the process group was destroyed with this operation pending")));
+  close(wake_fd_);
+}
+
+void PointToPoint::wake() {
+  const std::uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void PointToPoint::stop(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!stopping_) {
+      stopping_ = true;
+      for (int peer = 0; peer < mesh_.size(); ++peer) fail_peer(peer, error);
+      for (auto& receive : receives_) complete(receive, error, -1);
+      receives_.clear();
+    }
+  }
+  wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+void PointToPoint::complete(const std::shared_ptr<Operation>& op,
+                            std::exception_ptr error, int source) {
+  if (!error && op->on_success) {
+    try {
+      op->on_success();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  op->work->finish(std::move(error), source);
+}
+
+void PointToPoint::post_send(std::shared_ptr<Work> work,
+                             std::shared_ptr<void> keep_alive, int peer,
+                             int tag, DType dtype, const void* data,
+                             std::size_t bytes,
+                             detail::Clock::time_point deadline) {
+  auto op = std::make_shared<Operation>();
+  op->work = std::move(work);
+  op->keep_alive = std::move(keep_alive);
+  op->peer = peer;
+  op->tag = tag;
+  op->dtype = dtype;
+  op->data = static_cast<std::uint8_t*>(const_cast<void*>(data));
+  op->bytes = bytes;
+  op->deadline = deadline;
+  std::lock_guard<std::mutex> lock(mutex_);
+  MessageHeader header;
+  header.call.collective = Collective::kSend;
+  header.call.sequence = sent_++;
+  header.call.dtype = dtype;
+  header.call.count = static_cast<std::int64_t>(bytes / dtype_size(dtype));
+  header.call.root = tag;
+  header.payload_bytes = bytes;
+  header.encode(op->header);
+  if (stopping_ || broken_[peer]) {
+    complete(op,
+             stopping_ ? std::make_exception_ptr(
+                             BackendError("the process group was shut down"))
+                       : broken_[peer],
+             -1);
+    return;
+  }
+  sends_[peer].push_back(std::move(op));
+  wake();
+}
+
+void PointToPoint::post_recv(std::shared_ptr<Work> work,
+                             std::shared_ptr<void> keep_alive, int peer,
+                             int tag, DType dtype, void* data,
+                             std::size_t bytes,
+                             detail::Clock::time_point deadline,
+                             std::function<void()> on_success) {
+  auto op = std::make_shared<Operation>();
+  op->on_success = std::move(on_success);
+  op->work = std::move(work);
+  op->keep_alive = std::move(keep_alive);
+  op->peer = peer;
+  op->tag = tag;
+  op->dtype = dtype;
+  op->data = static_cast<std::uint8_t*>(data);
+  op->bytes = bytes;
+  op->deadline = deadline;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopping_) {
+    complete(op,
+             std::make_exception_ptr(
+                 BackendError("the process group was shut down")),
+             -1);
+    return;
+  }
+  if (peer != kAnySource && broken_[peer]) {
+    complete(op, broken_[peer], -1);
+    return;
+  }
+  if (try_match_kept(op)) return;
+  receives_.push_back(std::move(op));
+  wake();
+}
+
+// A message that matches but differs in size or dtype fails the receive
+// with MismatchError; the message is consumed either way.
+static std::exception_ptr check_fit(const MessageHeader& header, int peer,
+                                    DType dtype, std::size_t bytes, int tag) {
+  if (header.call.dtype != dtype || header.payload_bytes != bytes) {
+    return std::make_exception_ptr(MismatchError(
+        "recv with tag " + std::to_string(tag) + " expected " +
+        dtype_name(dtype) + " x " + std::to_string(bytes / dtype_size(dtype)) +
+        " but rank " + std::to_string(peer) + " sent " +
+        header.call.describe()));
+  }
+  return nullptr;
+}
+
+bool PointToPoint::try_match_kept(const std::shared_ptr<Operation>& receive) {
+  for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+    if ((receive->peer == kAnySource || receive->peer == it->peer) &&
+        it->header.call.root == receive->tag) {
+      auto misfit = check_fit(it->header, it->peer, receive->dtype,
+                              receive->bytes, receive->tag);
+      if (!misfit && receive->bytes > 0) {
+        std::memcpy(receive->data, it->payload.data(), receive->bytes);
+      }
+      complete(receive, misfit, it->peer);
+      kept_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::shared_ptr<PointToPoint::Operation> PointToPoint::take_receiver(
+    int peer, const MessageHeader& header) {
+  for (auto it = receives_.begin(); it != receives_.end(); ++it) {
+    if (((*it)->peer == kAnySource || (*it)->peer == peer) &&
+        (*it)->tag == header.call.root) {
+      auto receiver = *it;
+      receives_.erase(it);
+      return receiver;
+    }
+  }
+  return nullptr;
+}
+
+bool PointToPoint::wants_input(int peer) const {
+  if (incoming_[peer].header_done > 0) return true;
+  return std::any_of(receives_.begin(), receives_.end(), [&](const auto& op) {
+    return op->peer == kAnySource || op->peer == peer;
+  });
+}
+
+void PointToPoint::fail_peer(int peer, const std::exception_ptr& error) {
+  if (peer == mesh_.rank()) return;
+  if (!broken_[peer]) broken_[peer] = error;
+  for (auto& op : sends_[peer]) complete(op, error, -1);
+  sends_[peer].clear();
+  for (auto it = receives_.begin(); it != receives_.end();) {
+    if ((*it)->peer == peer) {
+      complete(*it, error, -1);
+      it = receives_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  Incoming& in = incoming_[peer];
+  if (in.receiver) complete(in.receiver, error, -1);
+  in = Incoming{};
+}
+
+void PointToPoint::progress_send(int peer) {
+  detail::Socket& socket = mesh_.socket(peer, Channel::kPointToPoint);
+  while (!sends_[peer].empty()) {
+    Operation& op = *sends_[peer].front();
+    while (op.header_done < MessageHeader::kWireSize ||
+           op.payload_done < op.bytes) {
+      iovec parts[2];
+      int count = 0;
+      if (op.header_done < MessageHeader::kWireSize) {
+        parts[count++] = {op.header + op.header_done,
+                          MessageHeader::kWireSize - op.header_done};
+      }
+      if (op.payload_done < op.bytes) {
+        parts[count++] = {op.data + op.payload_done,
+                          op.bytes - op.payload_done};
+      }
+      msghdr message{};
+      message.msg_iov = parts;
+      message.msg_iovlen = static_cast<std::size_t>(count);
+      const ssize_t n =
+          sendmsg(socket.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (would_block(errno)) return;
+        throw PeerError(
+            peer, "sending to " + mesh_.peer_name(peer) +
+                      " failed: " + std::system_category().message(errno) +
+                      " (did it exit or crash?)");
+      }
+      const auto moved = static_cast<std::size_t>(n);
+      const std::size_t to_header =
+          std::min(moved, MessageHeader::kWireSize - op.header_done);
+      op.header_done += to_header;
+      op.payload_done += moved - to_header;
+    }
+    complete(sends_[peer].front(), nullptr, -1);
+    sends_[peer].pop_front();
+  }
+}
+
+void PointToPoint::progress_recv(int peer) {
+  detail::Socket& socket = mesh_.socket(peer, Channel::kPointToPoint);
+  Incoming& in = incoming_[peer];
+  while (wants_input(peer)) {
+    std::uint8_t* target = nullptr;
+    std::size_t room = 0;
+    if (in.header_done < MessageHeader::kWireSize) {
+      target = in.header_bytes + in.header_done;
+      room = MessageHeader::kWireSize - in.header_done;
+    } else {
+      std::uint8_t* base = in.receiver ? in.receiver->data : in.kept.data();
+      target = base + in.payload_done;
+      room = in.header.payload_bytes - in.payload_done;
+    }
+    if (room > 0) {
+      const ssize_t n = recv(socket.fd(), target, room, MSG_DONTWAIT);
+      if (n == 0) {
+        throw PeerError(peer,
+                        mesh_.peer_name(peer) +
+                            " closed its connection (did it exit or crash?)");
+      }
+      if (n < 0) {
+        if (would_block(errno)) return;
+        throw PeerError(
+            peer, "receiving from " + mesh_.peer_name(peer) +
+                      " failed: " + std::system_category().message(errno));
+      }
+      if (in.header_done < MessageHeader::kWireSize) {
+        in.header_done += static_cast<std::size_t>(n);
+        if (in.header_done < MessageHeader::kWireSize) continue;
+        if (!in.header.decode(in.header_bytes) ||
+            in.header.call.collective != Collective::kSend) {
+          throw PeerError(
+              peer, mesh_.peer_name(peer) +
+                        " sent bytes that are not a point-to-point message");
+        }
+        in.receiver = take_receiver(peer, in.header);
+        // A receiver that does not fit gets an error; the bytes are still
+        // read, into a buffer that is then dropped.
+        if (in.receiver) {
+          if (auto misfit = check_fit(in.header, peer, in.receiver->dtype,
+                                      in.receiver->bytes, in.receiver->tag)) {
+            complete(in.receiver, misfit, peer);
+            in.receiver = nullptr;
+            in.discard = true;
+          }
+        }
+        if (!in.receiver) in.kept.resize(in.header.payload_bytes);
+      } else {
+        in.payload_done += static_cast<std::size_t>(n);
+      }
+    }
+    if (in.header_done == MessageHeader::kWireSize &&
+        in.payload_done == in.header.payload_bytes) {
+      if (in.receiver) {
+        complete(in.receiver, nullptr, peer);
+      } else if (!in.discard) {
+        kept_.push_back(Kept{peer, in.header, std::move(in.kept)});
+        // A receive posted meanwhile for this message is already in
+        // receives_; the kept message goes to it on the next match.
+        for (auto it = receives_.begin(); it != receives_.end(); ++it) {
+          if (try_match_kept(*it)) {
+            receives_.erase(it);
+            break;
+          }
+        }
+      }
+      in = Incoming{};
+    }
+  }
+}
+
+void PointToPoint::expire(detail::Clock::time_point now) {
+  auto timeout = [&](const Operation& op) {
+    return std::make_exception_ptr(
+        TimeoutError(op.work->description() + " timed out waiting for " +
+                     (op.peer == kAnySource ? std::string("any rank")
+                                            : mesh_.peer_name(op.peer))));
+  };
+  for (int peer = 0; peer < mesh_.size(); ++peer) {
+    auto& queue = sends_[peer];
+    for (std::size_t i = 0; i < queue.size();) {
+      if (queue[i]->deadline > now) {
+        ++i;
+        continue;
+      }
+      if (i == 0 && queue[0]->header_done > 0) {
+        // Half sent: the channel can no longer be trusted.
+        fail_peer(peer, timeout(*queue[0]));
+        break;
+      }
+      complete(queue[i], timeout(*queue[i]), -1);
+      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    Incoming& in = incoming_[peer];
+    if (in.receiver && in.receiver->deadline <= now)
+      fail_peer(peer, timeout(*in.receiver));
+  }
+  for (auto it = receives_.begin(); it != receives_.end();) {
+    if ((*it)->deadline <= now) {
+      complete(*it, timeout(**it), -1);
+      it = receives_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void PointToPoint::loop() {
+  std::vector<pollfd> fds;
+  std::vector<int> peers;
+  // Runs until stop(); every round blocks in poll until a socket is ready,
+  // an operation is posted, or the earliest deadline passes.
+  while (true) {
+    detail::Clock::time_point earliest = detail::Clock::time_point::max();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (stopping_) return;
+      fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
+      peers.assign(1, -1);
+      for (int peer = 0; peer < mesh_.size(); ++peer) {
+        if (peer == mesh_.rank() || broken_[peer]) continue;
+        short events = 0;
+        if (!sends_[peer].empty()) {
+          events |= POLLOUT;
+          earliest = std::min(earliest, sends_[peer].front()->deadline);
+          for (auto& op : sends_[peer])
+            earliest = std::min(earliest, op->deadline);
+        }
+        if (wants_input(peer)) events |= POLLIN;
+        if (incoming_[peer].receiver) {
+          earliest = std::min(earliest, incoming_[peer].receiver->deadline);
+        }
+        if (events != 0) {
+          fds.push_back(
+              {mesh_.socket(peer, Channel::kPointToPoint).fd(), events, 0});
+          peers.push_back(peer);
+        }
+      }
+      for (auto& op : receives_) earliest = std::min(earliest, op->deadline);
+    }
+    int wait_ms = -1;
+    if (earliest != detail::Clock::time_point::max()) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          earliest - detail::Clock::now());
+      wait_ms = static_cast<int>(
+          std::clamp<std::int64_t>(left.count() + 1, 0, 1 << 30));
+    }
+    const int ready = poll(fds.data(), fds.size(), wait_ms);
+    if (ready < 0 && errno != EINTR) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    if (fds[0].revents != 0) {
+      std::uint64_t drained;
+      (void)!read(wake_fd_, &drained, sizeof(drained));
+    }
+    for (std::size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      const int peer = peers[k];
+      try {
+        if (!sends_[peer].empty()) progress_send(peer);
+        if (wants_input(peer)) progress_recv(peer);
+      } catch (...) {
+        fail_peer(peer, std::current_exception());
+      }
+    }
+    expire(detail::Clock::now());
+  }
+}
+
+}  // namespace comm::tcp

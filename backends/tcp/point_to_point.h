@@ -1,0 +1,112 @@
+// Point-to-point messages of the TCP backend: send and recv by tag, and
+// recv from any source, on a channel of their own so that they progress
+// independently of collectives (and of each other: a posted receive never
+// waits behind an unrelated send).
+//
+// One thread moves all point-to-point traffic with poll(). Sends to a peer
+// go out in the order they were posted. A peer's incoming messages are read
+// only while some posted receive could take them; a message whose tag no
+// posted receive wants is kept until one does, so tags may be received in
+// any order. A receive matches the earliest kept or arriving message from
+// its source (any source: from whichever peer) with its tag.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backends/tcp/mesh.h"
+#include "backends/tcp/message_header.h"
+#include "libcomm/work.h"
+
+namespace comm::tcp {
+
+class PointToPoint {
+ public:
+  explicit PointToPoint(Mesh& mesh);
+  ~PointToPoint();
+  PointToPoint(const PointToPoint&) = delete;
+  PointToPoint& operator=(const PointToPoint&) = delete;
+
+  // `keep_alive` holds whatever must outlive the transfer (the tensor).
+  void post_send(std::shared_ptr<Work> work, std::shared_ptr<void> keep_alive,
+                 int peer, int tag, DType dtype, const void* data,
+                 std::size_t bytes, detail::Clock::time_point deadline);
+  // peer may be kAnySource (-1). `on_success` runs on the progress thread
+  // once the data is in place, before the Work completes (to copy a staged
+  // receive to its CUDA tensor); an exception from it fails the Work.
+  void post_recv(std::shared_ptr<Work> work, std::shared_ptr<void> keep_alive,
+                 int peer, int tag, DType dtype, void* data, std::size_t bytes,
+                 detail::Clock::time_point deadline,
+                 std::function<void()> on_success = {});
+
+  // Fails every pending operation with `error` and stops the thread.
+  void stop(std::exception_ptr error);
+
+ private:
+  struct Operation {
+    std::shared_ptr<Work> work;
+    std::shared_ptr<void> keep_alive;
+    int peer;
+    int tag;
+    DType dtype;
+    std::uint8_t* data;
+    std::size_t bytes;
+    detail::Clock::time_point deadline;
+    std::function<void()> on_success;
+    std::uint8_t header[MessageHeader::kWireSize];
+    std::size_t header_done = 0;
+    std::size_t payload_done = 0;
+  };
+  // A message that arrived before any receive wanted it.
+  struct Kept {
+    int peer;
+    MessageHeader header;
+    std::vector<std::uint8_t> payload;
+  };
+  // What is being read from one peer right now.
+  struct Incoming {
+    std::uint8_t header_bytes[MessageHeader::kWireSize];
+    std::size_t header_done = 0;
+    MessageHeader header;
+    std::shared_ptr<Operation> receiver;  // null while keeping the message
+    bool discard = false;                 // its receiver was failed as a misfit
+    std::vector<std::uint8_t> kept;
+    std::size_t payload_done = 0;
+  };
+
+  void loop();
+  void wake();
+  // All need mutex_.
+  bool try_match_kept(const std::shared_ptr<Operation>& receive);
+  std::shared_ptr<Operation> take_receiver(int peer,
+                                           const MessageHeader& header);
+  bool wants_input(int peer) const;
+  void progress_send(int peer);
+  void progress_recv(int peer);
+  void fail_peer(int peer, const std::exception_ptr& error);
+  void expire(detail::Clock::time_point now);
+  void complete(const std::shared_ptr<Operation>& op, std::exception_ptr error,
+                int source);
+
+  Mesh& mesh_;
+  int wake_fd_ = -1;
+  std::mutex mutex_;
+  bool stopping_ = false;
+  std::vector<std::deque<std::shared_ptr<Operation>>> sends_;  // per peer
+  std::list<std::shared_ptr<Operation>> receives_;             // posted order
+  std::list<Kept> kept_;
+  std::vector<Incoming> incoming_;          // per peer
+  std::vector<std::exception_ptr> broken_;  // per peer
+  std::uint64_t sent_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace comm::tcp

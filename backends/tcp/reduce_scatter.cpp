@@ -1,0 +1,42 @@
+// reduce_scatter: the reduce-scatter half of the ring all-reduce. In step s
+// each rank receives the running reduction of one block from its left,
+// adds its own contribution, and passes it on; after n - 1 steps rank r
+// holds block r reduced over all ranks. The inputs are left unchanged; two
+// block-sized buffers (one of them the output) hold the running sums.
+#include <cstring>
+
+#include "backends/tcp/collective_context.h"
+
+namespace comm::tcp {
+
+void reduce_scatter(CollectiveContext& ctx,
+                    const std::vector<const void*>& inputs, void* output,
+                    std::size_t count, DType dtype, ReduceOp op) {
+  const int size = ctx.size();
+  const int rank = ctx.rank();
+  const std::size_t bytes = count * dtype_size(dtype);
+  if (bytes > 0) std::memmove(output, inputs[rank], bytes);
+  if (size == 1) return;
+  const int right = (rank + 1) % size;
+  const int left = (rank + size - 1) % size;
+  // The last step must land in `output`, so the buffers alternate such that
+  // step size - 2 uses it.
+  std::vector<std::uint8_t> spare(bytes);
+  auto accumulator = [&](int s) -> std::uint8_t* {
+    return ((size - 2 - s) % 2 == 0) ? static_cast<std::uint8_t*>(output)
+                                     : spare.data();
+  };
+  for (int s = 0; s < size - 1; ++s) {
+    const int out = (rank - s - 1 + 2 * size) % size;
+    const int in = (rank - s - 2 + 2 * size) % size;
+    const void* outgoing = s == 0 ? inputs[out] : accumulator(s - 1);
+    std::uint8_t* incoming = accumulator(s);
+    if (bytes > 0) std::memmove(incoming, inputs[in], bytes);
+    Exchange step = ctx.step();
+    step.send(right, outgoing, bytes);
+    step.recv_reduce(left, incoming, bytes, dtype, op);
+    ctx.run(step);
+  }
+}
+
+}  // namespace comm::tcp

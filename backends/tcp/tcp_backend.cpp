@@ -1,0 +1,584 @@
+#include "backends/tcp/tcp_backend.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "backends/tcp/collective_context.h"
+#include "backends/tcp/mesh.h"
+#include "backends/tcp/point_to_point.h"
+#include "libcomm/detail/log.h"
+#include "libcomm/error.h"
+#include "libcomm/reduce_kernels.h"
+
+namespace comm {
+
+using tcp::CallInfo;
+using tcp::Collective;
+using tcp::CollectiveContext;
+
+struct TcpBackend::Task {
+  CallInfo call;
+  std::chrono::milliseconds timeout;
+  Body body;
+  std::shared_ptr<Work> work;
+};
+
+namespace {
+
+void check_tensor(const Tensor& tensor, const std::string& what) {
+  if (!tensor.defined())
+    throw InvalidArgument(what + " got an undefined tensor");
+  tensor.check_contiguous(what);
+}
+
+// The host memory a call works on: the tensor itself, or a host copy of a
+// CUDA tensor (with its contents when `copy_in`).
+Tensor on_host(const Tensor& tensor, bool copy_in) {
+  if (tensor.device().is_cpu()) return tensor;
+  return copy_in ? tensor.to(Device::cpu())
+                 : Tensor::empty(tensor.shape(), tensor.dtype(), Device::cpu());
+}
+
+// Copies a staged result back to its CUDA tensor (nothing for CPU ones).
+void from_host(Tensor& tensor, const Tensor& host) {
+  if (!tensor.device().is_cpu()) tensor.copy_(host);
+}
+
+std::uint8_t* bytes_of(const Tensor& tensor) {
+  return static_cast<std::uint8_t*>(tensor.data_ptr());
+}
+
+}  // namespace
+
+TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
+                       std::chrono::milliseconds timeout)
+    : Backend(rank, size), timeout_(timeout) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw InvalidArgument("TcpBackend: rank " + std::to_string(rank) +
+                          " is outside [0, " + std::to_string(size) + ")");
+  }
+  mesh_ = std::make_unique<tcp::Mesh>(*store, rank, size, timeout);
+  p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw SystemError(errno, "eventfd");
+  worker_ = std::thread([this] { run_worker(); });
+}
+
+TcpBackend::~TcpBackend() {
+  shutdown();
+  close(wake_fd_);
+}
+
+void TcpBackend::shutdown() {
+  std::deque<std::unique_ptr<Task>> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+    abandoned.swap(queue_);
+  }
+  const auto error = std::make_exception_ptr(BackendError(
+      "the process group was shut down before this operation ran"));
+  for (auto& task : abandoned) task->work->finish(error);
+  // Interrupt a collective in progress, then let the worker finish.
+  const std::uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  queued_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  p2p_->stop(std::make_exception_ptr(BackendError(
+      "the process group was shut down with this operation pending")));
+  mesh_->shutdown_all();
+}
+
+void TcpBackend::check_open() const {
+  if (stopping_) {
+    throw BackendError("the process group was shut down; create a new one");
+  }
+}
+
+std::chrono::milliseconds TcpBackend::resolve(OpTimeout timeout) const {
+  return timeout == kDefaultTimeout ? timeout_ : timeout;
+}
+
+std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
+                                          Body body) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_open();
+  call.sequence = next_sequence_++;
+  auto task = std::make_unique<Task>();
+  task->call = call;
+  task->timeout = resolve(timeout);
+  task->body = std::move(body);
+  task->work = std::make_shared<Work>(call.describe() + " on rank " +
+                                      std::to_string(rank()));
+  auto work = task->work;
+  queue_.push_back(std::move(task));
+  queued_.notify_one();
+  return work;
+}
+
+void TcpBackend::run_worker() {
+  // Runs until shutdown; each round blocks on the queue.
+  while (true) {
+    std::unique_ptr<Task> task;
+    std::exception_ptr broken;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      broken = broken_;
+    }
+    if (broken) {
+      try {
+        std::rethrow_exception(broken);
+      } catch (const std::exception& e) {
+        task->work->finish(std::make_exception_ptr(BackendError(
+            task->call.describe() +
+            " cannot run: the process group failed earlier: " + e.what())));
+      }
+      continue;
+    }
+    CollectiveContext ctx{*mesh_, task->call,
+                          detail::deadline_after(task->timeout), wake_fd_};
+    try {
+      task->body(ctx);
+      task->work->finish();
+    } catch (...) {
+      const auto error = std::current_exception();
+      if (!ctx.relayed) {
+        // Tell the others why, so that they fail now rather than at their
+        // timeouts. Best effort: a dead peer just misses it.
+        ErrorKind kind = ErrorKind::kBackend;
+        int culprit = rank();
+        std::string message = "unknown error";
+        try {
+          std::rethrow_exception(error);
+        } catch (const PeerError& e) {
+          kind = e.kind();
+          culprit = e.peer_rank();
+          message = e.what();
+        } catch (const Error& e) {
+          kind = e.kind();
+          message = e.what();
+        } catch (const std::exception& e) {
+          message = e.what();
+        }
+        COMM_LOG_ERROR("{} failed: {}", task->call.describe(), message);
+        mesh_->broadcast_control(
+            tcp::encode_abort(task->call, kind, culprit, message),
+            std::chrono::milliseconds(200));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!broken_) broken_ = error;
+      }
+      task->work->finish(error);
+    }
+  }
+}
+
+std::shared_ptr<Work> TcpBackend::broadcast(Tensor& tensor,
+                                            const BroadcastOptions& options) {
+  check_tensor(tensor, "broadcast");
+  if (options.root < 0 || options.root >= size()) {
+    throw InvalidArgument("broadcast: root " + std::to_string(options.root) +
+                          " is outside the group of " + std::to_string(size()) +
+                          " ranks");
+  }
+  CallInfo call{Collective::kBroadcast, 0,
+                tensor.dtype(),         tensor.numel(),
+                ReduceOp::kSum,         options.root};
+  return enqueue(call, options.timeout,
+                 [this, tensor, options](CollectiveContext& ctx) mutable {
+                   const bool is_root = rank() == options.root;
+                   Tensor host = on_host(tensor, is_root);
+                   tcp::broadcast(ctx, host.data_ptr(), host.nbytes(),
+                                  options.root);
+                   from_host(tensor, host);
+                 });
+}
+
+std::shared_ptr<Work> TcpBackend::reduce(Tensor& tensor,
+                                         const ReduceOptions& options) {
+  check_tensor(tensor, "reduce");
+  check_reduce_op(options.op, tensor.dtype());
+  if (options.root < 0 || options.root >= size()) {
+    throw InvalidArgument("reduce: root " + std::to_string(options.root) +
+                          " is outside the group of " + std::to_string(size()) +
+                          " ranks");
+  }
+  CallInfo call{Collective::kReduce, 0,          tensor.dtype(),
+                tensor.numel(),      options.op, options.root};
+  return enqueue(call, options.timeout,
+                 [this, tensor, options](CollectiveContext& ctx) mutable {
+                   Tensor host = on_host(tensor, true);
+                   tcp::reduce(ctx, host.data_ptr(),
+                               static_cast<std::size_t>(host.numel()),
+                               host.dtype(), options.op, options.root);
+                   if (rank() == options.root) {
+                     if (options.op == ReduceOp::kAvg) {
+                       divide_by(host.dtype(), host.data_ptr(),
+                                 static_cast<std::size_t>(host.numel()),
+                                 size());
+                     }
+                     from_host(tensor, host);
+                   }
+                 });
+}
+
+std::shared_ptr<Work> TcpBackend::all_reduce(Tensor& tensor,
+                                             const AllReduceOptions& options) {
+  check_tensor(tensor, "all_reduce");
+  check_reduce_op(options.op, tensor.dtype());
+  CallInfo call{Collective::kAllReduce, 0,          tensor.dtype(),
+                tensor.numel(),         options.op, -1};
+  return enqueue(call, options.timeout,
+                 [this, tensor, options](CollectiveContext& ctx) mutable {
+                   Tensor host = on_host(tensor, true);
+                   const auto count = static_cast<std::size_t>(host.numel());
+                   tcp::all_reduce(ctx, host.data_ptr(), count, host.dtype(),
+                                   options.op);
+                   if (options.op == ReduceOp::kAvg)
+                     divide_by(host.dtype(), host.data_ptr(), count, size());
+                   from_host(tensor, host);
+                 });
+}
+
+std::shared_ptr<Work> TcpBackend::all_gather(std::vector<Tensor>& outputs,
+                                             const Tensor& input,
+                                             const AllGatherOptions& options) {
+  check_tensor(input, "all_gather");
+  if (outputs.size() != static_cast<std::size_t>(size())) {
+    throw InvalidArgument("all_gather needs one output tensor per rank (" +
+                          std::to_string(size()) + "), got " +
+                          std::to_string(outputs.size()));
+  }
+  for (const Tensor& output : outputs) {
+    check_tensor(output, "all_gather");
+    if (output.dtype() != input.dtype() || output.numel() != input.numel()) {
+      throw InvalidArgument("all_gather: output " + output.describe() +
+                            " does not match input " + input.describe());
+    }
+  }
+  CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
+                ReduceOp::kSum,         -1};
+  return enqueue(
+      call, options.timeout,
+      [this, outputs, input](CollectiveContext& ctx) mutable {
+        std::vector<Tensor> hosts;
+        std::vector<void*> blocks;
+        for (int r = 0; r < size(); ++r) {
+          hosts.push_back(on_host(outputs[r], false));
+          blocks.push_back(hosts.back().data_ptr());
+        }
+        hosts[rank()].copy_(on_host(input, true).view(hosts[rank()].shape()));
+        tcp::all_gather(ctx, blocks, input.nbytes());
+        for (int r = 0; r < size(); ++r) from_host(outputs[r], hosts[r]);
+      });
+}
+
+std::shared_ptr<Work> TcpBackend::all_gather_into(
+    Tensor& output, const Tensor& input, const AllGatherOptions& options) {
+  check_tensor(input, "all_gather_into");
+  check_tensor(output, "all_gather_into");
+  if (output.dtype() != input.dtype() ||
+      output.numel() != input.numel() * size()) {
+    throw InvalidArgument("all_gather_into: output " + output.describe() +
+                          " must have the input's dtype and " +
+                          std::to_string(size()) + " times its " +
+                          std::to_string(input.numel()) + " elements");
+  }
+  CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
+                ReduceOp::kSum,         -1};
+  return enqueue(call, options.timeout,
+                 [this, output, input](CollectiveContext& ctx) mutable {
+                   Tensor host = on_host(output, false);
+                   const std::size_t bytes = input.nbytes();
+                   std::vector<void*> blocks;
+                   for (int r = 0; r < size(); ++r)
+                     blocks.push_back(bytes_of(host) + r * bytes);
+                   Tensor mine = on_host(input, true);
+                   if (bytes > 0)
+                     std::memmove(blocks[rank()], mine.data_ptr(), bytes);
+                   tcp::all_gather(ctx, blocks, bytes);
+                   from_host(output, host);
+                 });
+}
+
+std::shared_ptr<Work> TcpBackend::gather(std::vector<Tensor>& outputs,
+                                         const Tensor& input,
+                                         const GatherOptions& options) {
+  check_tensor(input, "gather");
+  if (options.root < 0 || options.root >= size()) {
+    throw InvalidArgument("gather: root " + std::to_string(options.root) +
+                          " is outside the group of " + std::to_string(size()) +
+                          " ranks");
+  }
+  const bool is_root = rank() == options.root;
+  if (is_root && outputs.size() != static_cast<std::size_t>(size())) {
+    throw InvalidArgument(
+        "gather: the root needs one output tensor per rank (" +
+        std::to_string(size()) + "), got " + std::to_string(outputs.size()));
+  }
+  if (!is_root && !outputs.empty()) {
+    throw InvalidArgument("gather: only the root passes output tensors");
+  }
+  for (const Tensor& output : outputs) {
+    check_tensor(output, "gather");
+    if (output.dtype() != input.dtype() || output.numel() != input.numel()) {
+      throw InvalidArgument("gather: output " + output.describe() +
+                            " does not match input " + input.describe());
+    }
+  }
+  CallInfo call{Collective::kGather, 0,           input.dtype(), input.numel(),
+                ReduceOp::kSum,      options.root};
+  return enqueue(
+      call, options.timeout,
+      [this, outputs, input, options](CollectiveContext& ctx) mutable {
+        Tensor mine = on_host(input, true);
+        std::vector<Tensor> hosts;
+        std::vector<void*> blocks;
+        for (Tensor& output : outputs) {
+          hosts.push_back(on_host(output, false));
+          blocks.push_back(hosts.back().data_ptr());
+        }
+        tcp::gather(ctx, mine.data_ptr(), blocks, input.nbytes(), options.root);
+        for (std::size_t r = 0; r < outputs.size(); ++r)
+          from_host(outputs[r], hosts[r]);
+      });
+}
+
+std::shared_ptr<Work> TcpBackend::scatter(Tensor& output,
+                                          const std::vector<Tensor>& inputs,
+                                          const ScatterOptions& options) {
+  check_tensor(output, "scatter");
+  if (options.root < 0 || options.root >= size()) {
+    throw InvalidArgument("scatter: root " + std::to_string(options.root) +
+                          " is outside the group of " + std::to_string(size()) +
+                          " ranks");
+  }
+  const bool is_root = rank() == options.root;
+  if (is_root && inputs.size() != static_cast<std::size_t>(size())) {
+    throw InvalidArgument(
+        "scatter: the root needs one input tensor per rank (" +
+        std::to_string(size()) + "), got " + std::to_string(inputs.size()));
+  }
+  if (!is_root && !inputs.empty()) {
+    throw InvalidArgument("scatter: only the root passes input tensors");
+  }
+  for (const Tensor& input : inputs) {
+    check_tensor(input, "scatter");
+    if (input.dtype() != output.dtype() || input.numel() != output.numel()) {
+      throw InvalidArgument("scatter: input " + input.describe() +
+                            " does not match output " + output.describe());
+    }
+  }
+  CallInfo call{Collective::kScatter, 0,
+                output.dtype(),       output.numel(),
+                ReduceOp::kSum,       options.root};
+  return enqueue(call, options.timeout,
+                 [output, inputs, options](CollectiveContext& ctx) mutable {
+                   Tensor host = on_host(output, false);
+                   std::vector<Tensor> hosts;
+                   std::vector<const void*> blocks;
+                   for (const Tensor& input : inputs) {
+                     hosts.push_back(on_host(input, true));
+                     blocks.push_back(hosts.back().data_ptr());
+                   }
+                   tcp::scatter(ctx, blocks, host.data_ptr(), output.nbytes(),
+                                options.root);
+                   from_host(output, host);
+                 });
+}
+
+std::shared_ptr<Work> TcpBackend::reduce_scatter(
+    Tensor& output, const std::vector<Tensor>& inputs,
+    const ReduceScatterOptions& options) {
+  check_tensor(output, "reduce_scatter");
+  check_reduce_op(options.op, output.dtype());
+  if (inputs.size() != static_cast<std::size_t>(size())) {
+    throw InvalidArgument("reduce_scatter needs one input tensor per rank (" +
+                          std::to_string(size()) + "), got " +
+                          std::to_string(inputs.size()));
+  }
+  for (const Tensor& input : inputs) {
+    check_tensor(input, "reduce_scatter");
+    if (input.dtype() != output.dtype() || input.numel() != output.numel()) {
+      throw InvalidArgument("reduce_scatter: input " + input.describe() +
+                            " does not match output " + output.describe());
+    }
+  }
+  CallInfo call{Collective::kReduceScatter,
+                0,
+                output.dtype(),
+                output.numel(),
+                options.op,
+                -1};
+  return enqueue(
+      call, options.timeout,
+      [this, output, inputs, options](CollectiveContext& ctx) mutable {
+        // The algorithm writes partial sums into the output before
+        // it has read every input, so an output that is one of the
+        // inputs (in place) gets a buffer of its own.
+        const bool aliased =
+            std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& in) {
+              return in.data_ptr() == output.data_ptr();
+            });
+        Tensor host = aliased ? Tensor::empty(output.shape(), output.dtype())
+                              : on_host(output, false);
+        std::vector<Tensor> hosts;
+        std::vector<const void*> blocks;
+        for (const Tensor& input : inputs) {
+          hosts.push_back(on_host(input, true));
+          blocks.push_back(hosts.back().data_ptr());
+        }
+        const auto count = static_cast<std::size_t>(output.numel());
+        tcp::reduce_scatter(ctx, blocks, host.data_ptr(), count, output.dtype(),
+                            options.op);
+        if (options.op == ReduceOp::kAvg) {
+          divide_by(output.dtype(), host.data_ptr(), count, size());
+        }
+        if (aliased) {
+          output.copy_(host);
+        } else {
+          from_host(output, host);
+        }
+      });
+}
+
+std::shared_ptr<Work> TcpBackend::all_to_all(Tensor& output,
+                                             const Tensor& input,
+                                             const AllToAllOptions& options) {
+  check_tensor(input, "all_to_all");
+  check_tensor(output, "all_to_all");
+  if (input.dtype() != output.dtype() || input.dim() == 0 ||
+      output.dim() == 0) {
+    throw InvalidArgument(
+        "all_to_all: input " + input.describe() + " and output " +
+        output.describe() +
+        " must share a dtype and have at least one dimension");
+  }
+  const auto n = static_cast<std::size_t>(size());
+  auto splits = [&](const std::vector<std::int64_t>& given, const Tensor& t,
+                    const char* which) {
+    std::vector<std::int64_t> rows = given;
+    if (rows.empty()) {
+      if (t.size(0) % size() != 0) {
+        throw InvalidArgument(std::string("all_to_all: ") + which + " " +
+                              t.describe() + " has " +
+                              std::to_string(t.size(0)) +
+                              " rows, not divisible by the group size " +
+                              std::to_string(size()) + "; pass split sizes");
+      }
+      rows.assign(n, t.size(0) / size());
+    }
+    if (rows.size() != n ||
+        std::accumulate(rows.begin(), rows.end(), std::int64_t{0}) !=
+            t.size(0) ||
+        std::any_of(rows.begin(), rows.end(),
+                    [](std::int64_t r) { return r < 0; })) {
+      throw InvalidArgument(
+          std::string("all_to_all: ") + which +
+          " split sizes must be one non-negative row count per rank "
+          "adding up to " +
+          std::to_string(t.size(0)));
+    }
+    const std::size_t row_bytes =
+        t.size(0) == 0 ? 0 : t.nbytes() / static_cast<std::size_t>(t.size(0));
+    std::vector<std::size_t> offsets(n), bytes(n);
+    std::size_t at = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      offsets[p] = at;
+      bytes[p] = static_cast<std::size_t>(rows[p]) * row_bytes;
+      at += bytes[p];
+    }
+    return std::make_pair(offsets, bytes);
+  };
+  auto [send_offsets, send_bytes] =
+      splits(options.input_split_sizes, input, "input");
+  auto [recv_offsets, recv_bytes] =
+      splits(options.output_split_sizes, output, "output");
+  CallInfo call{Collective::kAllToAll, 0, input.dtype(), 0, ReduceOp::kSum, -1};
+  return enqueue(call, options.timeout,
+                 [output, input, send_offsets, send_bytes, recv_offsets,
+                  recv_bytes](CollectiveContext& ctx) mutable {
+                   Tensor in = on_host(input, true);
+                   Tensor out = on_host(output, false);
+                   tcp::all_to_all(ctx, bytes_of(in), send_offsets, send_bytes,
+                                   bytes_of(out), recv_offsets, recv_bytes);
+                   from_host(output, out);
+                 });
+}
+
+std::shared_ptr<Work> TcpBackend::barrier(const BarrierOptions& options) {
+  CallInfo call{Collective::kBarrier, 0, DType::kU8, 0, ReduceOp::kSum, -1};
+  return enqueue(call, options.timeout,
+                 [](CollectiveContext& ctx) { tcp::barrier(ctx); });
+}
+
+std::shared_ptr<Work> TcpBackend::send(const Tensor& tensor, int dst,
+                                       const SendOptions& options) {
+  check_tensor(tensor, "send");
+  if (dst < 0 || dst >= size() || dst == rank()) {
+    throw InvalidArgument("send: destination " + std::to_string(dst) +
+                          " is not another rank of the group of " +
+                          std::to_string(size()));
+  }
+  std::uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_open();
+    id = next_p2p_++;
+  }
+  auto work = std::make_shared<Work>(
+      "send #" + std::to_string(id) + " (" + dtype_name(tensor.dtype()) +
+      " x " + std::to_string(tensor.numel()) + ", tag " +
+      std::to_string(options.tag) + ") to rank " + std::to_string(dst));
+  // A CUDA tensor is copied to the host now; the copy travels with the send.
+  auto host = std::make_shared<Tensor>(on_host(tensor, true));
+  p2p_->post_send(work, host, dst, options.tag, tensor.dtype(),
+                  host->data_ptr(), host->nbytes(),
+                  detail::deadline_after(resolve(options.timeout)));
+  return work;
+}
+
+std::shared_ptr<Work> TcpBackend::recv(Tensor& tensor, int src,
+                                       const RecvOptions& options) {
+  check_tensor(tensor, "recv");
+  if (src != kAnySource && (src < 0 || src >= size() || src == rank())) {
+    throw InvalidArgument("recv: source " + std::to_string(src) +
+                          " is not another rank of the group of " +
+                          std::to_string(size()) + " (or kAnySource)");
+  }
+  std::uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_open();
+    id = next_p2p_++;
+  }
+  auto work = std::make_shared<Work>(
+      "recv #" + std::to_string(id) + " (" + dtype_name(tensor.dtype()) +
+      " x " + std::to_string(tensor.numel()) + ", tag " +
+      std::to_string(options.tag) + ") from " +
+      (src == kAnySource ? std::string("any rank")
+                         : "rank " + std::to_string(src)));
+  // A CUDA tensor receives into a host copy, copied over when it arrives.
+  auto host = std::make_shared<Tensor>(on_host(tensor, false));
+  std::function<void()> copy_back;
+  if (!tensor.device().is_cpu()) {
+    copy_back = [tensor, host]() mutable { tensor.copy_(*host); };
+  }
+  p2p_->post_recv(work, host, src, options.tag, tensor.dtype(),
+                  host->data_ptr(), host->nbytes(),
+                  detail::deadline_after(resolve(options.timeout)),
+                  std::move(copy_back));
+  return work;
+}
+
+}  // namespace comm

@@ -1,0 +1,101 @@
+// comm::TcpBackend: the CPU backend. A full mesh of TCP connections set up
+// through the group's Store, collectives run by one worker thread in the
+// order they were issued, and point-to-point traffic moved by a thread of
+// its own. CUDA tensors are staged through host memory.
+//
+// A collective that fails (a peer died, ranks called different
+// collectives, a timeout) tells the other ranks on the control channel, so
+// that they fail too instead of waiting for their timeouts, and leaves the
+// group unusable for collectives: later ones fail at once with an error
+// that names the first failure, as after an NCCL communicator abort.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "libcomm/backend.h"
+#include "libcomm/store.h"
+
+namespace comm {
+
+namespace tcp {
+class Mesh;
+class PointToPoint;
+struct CollectiveContext;
+struct CallInfo;
+}  // namespace tcp
+
+class COMM_API TcpBackend final : public Backend {
+ public:
+  // Connects to every other rank through `store` (keys under "tcp/"); every
+  // rank of the group constructs its TcpBackend at about the same time.
+  // `timeout` bounds the set-up and is the default of every operation.
+  TcpBackend(std::shared_ptr<Store> store, int rank, int size,
+             std::chrono::milliseconds timeout);
+  ~TcpBackend() override;
+
+  std::string name() const override { return "tcp"; }
+
+  std::shared_ptr<Work> broadcast(Tensor& tensor,
+                                  const BroadcastOptions& options) override;
+  std::shared_ptr<Work> reduce(Tensor& tensor,
+                               const ReduceOptions& options) override;
+  std::shared_ptr<Work> all_reduce(Tensor& tensor,
+                                   const AllReduceOptions& options) override;
+  std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs,
+                                   const Tensor& input,
+                                   const AllGatherOptions& options) override;
+  std::shared_ptr<Work> all_gather_into(
+      Tensor& output, const Tensor& input,
+      const AllGatherOptions& options) override;
+  std::shared_ptr<Work> gather(std::vector<Tensor>& outputs,
+                               const Tensor& input,
+                               const GatherOptions& options) override;
+  std::shared_ptr<Work> scatter(Tensor& output,
+                                const std::vector<Tensor>& inputs,
+                                const ScatterOptions& options) override;
+  std::shared_ptr<Work> reduce_scatter(
+      Tensor& output, const std::vector<Tensor>& inputs,
+      const ReduceScatterOptions& options) override;
+  std::shared_ptr<Work> all_to_all(Tensor& output, const Tensor& input,
+                                   const AllToAllOptions& options) override;
+  std::shared_ptr<Work> barrier(const BarrierOptions& options) override;
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst,
+                             const SendOptions& options) override;
+  std::shared_ptr<Work> recv(Tensor& tensor, int src,
+                             const RecvOptions& options) override;
+  void shutdown() override;
+
+ private:
+  using Body = std::function<void(tcp::CollectiveContext&)>;
+  struct Task;
+
+  // Queues a collective: stamps it with the next sequence number, and runs
+  // `body` on the worker thread with the call's deadline.
+  std::shared_ptr<Work> enqueue(tcp::CallInfo call, OpTimeout timeout,
+                                Body body);
+  void run_worker();
+  void check_open() const;
+  std::chrono::milliseconds resolve(OpTimeout timeout) const;
+
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<tcp::Mesh> mesh_;
+  std::unique_ptr<tcp::PointToPoint> p2p_;
+  int wake_fd_ = -1;
+
+  mutable std::mutex mutex_;
+  std::condition_variable queued_;
+  std::deque<std::unique_ptr<Task>> queue_;
+  std::uint64_t next_sequence_ = 0;
+  std::uint64_t next_p2p_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr broken_;  // the first failure; collectives refuse after it
+  std::thread worker_;
+};
+
+}  // namespace comm

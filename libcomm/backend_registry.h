@@ -1,0 +1,39 @@
+// Backends by name. "tcp" is always there; "nccl" when libcomm was built
+// with NCCL; third parties register their own before creating groups.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libcomm/backend.h"
+#include "libcomm/export.h"
+#include "libcomm/store.h"
+
+namespace comm {
+
+// What a factory gets: the group's own store (already scoped to the group),
+// this rank, the group size, and the group's timeout.
+struct BackendContext {
+  std::shared_ptr<Store> store;
+  int rank = 0;
+  int size = 1;
+  std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+};
+
+using BackendFactory =
+    std::function<std::shared_ptr<Backend>(const BackendContext& context)>;
+
+// Adds a backend. Throws InvalidArgument when the name is taken or empty.
+COMM_API void register_backend(const std::string& name, BackendFactory factory);
+
+// Creates the named backend. Throws InvalidArgument naming the registered
+// backends when there is none by that name.
+COMM_API std::shared_ptr<Backend> create_backend(const std::string& name,
+                                                 const BackendContext& context);
+
+COMM_API std::vector<std::string> registered_backends();
+
+}  // namespace comm

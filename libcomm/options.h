@@ -1,0 +1,80 @@
+// The options of each operation, one struct per collective as in Gloo. A
+// timeout of kDefaultTimeout means the group's timeout (set when the group
+// was created); every operation is bounded by one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "libcomm/reduce_op.h"
+
+namespace comm {
+
+using OpTimeout = std::chrono::milliseconds;
+inline constexpr OpTimeout kDefaultTimeout{-1};
+
+// The source of a receive that takes a message from whichever rank sends
+// first.
+inline constexpr int kAnySource = -1;
+
+struct BroadcastOptions {
+  int root = 0;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct ReduceOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::kSum;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct ScatterOptions {
+  int root = 0;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct GatherOptions {
+  int root = 0;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct AllGatherOptions {
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct AllToAllOptions {
+  // Rows (along dimension 0) this rank sends to and receives from each rank.
+  // Empty: equal splits, size(0) / world_size rows each.
+  std::vector<std::int64_t> input_split_sizes;
+  std::vector<std::int64_t> output_split_sizes;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct BarrierOptions {
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct SendOptions {
+  int tag = 0;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+struct RecvOptions {
+  // Receives only a message sent with this tag; messages with other tags
+  // wait for receives that name them.
+  int tag = 0;
+  OpTimeout timeout = kDefaultTimeout;
+};
+
+}  // namespace comm

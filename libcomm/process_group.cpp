@@ -1,0 +1,129 @@
+#include "libcomm/process_group.h"
+
+#include <algorithm>
+
+#include "libcomm/backend_registry.h"
+#include "libcomm/error.h"
+#include "libcomm/rendezvous.h"
+#include "store/prefix_store.h"
+
+namespace comm {
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size,
+                           const std::string& backend,
+                           std::chrono::milliseconds timeout, std::string name)
+    : store_(std::move(store)),
+      backend_name_(backend),
+      name_(std::move(name)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout) {
+  if (!store_) throw InvalidArgument("ProcessGroup needs a store");
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw InvalidArgument("ProcessGroup: rank " + std::to_string(rank) +
+                          " is outside [0, " + std::to_string(size) + ")");
+  }
+  BackendContext context;
+  context.store = std::make_shared<PrefixStore>("pg/" + name_, store_);
+  context.rank = rank;
+  context.size = size;
+  context.timeout = timeout;
+  backend_ = create_backend(backend, context);
+}
+
+ProcessGroup::~ProcessGroup() { shutdown(); }
+
+void ProcessGroup::shutdown() {
+  if (backend_) backend_->shutdown();
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor,
+                                              const BroadcastOptions& options) {
+  return backend_->broadcast(tensor, options);
+}
+std::shared_ptr<Work> ProcessGroup::reduce(Tensor& tensor,
+                                           const ReduceOptions& options) {
+  return backend_->reduce(tensor, options);
+}
+std::shared_ptr<Work> ProcessGroup::all_reduce(
+    Tensor& tensor, const AllReduceOptions& options) {
+  return backend_->all_reduce(tensor, options);
+}
+std::shared_ptr<Work> ProcessGroup::all_gather(
+    std::vector<Tensor>& outputs, const Tensor& input,
+    const AllGatherOptions& options) {
+  return backend_->all_gather(outputs, input, options);
+}
+std::shared_ptr<Work> ProcessGroup::all_gather_into(
+    Tensor& output, const Tensor& input, const AllGatherOptions& options) {
+  return backend_->all_gather_into(output, input, options);
+}
+std::shared_ptr<Work> ProcessGroup::gather(std::vector<Tensor>& outputs,
+                                           const Tensor& input,
+                                           const GatherOptions& options) {
+  return backend_->gather(outputs, input, options);
+}
+std::shared_ptr<Work> ProcessGroup::scatter(Tensor& output,
+                                            const std::vector<Tensor>& inputs,
+                                            const ScatterOptions& options) {
+  return backend_->scatter(output, inputs, options);
+}
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(
+    Tensor& output, const std::vector<Tensor>& inputs,
+    const ReduceScatterOptions& options) {
+  return backend_->reduce_scatter(output, inputs, options);
+}
+std::shared_ptr<Work> ProcessGroup::all_to_all(Tensor& output,
+                                               const Tensor& input,
+                                               const AllToAllOptions& options) {
+  return backend_->all_to_all(output, input, options);
+}
+std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {
+  return backend_->barrier(options);
+}
+std::shared_ptr<Work> ProcessGroup::isend(const Tensor& tensor, int dst,
+                                          const SendOptions& options) {
+  return backend_->send(tensor, dst, options);
+}
+std::shared_ptr<Work> ProcessGroup::irecv(Tensor& tensor, int src,
+                                          const RecvOptions& options) {
+  return backend_->recv(tensor, src, options);
+}
+void ProcessGroup::send(const Tensor& tensor, int dst,
+                        const SendOptions& options) {
+  backend_->send(tensor, dst, options)->wait();
+}
+int ProcessGroup::recv(Tensor& tensor, int src, const RecvOptions& options) {
+  auto work = backend_->recv(tensor, src, options);
+  work->wait();
+  return work->source_rank();
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty() ||
+      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
+      ranks.front() < 0 || ranks.back() >= size_) {
+    throw InvalidArgument(
+        "new_group: ranks must be distinct members of the group of " +
+        std::to_string(size_) + " (0 to " + std::to_string(size_ - 1) + ")");
+  }
+  // Every rank counts the call, members or not, so that the next
+  // new_group gets the same name everywhere.
+  const std::string name = name_ + "/" + std::to_string(subgroups_created_++);
+  auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  if (me == ranks.end()) return nullptr;
+  return std::make_shared<ProcessGroup>(
+      store_, static_cast<int>(me - ranks.begin()),
+      static_cast<int>(ranks.size()), backend_name_, timeout_, name);
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(
+    const std::string& backend, const std::string& init_method, int rank,
+    int world_size, std::chrono::milliseconds timeout) {
+  RendezvousResult joined = rendezvous(init_method, rank, world_size, timeout);
+  return std::make_shared<ProcessGroup>(joined.store, joined.rank,
+                                        joined.world_size, backend, timeout);
+}
+
+}  // namespace comm

@@ -1,0 +1,61 @@
+// comm::Work: the handle of an operation that runs in the background.
+//
+// Every collective and point-to-point call returns one. The operation keeps
+// its tensors alive until it completes. wait() blocks until it does and
+// rethrows its failure; is_completed() and is_success() never block.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "libcomm/export.h"
+
+namespace comm {
+
+class COMM_API Work {
+ public:
+  using Duration = std::chrono::milliseconds;
+  // wait() without a timeout waits for the operation, which has a timeout
+  // of its own (the options' or the group's).
+  static constexpr Duration kNoTimeout = Duration::max();
+
+  // `description` names the operation in errors: "all_reduce #12 (float32
+  // x 1024, sum)".
+  explicit Work(std::string description);
+  virtual ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the operation completes, at most `timeout`. Rethrows the
+  // operation's error if it failed; throws TimeoutError naming the
+  // operation if it is still running after `timeout` (the operation itself
+  // goes on). Returns true.
+  bool wait(Duration timeout = kNoTimeout);
+  bool is_completed() const;
+  // Completed without error.
+  bool is_success() const;
+  // The error the operation failed with, or null.
+  std::exception_ptr exception() const;
+  // For a receive from any source, the rank the message came from once the
+  // receive completed; -1 otherwise.
+  int source_rank() const;
+
+  const std::string& description() const { return description_; }
+
+  // Called by the backend exactly once: completes the operation, with an
+  // error or without, and wakes every waiter.
+  void finish(std::exception_ptr error = nullptr, int source_rank = -1);
+
+ private:
+  const std::string description_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_;
+  bool completed_ = false;
+  std::exception_ptr error_;
+  int source_rank_ = -1;
+};
+
+}  // namespace comm

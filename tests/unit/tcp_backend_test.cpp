@@ -1,0 +1,466 @@
+// The TCP backend's collectives against references computed locally, with
+// the ranks as threads over a HashStore. Catch2's assertions are not
+// thread-safe, so rank threads report problems by throwing, and the test
+// thread checks each rank's outcome.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "libcomm/detail/dispatch.h"
+#include "libcomm/error.h"
+#include "libcomm/process_group.h"
+#include "libcomm/reduce_kernels.h"
+#include "support/thread_ranks.h"
+
+using comm::DType;
+using comm::ProcessGroup;
+using comm::ReduceOp;
+using comm::Tensor;
+using comm::testing::run_ranks;
+using namespace std::chrono_literals;
+
+namespace {
+
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw std::runtime_error(what);
+}
+
+void check_all_ok(const std::vector<std::string>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "");
+  }
+}
+
+// Rank r's contribution for a reduction: values whose every partial result
+// is exact in every dtype (so the order of reduction cannot matter), or,
+// for integers, full-range bits (wrap-around is order-free too).
+Tensor contribution(int rank, std::int64_t count, DType dtype, ReduceOp op) {
+  Tensor t = Tensor::empty({count}, dtype);
+  std::mt19937_64 rng(static_cast<std::uint64_t>(rank) * 7919 +
+                      static_cast<std::uint64_t>(count));
+  comm::detail::dispatch_dtype(dtype, [&]<typename T>() {
+    auto* data = static_cast<T*>(t.data_ptr());
+    for (std::int64_t i = 0; i < count; ++i) {
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        data[i] = static_cast<T>(rng());
+      } else if constexpr (std::is_same_v<T, bool>) {
+        data[i] = (rng() % 3) != 0;
+      } else {
+        // -1, 0, 1 (and 2 for products, so they grow without rounding).
+        const int v = static_cast<int>((rank + i) % 3) - 1;
+        data[i] = comm::detail::from_double<T>(
+            op == ReduceOp::kProduct && v == 0 ? 2 : v);
+      }
+    }
+  });
+  return t;
+}
+
+Tensor reference(int world, std::int64_t count, DType dtype, ReduceOp op) {
+  Tensor result = contribution(0, count, dtype, op);
+  for (int r = 1; r < world; ++r) {
+    comm::reduce_into(op, result, contribution(r, count, dtype, op));
+  }
+  if (op == ReduceOp::kAvg) {
+    comm::divide_by(dtype, result.data_ptr(), static_cast<std::size_t>(count),
+                    world);
+  }
+  return result;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() &&
+         (a.nbytes() == 0 ||
+          std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0);
+}
+
+bool valid(ReduceOp op, DType dtype) {
+  if (comm::is_bitwise(op) && comm::is_floating(dtype)) return false;
+  return !(op == ReduceOp::kAvg && dtype == DType::kBool);
+}
+
+// A tensor whose element i is base + i, as bytes of `dtype`.
+Tensor pattern(std::int64_t count, DType dtype, int base) {
+  Tensor t = Tensor::empty({count}, dtype);
+  comm::detail::dispatch_dtype(dtype, [&]<typename T>() {
+    auto* data = static_cast<T*>(t.data_ptr());
+    for (std::int64_t i = 0; i < count; ++i) {
+      data[i] =
+          comm::detail::from_double<T>(static_cast<double>((base + i) % 100));
+    }
+  });
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce: every dtype and op, world sizes 1 to 8",
+          "[tcp][all_reduce]") {
+  for (int world = 1; world <= 8; ++world) {
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      for (std::int64_t count : {0, 1, 13, 1003, 70001}) {
+        for (DType dtype : comm::kAllDTypes) {
+          for (ReduceOp op : comm::kAllReduceOps) {
+            if (!valid(op, dtype)) continue;
+            if (count == 70001 && dtype != DType::kF32 &&
+                dtype != DType::kI64 && dtype != DType::kBF16) {
+              continue;
+            }
+            Tensor t = contribution(group.rank(), count, dtype, op);
+            group.all_reduce(t, {op})->wait();
+            expect(same_bytes(t, reference(world, count, dtype, op)),
+                   std::string("all_reduce ") + comm::dtype_name(dtype) + " " +
+                       comm::reduce_op_name(op) + " x " +
+                       std::to_string(count));
+          }
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE("all_reduce of 1<<20 elements, ring and recursive doubling agree",
+          "[tcp][all_reduce]") {
+  for (int world : {2, 3, 4}) {
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      const std::int64_t count = 1 << 20;
+      for (DType dtype : {DType::kF32, DType::kI32}) {
+        Tensor t = contribution(group.rank(), count, dtype, ReduceOp::kSum);
+        group.all_reduce(t)->wait();
+        expect(same_bytes(t, reference(world, count, dtype, ReduceOp::kSum)),
+               "large all_reduce");
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE("broadcast and reduce from every root", "[tcp][broadcast][reduce]") {
+  for (int world : {1, 2, 3, 5, 8}) {
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      for (int root = 0; root < world; ++root) {
+        for (std::int64_t count : {0, 1, 13, 1003, 300000}) {
+          Tensor t = group.rank() == root ? pattern(count, DType::kF32, root)
+                                          : Tensor::zeros({count}, DType::kF32);
+          group.broadcast(t, {root})->wait();
+          expect(same_bytes(t, pattern(count, DType::kF32, root)), "broadcast");
+
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg}) {
+            Tensor r = contribution(group.rank(), count, DType::kI64, op);
+            group.reduce(r, {root, op})->wait();
+            if (group.rank() == root) {
+              expect(same_bytes(r, reference(world, count, DType::kI64, op)),
+                     "reduce");
+            }
+          }
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE("all_gather, gather and scatter", "[tcp][gather]") {
+  for (int world : {1, 2, 3, 4, 7}) {
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      const int me = group.rank();
+      for (std::int64_t count : {0, 1, 13, 1003, 100000}) {
+        for (DType dtype : {DType::kF16, DType::kI32, DType::kU8}) {
+          Tensor mine = pattern(count, dtype, me * 7);
+          std::vector<Tensor> outputs;
+          for (int r = 0; r < world; ++r)
+            outputs.push_back(Tensor::zeros({count}, dtype));
+          group.all_gather(outputs, mine)->wait();
+          for (int r = 0; r < world; ++r) {
+            expect(same_bytes(outputs[r], pattern(count, dtype, r * 7)),
+                   "all_gather list");
+          }
+          // In place: the input is this rank's slot of the output.
+          Tensor flat = Tensor::zeros({count * world}, dtype);
+          Tensor slot = flat.slice(me * count, (me + 1) * count);
+          slot.copy_(mine);
+          group.all_gather_into(flat, slot)->wait();
+          for (int r = 0; r < world; ++r) {
+            expect(same_bytes(flat.slice(r * count, (r + 1) * count),
+                              pattern(count, dtype, r * 7)),
+                   "all_gather_into");
+          }
+          for (int root = 0; root < world; ++root) {
+            std::vector<Tensor> gathered;
+            if (me == root) {
+              for (int r = 0; r < world; ++r)
+                gathered.push_back(Tensor::zeros({count}, dtype));
+            }
+            group.gather(gathered, mine, {root})->wait();
+            for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+              expect(same_bytes(gathered[r], pattern(count, dtype, r * 7)),
+                     "gather");
+            }
+            std::vector<Tensor> parts;
+            if (me == root) {
+              for (int r = 0; r < world; ++r)
+                parts.push_back(pattern(count, dtype, r + root));
+            }
+            Tensor received = Tensor::zeros({count}, dtype);
+            group.scatter(received, parts, {root})->wait();
+            expect(same_bytes(received, pattern(count, dtype, me + root)),
+                   "scatter");
+          }
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE("reduce_scatter, out of place and in place",
+          "[tcp][reduce_scatter]") {
+  for (int world : {1, 2, 3, 4, 6}) {
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      const int me = group.rank();
+      for (std::int64_t count : {0, 1, 13, 1003, 100000}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kBxor}) {
+          std::vector<Tensor> inputs;
+          for (int r = 0; r < world; ++r) {
+            inputs.push_back(contribution(me * 31 + r, count, DType::kI32, op));
+          }
+          // Rank r's result: op over every rank's inputs[r].
+          auto expected = [&](int r) {
+            Tensor result = contribution(r, count, DType::kI32, op);
+            for (int q = 1; q < world; ++q) {
+              comm::reduce_into(
+                  op, result, contribution(q * 31 + r, count, DType::kI32, op));
+            }
+            return result;
+          };
+          Tensor output = Tensor::zeros({count}, DType::kI32);
+          group.reduce_scatter(output, inputs, {op})->wait();
+          expect(same_bytes(output, expected(me)), "reduce_scatter");
+          group.reduce_scatter(inputs[me], inputs, {op})->wait();
+          expect(same_bytes(inputs[me], expected(me)),
+                 "reduce_scatter in place");
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE("all_to_all with equal and uneven splits", "[tcp][all_to_all]") {
+  for (int world : {1, 2, 3, 5}) {
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      const int me = group.rank();
+      // Equal: rank r sends rows [p*k, (p+1)*k) to p; row values encode (r, p).
+      const std::int64_t k = 3;
+      Tensor input = Tensor::empty({k * world, 2}, DType::kI64);
+      for (std::int64_t row = 0; row < k * world; ++row) {
+        input.data<std::int64_t>()[row * 2] = me;
+        input.data<std::int64_t>()[row * 2 + 1] = row / k;
+      }
+      Tensor output = Tensor::zeros({k * world, 2}, DType::kI64);
+      group.all_to_all(output, input)->wait();
+      for (std::int64_t row = 0; row < k * world; ++row) {
+        expect(output.data<std::int64_t>()[row * 2] == row / k &&
+                   output.data<std::int64_t>()[row * 2 + 1] == me,
+               "all_to_all equal splits");
+      }
+      // Uneven: rank r sends r + p + 1 rows to rank p.
+      comm::AllToAllOptions options;
+      for (int p = 0; p < world; ++p) {
+        options.input_split_sizes.push_back(me + p + 1);
+        options.output_split_sizes.push_back(p + me + 1);
+      }
+      const auto rows_in =
+          std::accumulate(options.input_split_sizes.begin(),
+                          options.input_split_sizes.end(), std::int64_t{0});
+      Tensor uneven_in = Tensor::full({rows_in}, me, DType::kI32);
+      Tensor uneven_out = Tensor::zeros({rows_in}, DType::kI32);
+      group.all_to_all(uneven_out, uneven_in, options)->wait();
+      std::int64_t at = 0;
+      for (int p = 0; p < world; ++p) {
+        for (int i = 0; i < p + me + 1; ++i) {
+          expect(uneven_out.data<std::int32_t>()[at++] == p,
+                 "all_to_all uneven");
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE("barrier waits for every rank", "[tcp][barrier]") {
+  for (int world : {1, 2, 3, 8}) {
+    std::atomic<int> arrived{0};
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      for (int round = 0; round < 5; ++round) {
+        if (group.rank() == round % world) std::this_thread::sleep_for(20ms);
+        arrived++;
+        group.barrier()->wait();
+        expect(arrived.load() >= (round + 1) * world,
+               "barrier let a rank through early");
+        group.barrier()->wait();
+      }
+    });
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE("send and recv by tag, from any source, in any order", "[tcp][p2p]") {
+  auto errors = run_ranks(3, [&](ProcessGroup& group) {
+    const int me = group.rank();
+    if (me == 0) {
+      // Receive tag 2 before tag 1, though rank 1 sends tag 1 first.
+      Tensor second = Tensor::zeros({4}, DType::kF32);
+      Tensor first = Tensor::zeros({4}, DType::kF32);
+      group.recv(second, 1, {2});
+      group.recv(first, 1, {1});
+      expect(first.data<float>()[3] == 1.0f && second.data<float>()[3] == 2.0f,
+             "tags");
+      // Any source: both other ranks send; the sources are reported.
+      int seen = 0;
+      for (int i = 0; i < 2; ++i) {
+        Tensor any = Tensor::zeros({1}, DType::kI32);
+        const int source = group.recv(any, comm::kAnySource, {7});
+        expect(any.data<std::int32_t>()[0] == source * 10,
+               "any-source payload");
+        seen |= 1 << source;
+      }
+      expect(seen == 0b110, "any-source saw both senders");
+    } else {
+      if (me == 1) {
+        group.send(Tensor::full({4}, 1.0, DType::kF32), 0, {1});
+        group.send(Tensor::full({4}, 2.0, DType::kF32), 0, {2});
+      }
+      group.send(Tensor::full({1}, me * 10, DType::kI32), 0, {7});
+    }
+  });
+  check_all_ok(errors);
+}
+
+TEST_CASE("isend/irecv pairs in both orders, many in flight", "[tcp][p2p]") {
+  auto errors = run_ranks(2, [&](ProcessGroup& group) {
+    const int peer = 1 - group.rank();
+    // Both ranks post the receive first, then the send; and large messages,
+    // so neither send can complete into socket buffers alone.
+    for (bool receive_first : {true, false}) {
+      Tensor out = Tensor::full({1 << 20}, group.rank(), DType::kF32);
+      Tensor in = Tensor::zeros({1 << 20}, DType::kF32);
+      std::shared_ptr<comm::Work> r, s;
+      if (receive_first) {
+        r = group.irecv(in, peer);
+        s = group.isend(out, peer);
+      } else {
+        s = group.isend(out, peer);
+        r = group.irecv(in, peer);
+      }
+      s->wait();
+      r->wait();
+      expect(in.data<float>()[(1 << 20) - 1] == static_cast<float>(peer),
+             "exchange");
+    }
+    std::vector<std::shared_ptr<comm::Work>> works;
+    std::vector<Tensor> received;
+    for (int i = 0; i < 64; ++i) {
+      received.push_back(Tensor::zeros({16}, DType::kI64));
+      works.push_back(group.irecv(received.back(), peer, {i}));
+    }
+    for (int i = 63; i >= 0; --i) {
+      works.push_back(
+          group.isend(Tensor::full({16}, i, DType::kI64), peer, {i}));
+    }
+    // Collectives progress independently of the point-to-point traffic.
+    Tensor sum = Tensor::full({8}, 1.0, DType::kF32);
+    group.all_reduce(sum)->wait();
+    expect(sum.data<float>()[0] == 2.0f, "all_reduce amid p2p");
+    for (auto& work : works) work->wait();
+    for (int i = 0; i < 64; ++i) {
+      expect(received[i].data<std::int64_t>()[15] == i,
+             "tagged message " + std::to_string(i));
+    }
+  });
+  check_all_ok(errors);
+}
+
+TEST_CASE("many async collectives in flight complete in issue order", "[tcp]") {
+  auto errors = run_ranks(4, [&](ProcessGroup& group) {
+    std::vector<Tensor> tensors;
+    std::vector<std::shared_ptr<comm::Work>> works;
+    for (int i = 0; i < 50; ++i) {
+      tensors.push_back(Tensor::full({100 + i}, i, DType::kI32));
+      works.push_back(group.all_reduce(tensors.back()));
+    }
+    for (int i = 49; i >= 0; --i) works[i]->wait();
+    for (int i = 0; i < 50; ++i) {
+      expect(tensors[i].data<std::int32_t>()[0] == 4 * i,
+             "async all_reduce " + std::to_string(i));
+      expect(works[i]->is_completed() && works[i]->is_success(), "work state");
+    }
+  });
+  check_all_ok(errors);
+}
+
+TEST_CASE("subgroups run their own collectives", "[tcp][groups]") {
+  auto errors = run_ranks(5, [&](ProcessGroup& group) {
+    auto evens = group.new_group({0, 2, 4});
+    auto odds = group.new_group({3, 1});
+    const bool even = group.rank() % 2 == 0;
+    expect((evens != nullptr) == even && (odds != nullptr) == !even,
+           "membership");
+    ProcessGroup& mine = even ? *evens : *odds;
+    expect(mine.rank() == group.rank() / 2,
+           "group rank is the index among sorted ranks");
+    Tensor t = Tensor::full({3}, group.rank(), DType::kI32);
+    mine.all_reduce(t)->wait();
+    expect(t.data<std::int32_t>()[0] == (even ? 0 + 2 + 4 : 1 + 3),
+           "subgroup sum");
+    Tensor all = Tensor::full({1}, 1, DType::kI32);
+    group.all_reduce(all)->wait();  // the parent group still works
+    expect(all.data<std::int32_t>()[0] == 5, "parent group");
+  });
+  check_all_ok(errors);
+  auto refused = run_ranks(2, [](ProcessGroup& g) { g.new_group({0, 0}); });
+  CHECK_THAT(refused[0], Catch::Contains("distinct"));
+  refused = run_ranks(2, [](ProcessGroup& g) { g.new_group({1, 2}); });
+  CHECK_THAT(refused[1], Catch::Contains("distinct members"));
+}
+
+TEST_CASE("bad arguments are InvalidArgument before anything is sent",
+          "[tcp]") {
+  auto errors = run_ranks(2, [&](ProcessGroup& group) {
+    Tensor t = Tensor::zeros({4, 4}, DType::kF32);
+    Tensor strided =
+        Tensor::from_blob(t.data_ptr(), {4, 2}, {4, 1}, DType::kF32);
+    auto refuses = [](auto call, const char* needle) {
+      try {
+        call();
+      } catch (const comm::InvalidArgument& e) {
+        if (std::string(e.what()).find(needle) != std::string::npos) return;
+        throw std::runtime_error(std::string("wrong message: ") + e.what());
+      }
+      throw std::runtime_error(std::string("accepted a bad call: ") + needle);
+    };
+    refuses([&] { group.all_reduce(strided); }, "[4, 1]");
+    refuses([&] { group.broadcast(t, {5}); }, "root 5");
+    refuses([&] { group.all_reduce(t, {ReduceOp::kBand}); }, "band");
+    std::vector<Tensor> one = {t};
+    refuses([&] { group.all_gather(one, t); }, "one output tensor per rank");
+    refuses([&] { group.send(t, group.rank()); }, "destination");
+    // Nothing was sent: the group still works.
+    group.all_reduce(t)->wait();
+  });
+  check_all_ok(errors);
+}
