@@ -36,7 +36,9 @@ SystemError::SystemError(int error_code, const std::string& what_failed)
 ErrorKind SystemError::kind() const noexcept { return ErrorKind::kSystem; }
 
 std::string with_log_hint(std::string message) {
-  if (log_level() > LogLevel::kDebug) {
+  // A message relayed from another rank may carry the hint already.
+  if (log_level() > LogLevel::kDebug &&
+      message.find("COMM_LOG_LEVEL=") == std::string::npos) {
     message += " (set COMM_LOG_LEVEL=debug to see what led up to this)";
   }
   return message;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <system_error>
 
 #include "libcomm/reduce_kernels.h"
@@ -42,14 +43,18 @@ std::size_t chunk_bytes() {
 }
 
 std::vector<std::uint8_t> encode_abort(const CallInfo& call, ErrorKind kind,
-                                       int culprit,
-                                       const std::string& message) {
+                                       int culprit, const std::string& message,
+                                       const std::vector<int>& waiting_for) {
   MessageHeader header;
   header.call = call;
   header.call.collective = Collective::kAbort;
   header.call.root = culprit;
   header.call.count = static_cast<std::int64_t>(kind);
-  const std::string text = message.substr(0, 4000);
+  std::string text = "waiting:";
+  for (std::size_t i = 0; i < waiting_for.size(); ++i) {
+    text += (i ? "," : "") + std::to_string(waiting_for[i]);
+  }
+  text += "\n" + message.substr(0, 4000);
   header.payload_bytes = text.size();
   std::vector<std::uint8_t> bytes(MessageHeader::kWireSize + text.size());
   header.encode(bytes.data());
@@ -128,7 +133,7 @@ void Exchange::run() {
       throw SystemError(errno, "poll");
     }
     if (ready == 0) {
-      if (detail::Clock::now() >= deadline_) throw_timeout();
+      if (detail::Clock::now() >= deadline_) time_out({});
       continue;
     }
     for (std::size_t k = 0; k < fds.size(); ++k) {
@@ -143,10 +148,19 @@ void Exchange::run() {
         continue;
       }
       Transfer& t = transfers_[static_cast<std::size_t>(owner[k])];
-      if (t.kind == Transfer::Kind::kSend) {
-        progress_send(t);
-      } else {
-        progress_recv(t);
+      try {
+        if (t.kind == Transfer::Kind::kSend) {
+          progress_send(t);
+        } else {
+          progress_recv(t);
+        }
+      } catch (const PeerError&) {
+        // A peer that failed first reports why on the control channel
+        // before it exits; its report names the real cause (the rank that
+        // died first), where our broken connection names only the
+        // messenger. Give the report a moment to arrive.
+        read_pending_control(std::chrono::milliseconds(50));
+        throw;
       }
     }
   }
@@ -269,7 +283,27 @@ void Exchange::check_header(const Transfer& t) {
   }
 }
 
-void Exchange::read_control(int peer) {
+void Exchange::read_pending_control(std::chrono::milliseconds grace) {
+  std::vector<pollfd> fds;
+  std::vector<int> peers;
+  for (int peer = 0; peer < mesh_.size(); ++peer) {
+    if (peer == mesh_.rank()) continue;
+    const int fd = mesh_.socket(peer, Channel::kControl).fd();
+    if (fd >= 0) {
+      fds.push_back({fd, POLLIN, 0});
+      peers.push_back(peer);
+    }
+  }
+  if (fds.empty() ||
+      ::poll(fds.data(), fds.size(), static_cast<int>(grace.count())) <= 0) {
+    return;
+  }
+  for (std::size_t k = 0; k < fds.size(); ++k) {
+    if (fds[k].revents != 0) read_control(peers[k]);
+  }
+}
+
+std::optional<Exchange::Report> Exchange::read_report(int peer) {
   detail::Socket& socket = mesh_.socket(peer, Channel::kControl);
   std::uint8_t bytes[MessageHeader::kWireSize];
   const ssize_t n =
@@ -278,33 +312,57 @@ void Exchange::read_control(int peer) {
     // The peer is gone or going. Whether that matters shows on the channels
     // this call uses; stop watching this one.
     socket.close();
-    return;
+    return std::nullopt;
   }
-  if (n < static_cast<ssize_t>(sizeof(bytes))) return;  // the rest is coming
+  if (n < static_cast<ssize_t>(sizeof(bytes))) return std::nullopt;
   const auto deadline = detail::deadline_after(std::chrono::seconds(1));
   socket.recv_all(bytes, sizeof(bytes), deadline, mesh_.peer_name(peer), peer);
   MessageHeader header;
   if (!header.decode(bytes) || header.call.collective != Collective::kAbort ||
-      header.payload_bytes > 4096) {
+      header.payload_bytes > 8192) {
     socket.close();
-    return;
+    return std::nullopt;
   }
-  std::string message(header.payload_bytes, '\0');
-  socket.recv_all(message.data(), message.size(), deadline,
+  std::string payload(header.payload_bytes, '\0');
+  socket.recv_all(payload.data(), payload.size(), deadline,
                   mesh_.peer_name(peer), peer);
+  Report report;
+  report.from = peer;
+  report.kind = static_cast<ErrorKind>(header.call.count);
+  report.culprit = header.call.root;
+  // "waiting:2,0\n<message>"
+  const auto newline = payload.find('\n');
+  const std::string waiting =
+      payload.substr(0, newline).substr(std::string("waiting:").size());
+  report.message =
+      newline == std::string::npos ? "" : payload.substr(newline + 1);
+  std::size_t start = 0;
+  while (start < waiting.size()) {
+    const auto comma = waiting.find(',', start);
+    const std::string item = waiting.substr(start, comma - start);
+    if (!item.empty()) report.waiting_for.push_back(std::atoi(item.c_str()));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return report;
+}
+
+void Exchange::read_control(int peer) {
+  auto report = read_report(peer);
+  if (!report) return;
+  if (report->kind == ErrorKind::kTimeout) time_out({*report});
   relayed_ = true;
-  const int culprit = header.call.root;
   const std::string text = call_.describe() + " failed: rank " +
-                           std::to_string(peer) + " reported: " + message;
-  switch (static_cast<ErrorKind>(header.call.count)) {
-    case ErrorKind::kPeer: throw PeerError(culprit, text);
-    case ErrorKind::kTimeout: throw TimeoutError(text);
+                           std::to_string(peer) +
+                           " reported: " + report->message;
+  switch (report->kind) {
+    case ErrorKind::kPeer: throw PeerError(report->culprit, text);
     case ErrorKind::kMismatch: throw MismatchError(text);
     default: throw BackendError(text);
   }
 }
 
-void Exchange::throw_timeout() {
+std::vector<int> Exchange::owed_peers() const {
   std::vector<int> owed;
   for (const Transfer& t : transfers_) {
     if (!t.done() &&
@@ -312,14 +370,89 @@ void Exchange::throw_timeout() {
       owed.push_back(t.peer);
     }
   }
-  std::string ranks;
-  for (std::size_t i = 0; i < owed.size(); ++i) {
-    ranks += (i ? ", " : "") + std::to_string(owed[i]);
+  return owed;
+}
+
+void Exchange::time_out(std::vector<Report> reports) {
+  // Every rank that times out says whom it was waiting for. The ranks that
+  // never say anything, yet are waited for, are the ones that stopped
+  // answering; naming them beats naming a neighbour that was itself
+  // waiting.
+  const std::vector<int> owed = owed_peers();
+  std::string mine = call_.describe() + " on rank " +
+                     std::to_string(mesh_.rank()) + " timed out waiting for";
+  for (int peer : owed) mine += " rank " + std::to_string(peer);
+  mesh_.broadcast_control(
+      encode_abort(call_, ErrorKind::kTimeout, -1, mine, owed),
+      std::chrono::milliseconds(200));
+  relayed_ = true;
+
+  Report own;
+  own.from = mesh_.rank();
+  own.waiting_for = owed;
+  reports.push_back(own);
+  // Everyone has spoken: nothing more to wait for.
+  auto accounted = [&] {
+    std::vector<bool> spoke(static_cast<std::size_t>(mesh_.size()), false);
+    for (const Report& r : reports) spoke[r.from] = true;
+    return std::all_of(spoke.begin(), spoke.end(), [](bool b) { return b; });
+  };
+  // Collect the others' reports for a moment (bounded: 500 ms).
+  const auto until = detail::deadline_after(std::chrono::milliseconds(500));
+  while (!accounted() && detail::Clock::now() < until) {
+    std::vector<pollfd> fds;
+    std::vector<int> peers;
+    for (int peer = 0; peer < mesh_.size(); ++peer) {
+      if (peer == mesh_.rank()) continue;
+      const int fd = mesh_.socket(peer, Channel::kControl).fd();
+      if (fd >= 0) {
+        fds.push_back({fd, POLLIN, 0});
+        peers.push_back(peer);
+      }
+    }
+    if (fds.empty() || ::poll(fds.data(), fds.size(), remaining_ms(until)) <= 0)
+      break;
+    for (std::size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      auto report = read_report(peers[k]);
+      if (!report) continue;
+      if (report->kind != ErrorKind::kTimeout) {
+        // A real cause (a dead peer, a mismatch) beats a timeout.
+        const std::string text = call_.describe() + " failed: rank " +
+                                 std::to_string(peers[k]) +
+                                 " reported: " + report->message;
+        if (report->kind == ErrorKind::kPeer)
+          throw PeerError(report->culprit, text);
+        if (report->kind == ErrorKind::kMismatch) throw MismatchError(text);
+        throw BackendError(text);
+      }
+      reports.push_back(*report);
+    }
+  }
+
+  std::vector<int> silent;
+  for (const Report& r : reports) {
+    for (int w : r.waiting_for) {
+      const bool reported =
+          std::any_of(reports.begin(), reports.end(),
+                      [&](const Report& x) { return x.from == w; });
+      if (!reported &&
+          std::find(silent.begin(), silent.end(), w) == silent.end()) {
+        silent.push_back(w);
+      }
+    }
+  }
+  if (silent.empty()) silent = owed;
+  std::sort(silent.begin(), silent.end());
+  std::string names;
+  for (std::size_t i = 0; i < silent.size(); ++i) {
+    names += (i ? ", rank " : "rank ") + std::to_string(silent[i]);
   }
   throw TimeoutError(
-      call_.describe() + " on rank " + std::to_string(mesh_.rank()) +
-      " timed out waiting for rank" + (owed.size() == 1 ? " " : "s ") + ranks +
-      ", which did not send or receive in time");
+      call_.describe() + " timed out on rank " + std::to_string(mesh_.rank()) +
+      ": " + names + (silent.size() == 1 ? " did" : " each did") +
+      " not send or receive in time (stopped, overloaded, or not "
+      "calling this collective)");
 }
 
 }  // namespace comm::tcp

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,10 @@ std::size_t chunk_bytes();
 
 // A control message telling peers that this rank's call failed: what kind
 // of error, which rank it blames (or -1), and the message.
-std::vector<std::uint8_t> encode_abort(const CallInfo& call, ErrorKind kind,
-                                       int culprit, const std::string& message);
+// `waiting_for` lists, for a timeout, the ranks this rank was still owed.
+std::vector<std::uint8_t> encode_abort(
+    const CallInfo& call, ErrorKind kind, int culprit,
+    const std::string& message, const std::vector<int>& waiting_for = {});
 
 // A transfer list holds at most one send and one receive per peer: the
 // messages of one peer arrive in order on one socket.
@@ -81,8 +84,25 @@ class Exchange {
   void progress_send(Transfer& t);
   void progress_recv(Transfer& t);
   void check_header(const Transfer& t);
+  // A peer's failure report from the control channel.
+  struct Report {
+    int from = -1;
+    ErrorKind kind = ErrorKind::kBackend;
+    int culprit = -1;
+    std::string message;
+    std::vector<int> waiting_for;
+  };
+  std::optional<Report> read_report(int peer);
+  // Reads a report from `peer`, if a whole one is there, and throws it.
   void read_control(int peer);
-  [[noreturn]] void throw_timeout();
+  std::vector<int> owed_peers() const;
+  // The deadline passed, here or (per `reports`) at a peer: tells the
+  // others whom this rank waited for, gathers their reports for a moment,
+  // and throws TimeoutError naming the ranks nobody heard from.
+  [[noreturn]] void time_out(std::vector<Report> reports);
+  // Reads any report already waiting (or arriving within `grace`) on the
+  // control channels; throws the first one.
+  void read_pending_control(std::chrono::milliseconds grace);
 
   Mesh& mesh_;
   CallInfo call_;
