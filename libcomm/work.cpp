@@ -8,7 +8,16 @@ namespace comm {
 Work::Work(std::string description) : description_(std::move(description)) {}
 Work::~Work() = default;
 
+void Work::set_progress_hook(std::function<void(Work&)> hook) {
+  progress_hook_ = std::move(hook);
+}
+
 bool Work::wait(Duration timeout) {
+  // Running the operation here could outlast a bounded wait, so only an
+  // unbounded wait lends its thread.
+  if (progress_hook_ && timeout == kNoTimeout && !is_completed()) {
+    progress_hook_(*this);
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
     done_.wait(lock, [&] { return completed_; });

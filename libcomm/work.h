@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -49,8 +50,15 @@ class COMM_API Work {
   // error or without, and wakes every waiter.
   void finish(std::exception_ptr error = nullptr, int source_rank = -1);
 
+  // Set by a backend, before handing the Work out, when the thread that
+  // waits can run the operation itself: wait() without a timeout calls the
+  // hook first, which saves two thread hand-offs for a call the caller
+  // waits on anyway.
+  void set_progress_hook(std::function<void(Work&)> hook);
+
  private:
   const std::string description_;
+  std::function<void(Work&)> progress_hook_;
   mutable std::mutex mutex_;
   std::condition_variable done_;
   bool completed_ = false;

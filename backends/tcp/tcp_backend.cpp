@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <numeric>
 
 #include "backends/tcp/collective_context.h"
@@ -25,6 +28,37 @@ struct TcpBackend::Task {
   std::chrono::milliseconds timeout;
   Body body;
   std::shared_ptr<Work> work;
+};
+
+// The collective queue and the turn to run it. One thread at a time holds
+// the turn (`running`), so tasks run one after another in issue order,
+// whether the worker or a waiting caller runs them.
+struct TcpBackend::Scheduler {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<std::unique_ptr<Task>> queue;
+  std::uint64_t next_sequence = 0;
+  bool running = false;
+  bool stopping = false;
+  std::exception_ptr broken;  // the first failure; collectives refuse after it
+  // Runs a task; set by the backend, never called once `stopping` is set.
+  std::function<void(Task&)> execute;
+
+  // Runs queued tasks on the calling thread until `target` completes,
+  // unless another thread holds the turn (then the caller just waits).
+  void help(Work& target) {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!target.is_completed() && !stopping && !running && !queue.empty()) {
+      std::unique_ptr<Task> task = std::move(queue.front());
+      queue.pop_front();
+      running = true;
+      lock.unlock();
+      execute(*task);
+      lock.lock();
+      running = false;
+      changed.notify_all();
+    }
+  }
 };
 
 namespace {
@@ -65,6 +99,8 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
   p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw SystemError(errno, "eventfd");
+  scheduler_ = std::make_shared<Scheduler>();
+  scheduler_->execute = [this](Task& task) { execute(task); };
   worker_ = std::thread([this] { run_worker(); });
 }
 
@@ -76,18 +112,23 @@ TcpBackend::~TcpBackend() {
 void TcpBackend::shutdown() {
   std::deque<std::unique_ptr<Task>> abandoned;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return;
-    stopping_ = true;
-    abandoned.swap(queue_);
+    std::lock_guard<std::mutex> lock(scheduler_->mutex);
+    if (scheduler_->stopping) return;
+    scheduler_->stopping = true;
+    abandoned.swap(scheduler_->queue);
   }
   const auto error = std::make_exception_ptr(BackendError(
       "the process group was shut down before this operation ran"));
   for (auto& task : abandoned) task->work->finish(error);
-  // Interrupt a collective in progress, then let the worker finish.
+  // Interrupt a collective in progress (on the worker or a waiting
+  // caller), wait until its thread gives the turn back, then stop.
   const std::uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
-  queued_.notify_all();
+  {
+    std::unique_lock<std::mutex> lock(scheduler_->mutex);
+    scheduler_->changed.notify_all();
+    scheduler_->changed.wait(lock, [&] { return !scheduler_->running; });
+  }
   if (worker_.joinable()) worker_.join();
   p2p_->stop(std::make_exception_ptr(BackendError(
       "the process group was shut down with this operation pending")));
@@ -95,7 +136,7 @@ void TcpBackend::shutdown() {
 }
 
 void TcpBackend::check_open() const {
-  if (stopping_) {
+  if (scheduler_->stopping) {
     throw BackendError("the process group was shut down; create a new one");
   }
 }
@@ -106,80 +147,97 @@ std::chrono::milliseconds TcpBackend::resolve(OpTimeout timeout) const {
 
 std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
                                           Body body) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(scheduler_->mutex);
   check_open();
-  call.sequence = next_sequence_++;
+  call.sequence = scheduler_->next_sequence++;
   auto task = std::make_unique<Task>();
   task->call = call;
   task->timeout = resolve(timeout);
   task->body = std::move(body);
   task->work = std::make_shared<Work>(call.describe() + " on rank " +
                                       std::to_string(rank()));
+  std::weak_ptr<Scheduler> scheduler = scheduler_;
+  task->work->set_progress_hook([scheduler](Work& work) {
+    if (auto alive = scheduler.lock()) alive->help(work);
+  });
   auto work = task->work;
-  queue_.push_back(std::move(task));
-  queued_.notify_one();
+  scheduler_->queue.push_back(std::move(task));
+  // The worker runs it unless a caller waits first (see Scheduler::help).
+  scheduler_->changed.notify_all();
   return work;
 }
 
 void TcpBackend::run_worker() {
-  // Runs until shutdown; each round blocks on the queue.
+  Scheduler& s = *scheduler_;
+  // Runs until shutdown; each round blocks until a task is queued and no
+  // other thread holds the turn.
+  std::unique_lock<std::mutex> lock(s.mutex);
   while (true) {
-    std::unique_ptr<Task> task;
-    std::exception_ptr broken;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      broken = broken_;
-    }
-    if (broken) {
-      try {
-        std::rethrow_exception(broken);
-      } catch (const std::exception& e) {
-        task->work->finish(std::make_exception_ptr(BackendError(
-            task->call.describe() +
-            " cannot run: the process group failed earlier: " + e.what())));
-      }
-      continue;
-    }
-    CollectiveContext ctx{*mesh_, task->call,
-                          detail::deadline_after(task->timeout), wake_fd_};
+    s.changed.wait(
+        lock, [&] { return s.stopping || (!s.running && !s.queue.empty()); });
+    if (s.stopping) return;
+    std::unique_ptr<Task> task = std::move(s.queue.front());
+    s.queue.pop_front();
+    s.running = true;
+    lock.unlock();
+    execute(*task);
+    lock.lock();
+    s.running = false;
+    s.changed.notify_all();
+  }
+}
+
+void TcpBackend::execute(Task& task) {
+  std::exception_ptr broken;
+  {
+    std::lock_guard<std::mutex> lock(scheduler_->mutex);
+    broken = scheduler_->broken;
+  }
+  if (broken) {
     try {
-      task->body(ctx);
-      task->work->finish();
-    } catch (...) {
-      const auto error = std::current_exception();
-      if (!ctx.relayed) {
-        // Tell the others why, so that they fail now rather than at their
-        // timeouts. Best effort: a dead peer just misses it.
-        ErrorKind kind = ErrorKind::kBackend;
-        int culprit = rank();
-        std::string message = "unknown error";
-        try {
-          std::rethrow_exception(error);
-        } catch (const PeerError& e) {
-          kind = e.kind();
-          culprit = e.peer_rank();
-          message = e.what();
-        } catch (const Error& e) {
-          kind = e.kind();
-          message = e.what();
-        } catch (const std::exception& e) {
-          message = e.what();
-        }
-        COMM_LOG_ERROR("{} failed: {}", task->call.describe(), message);
-        mesh_->broadcast_control(
-            tcp::encode_abort(task->call, kind, culprit, message),
-            std::chrono::milliseconds(200));
-      }
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!broken_) broken_ = error;
-      }
-      task->work->finish(error);
+      std::rethrow_exception(broken);
+    } catch (const std::exception& e) {
+      task.work->finish(std::make_exception_ptr(BackendError(
+          task.call.describe() +
+          " cannot run: the process group failed earlier: " + e.what())));
     }
+    return;
+  }
+  CollectiveContext ctx{*mesh_, task.call, detail::deadline_after(task.timeout),
+                        wake_fd_};
+  try {
+    task.body(ctx);
+    task.work->finish();
+  } catch (...) {
+    const auto error = std::current_exception();
+    if (!ctx.relayed) {
+      // Tell the others why, so that they fail now rather than at their
+      // timeouts. Best effort: a dead peer just misses it.
+      ErrorKind kind = ErrorKind::kBackend;
+      int culprit = rank();
+      std::string message = "unknown error";
+      try {
+        std::rethrow_exception(error);
+      } catch (const PeerError& e) {
+        kind = e.kind();
+        culprit = e.peer_rank();
+        message = e.what();
+      } catch (const Error& e) {
+        kind = e.kind();
+        message = e.what();
+      } catch (const std::exception& e) {
+        message = e.what();
+      }
+      COMM_LOG_ERROR("{} failed: {}", task.call.describe(), message);
+      mesh_->broadcast_control(
+          tcp::encode_abort(task.call, kind, culprit, message),
+          std::chrono::milliseconds(200));
+    }
+    {
+      std::lock_guard<std::mutex> lock(scheduler_->mutex);
+      if (!scheduler_->broken) scheduler_->broken = error;
+    }
+    task.work->finish(error);
   }
 }
 
@@ -532,7 +590,7 @@ std::shared_ptr<Work> TcpBackend::send(const Tensor& tensor, int dst,
   }
   std::uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(scheduler_->mutex);
     check_open();
     id = next_p2p_++;
   }
@@ -558,7 +616,7 @@ std::shared_ptr<Work> TcpBackend::recv(Tensor& tensor, int src,
   }
   std::uint64_t id;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(scheduler_->mutex);
     check_open();
     id = next_p2p_++;
   }

@@ -11,8 +11,6 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -74,12 +72,16 @@ class COMM_API TcpBackend final : public Backend {
  private:
   using Body = std::function<void(tcp::CollectiveContext&)>;
   struct Task;
+  struct Scheduler;
 
-  // Queues a collective: stamps it with the next sequence number, and runs
-  // `body` on the worker thread with the call's deadline.
+  // Queues a collective: stamps it with the next sequence number; `body`
+  // runs with the call's deadline, on the worker thread or on the thread
+  // that waits for it, whichever comes first, always in issue order.
   std::shared_ptr<Work> enqueue(tcp::CallInfo call, OpTimeout timeout,
                                 Body body);
   void run_worker();
+  // Runs one task, on whichever thread holds the scheduler's turn.
+  void execute(Task& task);
   void check_open() const;
   std::chrono::milliseconds resolve(OpTimeout timeout) const;
 
@@ -87,14 +89,10 @@ class COMM_API TcpBackend final : public Backend {
   std::unique_ptr<tcp::Mesh> mesh_;
   std::unique_ptr<tcp::PointToPoint> p2p_;
   int wake_fd_ = -1;
-
-  mutable std::mutex mutex_;
-  std::condition_variable queued_;
-  std::deque<std::unique_ptr<Task>> queue_;
-  std::uint64_t next_sequence_ = 0;
+  // Shared with the progress hooks of the Work handed out, which may
+  // outlive this backend.
+  std::shared_ptr<Scheduler> scheduler_;
   std::uint64_t next_p2p_ = 0;
-  bool stopping_ = false;
-  std::exception_ptr broken_;  // the first failure; collectives refuse after it
   std::thread worker_;
 };
 

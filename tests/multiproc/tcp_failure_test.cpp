@@ -45,9 +45,9 @@ constexpr int kOtherError = 22;
 
 // A rank that all-reduces 16 MiB in a loop until something fails; it
 // writes one byte to `started` after its first all_reduce.
-std::unique_ptr<ChildProcess> looping_rank(const std::string& url, int rank, int world,
-                                           int victim, int started,
-                                           std::chrono::milliseconds op_timeout) {
+std::unique_ptr<ChildProcess> looping_rank(
+    const std::string& url, int rank, int world, int victim, int started,
+    std::chrono::milliseconds op_timeout) {
   return std::make_unique<ChildProcess>([=] {
     try {
       auto group = comm::init_process_group("tcp", url, rank, world, 30s);
@@ -60,8 +60,9 @@ std::unique_ptr<ChildProcess> looping_rank(const std::string& url, int rank, int
     } catch (const comm::PeerError& e) {
       const std::string text = e.what();
       std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-      return e.peer_rank() == victim && text.find("rank " + std::to_string(victim)) !=
-                                            std::string::npos
+      return e.peer_rank() == victim &&
+                     text.find("rank " + std::to_string(victim)) !=
+                         std::string::npos
                  ? kPeerErrorNamingVictim
                  : kOtherError;
     } catch (const comm::TimeoutError& e) {
@@ -84,8 +85,9 @@ bool wait_readable(int fd, std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-TEST_CASE("a rank killed mid-collective fails the others with PeerError naming it",
-          "[tcp][multiproc][failure]") {
+TEST_CASE(
+    "a rank killed mid-collective fails the others with PeerError naming it",
+    "[tcp][multiproc][failure]") {
   const int world = 4;
   const int victim = 2;
   const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
@@ -93,8 +95,8 @@ TEST_CASE("a rank killed mid-collective fails the others with PeerError naming i
   REQUIRE(pipe(started) == 0);
   std::vector<std::unique_ptr<ChildProcess>> ranks;
   for (int rank = 0; rank < world; ++rank) {
-    ranks.push_back(looping_rank(url + "?world_size=" + std::to_string(world), rank,
-                                 world, victim, started[1], 60s));
+    ranks.push_back(looping_rank(url + "?world_size=" + std::to_string(world),
+                                 rank, world, victim, started[1], 60s));
   }
   REQUIRE(wait_readable(started[0], 60s));
   std::this_thread::sleep_for(50ms);  // well inside a later all_reduce
@@ -119,8 +121,8 @@ TEST_CASE("a stopped rank makes the others time out naming it",
   REQUIRE(pipe(started) == 0);
   std::vector<std::unique_ptr<ChildProcess>> ranks;
   for (int rank = 0; rank < world; ++rank) {
-    ranks.push_back(looping_rank(url + "?world_size=" + std::to_string(world), rank,
-                                 world, victim, started[1], 2s));
+    ranks.push_back(looping_rank(url + "?world_size=" + std::to_string(world),
+                                 rank, world, victim, started[1], 2s));
   }
   REQUIRE(wait_readable(started[0], 60s));
   ranks[victim]->kill(SIGSTOP);
@@ -134,8 +136,10 @@ TEST_CASE("a stopped rank makes the others time out naming it",
   close(started[1]);
 }
 
-TEST_CASE("a rank blocked in a barrier uses almost no CPU", "[tcp][multiproc]") {
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port()) + "?world_size=2";
+TEST_CASE("a rank blocked in a barrier uses almost no CPU",
+          "[tcp][multiproc]") {
+  const std::string url =
+      "tcp://127.0.0.1:" + std::to_string(free_port()) + "?world_size=2";
   ChildProcess sleeper([&] {
     auto group = comm::init_process_group("tcp", url, 1, 2, 30s);
     group->barrier()->wait();  // both ready
@@ -150,13 +154,17 @@ TEST_CASE("a rank blocked in a barrier uses almost no CPU", "[tcp][multiproc]") 
     getrusage(RUSAGE_SELF, &before);
     const auto start = std::chrono::steady_clock::now();
     group->barrier()->wait();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     getrusage(RUSAGE_SELF, &after);
-    auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+    auto seconds = [](const timeval& t) {
+      return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6;
+    };
     const double cpu = seconds(after.ru_utime) - seconds(before.ru_utime) +
                        seconds(after.ru_stime) - seconds(before.ru_stime);
-    std::printf("barrier: waited %.3f s, used %.4f s of CPU (%.2f%%)\n", wall, cpu,
-                100 * cpu / wall);
+    std::printf("barrier: waited %.3f s, used %.4f s of CPU (%.2f%%)\n", wall,
+                cpu, 100 * cpu / wall);
     return wall > 1.5 && cpu < 0.05 * wall ? 0 : 1;
   });
   CHECK(waiter.wait(30s) == 0);

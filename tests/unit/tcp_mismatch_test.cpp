@@ -24,7 +24,8 @@ namespace {
 // Runs `call(rank, group)` on two ranks and returns what each one's wait
 // threw ("" when it succeeded).
 std::vector<std::string> outcome(
-    const std::function<std::shared_ptr<comm::Work>(int, ProcessGroup&)>& call) {
+    const std::function<std::shared_ptr<comm::Work>(int, ProcessGroup&)>&
+        call) {
   std::vector<std::string> thrown(2);
   auto errors = run_ranks(
       2,
@@ -56,14 +57,16 @@ TEST_CASE("different counts are a mismatch on both ranks", "[tcp][mismatch]") {
   }
 }
 
-TEST_CASE("different dtypes, ops and collectives are mismatches", "[tcp][mismatch]") {
+TEST_CASE("different dtypes, ops and collectives are mismatches",
+          "[tcp][mismatch]") {
   SECTION("dtype") {
     auto thrown = outcome([](int rank, ProcessGroup& group) {
       Tensor t = Tensor::zeros({8}, rank == 0 ? DType::kF32 : DType::kI32);
       return group.all_reduce(t);
     });
     for (const auto& text : thrown) {
-      CHECK_THAT(text, Catch::Contains("float32 x 8") && Catch::Contains("int32 x 8"));
+      CHECK_THAT(
+          text, Catch::Contains("float32 x 8") && Catch::Contains("int32 x 8"));
     }
   }
   SECTION("op") {
@@ -84,7 +87,8 @@ TEST_CASE("different dtypes, ops and collectives are mismatches", "[tcp][mismatc
       return group.all_gather(outputs, t);
     });
     for (const auto& text : thrown) {
-      CHECK_THAT(text, Catch::Contains("all_reduce #0") && Catch::Contains("all_gather #0"));
+      CHECK_THAT(text, Catch::Contains("all_reduce #0") &&
+                           Catch::Contains("all_gather #0"));
     }
   }
   SECTION("root (world 3, where a rank hears from the wrong root)") {
@@ -103,13 +107,15 @@ TEST_CASE("different dtypes, ops and collectives are mismatches", "[tcp][mismatc
         10s);
     // Rank 2 waits for rank 1, which it wrongly takes for the root, and
     // finds rank 1's next call instead; the others learn of it from rank 2.
-    CHECK_THAT(thrown[2], Catch::Contains("broadcast #0 (float32 x 8, root 1)"));
+    CHECK_THAT(thrown[2],
+               Catch::Contains("broadcast #0 (float32 x 8, root 1)"));
     for (const auto& text : thrown) CHECK(text != "");  // nobody carries on
   }
 }
 
-TEST_CASE("a rank that finished its part learns of the mismatch at its next call",
-          "[tcp][mismatch]") {
+TEST_CASE(
+    "a rank that finished its part learns of the mismatch at its next call",
+    "[tcp][mismatch]") {
   std::vector<std::string> thrown(2);
   run_ranks(
       2,
@@ -130,13 +136,15 @@ TEST_CASE("a rank that finished its part learns of the mismatch at its next call
       },
       10s);
   // Rank 1 sees the broadcast's message where it expected its barrier.
-  CHECK_THAT(thrown[1], Catch::Contains("broadcast #0") && Catch::Contains("barrier #0"));
+  CHECK_THAT(thrown[1],
+             Catch::Contains("broadcast #0") && Catch::Contains("barrier #0"));
   // Rank 0 fails at its next call: either its own receive sees rank 1's
   // barrier #0, or rank 1's report arrives first; a mismatch either way.
   CHECK_THAT(thrown[0], Catch::Contains("barrier #0"));
 }
 
-TEST_CASE("after a failure the group refuses further collectives", "[tcp][mismatch]") {
+TEST_CASE("after a failure the group refuses further collectives",
+          "[tcp][mismatch]") {
   auto errors = run_ranks(
       2,
       [&](ProcessGroup& group) {
@@ -150,11 +158,13 @@ TEST_CASE("after a failure the group refuses further collectives", "[tcp][mismat
       },
       10s);
   for (const auto& error : errors) {
-    CHECK_THAT(error, Catch::Contains("failed earlier") && Catch::Contains("all_reduce #0"));
+    CHECK_THAT(error, Catch::Contains("failed earlier") &&
+                          Catch::Contains("all_reduce #0"));
   }
 }
 
-TEST_CASE("shutdown fails pending work with an error that says so", "[tcp][shutdown]") {
+TEST_CASE("shutdown fails pending work with an error that says so",
+          "[tcp][shutdown]") {
   // Rank 1 stays connected until rank 0 is finished, whatever happens
   // there (bounded, so that a failure cannot hang the test).
   std::promise<void> finished;
@@ -192,7 +202,8 @@ TEST_CASE("shutdown fails pending work with an error that says so", "[tcp][shutd
         }
         try {
           group.all_reduce(t);
-          throw std::runtime_error("a new collective was accepted after shutdown");
+          throw std::runtime_error(
+              "a new collective was accepted after shutdown");
         } catch (const comm::BackendError&) {
         }
       },
