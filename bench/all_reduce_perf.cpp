@@ -23,22 +23,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "libcomm/process_group.h"
 
 namespace {
-
-std::uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 struct Config {
   int ranks = 2;
@@ -51,39 +40,46 @@ struct Config {
 };
 
 int run_rank(const Config& config, const std::string& url, int rank) {
-  auto group = comm::init_process_group("tcp", url, rank, config.ranks, std::chrono::seconds(120));
+  auto group = comm::init_process_group("tcp", url, rank, config.ranks,
+                                        std::chrono::seconds(120));
   const int world = group->size();
   if (rank == 0) {
     std::printf("# libcomm all_reduce (tcp) float32 sum, world=%d\n", world);
-    std::printf("%10s %10s %10s %10s %8s\n", "bytes", "time_us", "algbw_GBs", "busbw_GBs",
-                "#wrong");
+    std::printf("%10s %10s %10s %10s %8s\n", "bytes", "time_us", "algbw_GBs",
+                "busbw_GBs", "#wrong");
   }
-  for (std::int64_t bytes = config.min_bytes; bytes <= config.max_bytes; bytes *= config.factor) {
+  for (std::int64_t bytes = config.min_bytes; bytes <= config.max_bytes;
+       bytes *= config.factor) {
     const std::int64_t count = bytes / 4;
     comm::Tensor t = comm::Tensor::full({count}, 1.0, comm::DType::kF32);
     int iterations = config.iterations;
     if (iterations <= 0) {
-      iterations = static_cast<int>(std::clamp<std::int64_t>((std::int64_t{1} << 26) / bytes, 3, 200));
+      iterations = static_cast<int>(
+          std::clamp<std::int64_t>((std::int64_t{1} << 26) / bytes, 3, 200));
     }
     for (int i = 0; i < config.warmup; ++i) group->all_reduce(t)->wait();
     group->barrier()->wait();
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < iterations; ++i) group->all_reduce(t)->wait();
     const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count() /
         iterations;
     long wrong = 0;
     if (config.check) {
       // Every element was 1 and was summed warmup + iterations times.
-      comm::Tensor fresh = comm::Tensor::full({count}, rank + 1, comm::DType::kF32);
+      comm::Tensor fresh =
+          comm::Tensor::full({count}, rank + 1, comm::DType::kF32);
       group->all_reduce(fresh)->wait();
       const float expected = static_cast<float>(world * (world + 1) / 2);
-      for (std::int64_t i = 0; i < count; ++i) wrong += fresh.data<float>()[i] != expected;
+      for (std::int64_t i = 0; i < count; ++i)
+        wrong += fresh.data<float>()[i] != expected;
     }
     const double algbw = static_cast<double>(bytes) / seconds / 1e9;
     if (rank == 0) {
-      std::printf("%10lld %10.1f %10.3f %10.3f %8ld\n", static_cast<long long>(bytes),
-                  seconds * 1e6, algbw, algbw * 2.0 * (world - 1) / world, wrong);
+      std::printf("%10lld %10.1f %10.3f %10.3f %8ld\n",
+                  static_cast<long long>(bytes), seconds * 1e6, algbw,
+                  algbw * 2.0 * (world - 1) / world, wrong);
       std::fflush(stdout);
     }
   }
@@ -96,15 +92,19 @@ int run_rank(const Config& config, const std::string& url, int rank) {
 int main(int argc, char** argv) {
   Config config;
   CLI::App app{"all_reduce_perf: TCP backend all_reduce bandwidth"};
-  app.add_option("-p,--np", config.ranks, "local ranks to start")->check(CLI::Range(1, 256));
+  app.add_option("-p,--np", config.ranks, "local ranks to start")
+      ->check(CLI::Range(1, 256));
   app.add_option("-b,--minbytes", config.min_bytes, "smallest size in bytes")
       ->check(CLI::Range(std::int64_t{4}, std::int64_t{1} << 40));
   app.add_option("-e,--maxbytes", config.max_bytes, "largest size in bytes")
       ->check(CLI::Range(std::int64_t{4}, std::int64_t{1} << 40));
-  app.add_option("-f,--stepfactor", config.factor, "size multiplier")->check(CLI::Range(2, 1024));
-  app.add_option("-n,--iters", config.iterations, "iterations per size (0: as the peers)")
+  app.add_option("-f,--stepfactor", config.factor, "size multiplier")
+      ->check(CLI::Range(2, 1024));
+  app.add_option("-n,--iters", config.iterations,
+                 "iterations per size (0: as the peers)")
       ->check(CLI::Range(0, 1000000));
-  app.add_option("-w,--warmup_iters", config.warmup, "warm-up iterations")->check(CLI::Range(0, 1000));
+  app.add_option("-w,--warmup_iters", config.warmup, "warm-up iterations")
+      ->check(CLI::Range(0, 1000));
   app.add_option("-c,--check", config.check, "check results (0 or 1)");
   // nccl-tests spells it -np; CLI11 takes one-letter short options, so
   // rewrite it before parsing.
@@ -120,10 +120,12 @@ int main(int argc, char** argv) {
   }
   if (config.min_bytes > config.max_bytes) {
     std::fprintf(stderr, "all_reduce_perf: -b %lld is larger than -e %lld\n",
-                 static_cast<long long>(config.min_bytes), static_cast<long long>(config.max_bytes));
+                 static_cast<long long>(config.min_bytes),
+                 static_cast<long long>(config.max_bytes));
     return 2;
   }
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const std::string url =
+      "tcp://127.0.0.1:" + std::to_string(comm::detail::free_loopback_port());
   std::vector<pid_t> children;
   for (int rank = 0; rank < config.ranks; ++rank) {
     const pid_t pid = fork();

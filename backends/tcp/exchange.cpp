@@ -115,14 +115,9 @@ void Exchange::run() {
       owner.push_back(static_cast<int>(i));
     }
     if (fds.empty()) return;
-    for (int peer = 0; peer < mesh_.size(); ++peer) {
-      if (peer == mesh_.rank()) continue;
-      const int fd = mesh_.socket(peer, Channel::kControl).fd();
-      if (fd >= 0) {
-        fds.push_back({fd, POLLIN, 0});
-        owner.push_back(-1 - peer);
-      }
-    }
+    std::vector<int> control_peers;
+    watch_control(fds, control_peers);
+    for (int peer : control_peers) owner.push_back(-1 - peer);
     if (wake_fd_ >= 0) {
       fds.push_back({wake_fd_, POLLIN, 0});
       owner.push_back(INT32_MIN);
@@ -283,9 +278,8 @@ void Exchange::check_header(const Transfer& t) {
   }
 }
 
-void Exchange::read_pending_control(std::chrono::milliseconds grace) {
-  std::vector<pollfd> fds;
-  std::vector<int> peers;
+void Exchange::watch_control(std::vector<pollfd>& fds,
+                             std::vector<int>& peers) const {
   for (int peer = 0; peer < mesh_.size(); ++peer) {
     if (peer == mesh_.rank()) continue;
     const int fd = mesh_.socket(peer, Channel::kControl).fd();
@@ -294,6 +288,12 @@ void Exchange::read_pending_control(std::chrono::milliseconds grace) {
       peers.push_back(peer);
     }
   }
+}
+
+void Exchange::read_pending_control(std::chrono::milliseconds grace) {
+  std::vector<pollfd> fds;
+  std::vector<int> peers;
+  watch_control(fds, peers);
   if (fds.empty() ||
       ::poll(fds.data(), fds.size(), static_cast<int>(grace.count())) <= 0) {
     return;
@@ -351,13 +351,18 @@ void Exchange::read_control(int peer) {
   auto report = read_report(peer);
   if (!report) return;
   if (report->kind == ErrorKind::kTimeout) time_out({*report});
+  raise(*report);
+}
+
+void Exchange::raise(const Report& report) {
   relayed_ = true;
   const std::string text = call_.describe() + " failed: rank " +
-                           std::to_string(peer) +
-                           " reported: " + report->message;
-  switch (report->kind) {
-    case ErrorKind::kPeer: throw PeerError(report->culprit, text);
+                           std::to_string(report.from) +
+                           " reported: " + report.message;
+  switch (report.kind) {
+    case ErrorKind::kPeer: throw PeerError(report.culprit, text);
     case ErrorKind::kMismatch: throw MismatchError(text);
+    case ErrorKind::kTimeout: throw TimeoutError(text);
     default: throw BackendError(text);
   }
 }
@@ -402,30 +407,15 @@ void Exchange::time_out(std::vector<Report> reports) {
   while (!accounted() && detail::Clock::now() < until) {
     std::vector<pollfd> fds;
     std::vector<int> peers;
-    for (int peer = 0; peer < mesh_.size(); ++peer) {
-      if (peer == mesh_.rank()) continue;
-      const int fd = mesh_.socket(peer, Channel::kControl).fd();
-      if (fd >= 0) {
-        fds.push_back({fd, POLLIN, 0});
-        peers.push_back(peer);
-      }
-    }
+    watch_control(fds, peers);
     if (fds.empty() || ::poll(fds.data(), fds.size(), remaining_ms(until)) <= 0)
       break;
     for (std::size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       auto report = read_report(peers[k]);
       if (!report) continue;
-      if (report->kind != ErrorKind::kTimeout) {
-        // A real cause (a dead peer, a mismatch) beats a timeout.
-        const std::string text = call_.describe() + " failed: rank " +
-                                 std::to_string(peers[k]) +
-                                 " reported: " + report->message;
-        if (report->kind == ErrorKind::kPeer)
-          throw PeerError(report->culprit, text);
-        if (report->kind == ErrorKind::kMismatch) throw MismatchError(text);
-        throw BackendError(text);
-      }
+      // A real cause (a dead peer, a mismatch) beats a timeout.
+      if (report->kind != ErrorKind::kTimeout) raise(*report);
       reports.push_back(*report);
     }
   }

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <poll.h>
+
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
 #include "libcomm/error.h"
@@ -95,7 +97,12 @@ class Exchange {
   std::optional<Report> read_report(int peer);
   // Reads a report from `peer`, if a whole one is there, and throws it.
   void read_control(int peer);
+  // Throws a peer's report as this call's error.
+  [[noreturn]] void raise(const Report& report);
   std::vector<int> owed_peers() const;
+  // Appends a POLLIN entry for every peer's open control socket, and the
+  // peer's rank to `peers`.
+  void watch_control(std::vector<pollfd>& fds, std::vector<int>& peers) const;
   // The deadline passed, here or (per `reports`) at a peer: tells the
   // others whom this rank waited for, gathers their reports for a moment,
   // and throws TimeoutError naming the ranks nobody heard from.

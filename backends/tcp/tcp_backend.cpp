@@ -69,6 +69,37 @@ void check_tensor(const Tensor& tensor, const std::string& what) {
   tensor.check_contiguous(what);
 }
 
+// `list` must hold `expected` contiguous tensors matching `like` in dtype
+// and number of elements (the per-rank tensors of gather, scatter, ...).
+void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
+                       std::size_t expected, const Tensor& like,
+                       const char* role) {
+  if (list.size() != expected) {
+    throw InvalidArgument(
+        expected == 0
+            ? op + ": only the root passes " + role +
+                  " tensors; this rank passed " + std::to_string(list.size())
+            : op + " needs one " + role + " tensor per rank (" +
+                  std::to_string(expected) + "), got " +
+                  std::to_string(list.size()));
+  }
+  for (const Tensor& t : list) {
+    check_tensor(t, op);
+    if (t.dtype() != like.dtype() || t.numel() != like.numel()) {
+      throw InvalidArgument(op + ": " + role + " " + t.describe() +
+                            " does not match " + like.describe());
+    }
+  }
+}
+
+void check_root(const std::string& op, int root, int size) {
+  if (root < 0 || root >= size) {
+    throw InvalidArgument(op + ": root " + std::to_string(root) +
+                          " is outside the group of " + std::to_string(size) +
+                          " ranks");
+  }
+}
+
 // The host memory a call works on: the tensor itself, or a host copy of a
 // CUDA tensor (with its contents when `copy_in`).
 Tensor on_host(const Tensor& tensor, bool copy_in) {
@@ -244,11 +275,7 @@ void TcpBackend::execute(Task& task) {
 std::shared_ptr<Work> TcpBackend::broadcast(Tensor& tensor,
                                             const BroadcastOptions& options) {
   check_tensor(tensor, "broadcast");
-  if (options.root < 0 || options.root >= size()) {
-    throw InvalidArgument("broadcast: root " + std::to_string(options.root) +
-                          " is outside the group of " + std::to_string(size()) +
-                          " ranks");
-  }
+  check_root("broadcast", options.root, size());
   CallInfo call{Collective::kBroadcast, 0,
                 tensor.dtype(),         tensor.numel(),
                 ReduceOp::kSum,         options.root};
@@ -266,11 +293,7 @@ std::shared_ptr<Work> TcpBackend::reduce(Tensor& tensor,
                                          const ReduceOptions& options) {
   check_tensor(tensor, "reduce");
   check_reduce_op(options.op, tensor.dtype());
-  if (options.root < 0 || options.root >= size()) {
-    throw InvalidArgument("reduce: root " + std::to_string(options.root) +
-                          " is outside the group of " + std::to_string(size()) +
-                          " ranks");
-  }
+  check_root("reduce", options.root, size());
   CallInfo call{Collective::kReduce, 0,          tensor.dtype(),
                 tensor.numel(),      options.op, options.root};
   return enqueue(call, options.timeout,
@@ -312,18 +335,8 @@ std::shared_ptr<Work> TcpBackend::all_gather(std::vector<Tensor>& outputs,
                                              const Tensor& input,
                                              const AllGatherOptions& options) {
   check_tensor(input, "all_gather");
-  if (outputs.size() != static_cast<std::size_t>(size())) {
-    throw InvalidArgument("all_gather needs one output tensor per rank (" +
-                          std::to_string(size()) + "), got " +
-                          std::to_string(outputs.size()));
-  }
-  for (const Tensor& output : outputs) {
-    check_tensor(output, "all_gather");
-    if (output.dtype() != input.dtype() || output.numel() != input.numel()) {
-      throw InvalidArgument("all_gather: output " + output.describe() +
-                            " does not match input " + input.describe());
-    }
-  }
+  check_tensor_list("all_gather", outputs, static_cast<std::size_t>(size()),
+                    input, "output");
   CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
                 ReduceOp::kSum,         -1};
   return enqueue(
@@ -373,27 +386,11 @@ std::shared_ptr<Work> TcpBackend::gather(std::vector<Tensor>& outputs,
                                          const Tensor& input,
                                          const GatherOptions& options) {
   check_tensor(input, "gather");
-  if (options.root < 0 || options.root >= size()) {
-    throw InvalidArgument("gather: root " + std::to_string(options.root) +
-                          " is outside the group of " + std::to_string(size()) +
-                          " ranks");
-  }
-  const bool is_root = rank() == options.root;
-  if (is_root && outputs.size() != static_cast<std::size_t>(size())) {
-    throw InvalidArgument(
-        "gather: the root needs one output tensor per rank (" +
-        std::to_string(size()) + "), got " + std::to_string(outputs.size()));
-  }
-  if (!is_root && !outputs.empty()) {
-    throw InvalidArgument("gather: only the root passes output tensors");
-  }
-  for (const Tensor& output : outputs) {
-    check_tensor(output, "gather");
-    if (output.dtype() != input.dtype() || output.numel() != input.numel()) {
-      throw InvalidArgument("gather: output " + output.describe() +
-                            " does not match input " + input.describe());
-    }
-  }
+  check_root("gather", options.root, size());
+  check_tensor_list(
+      "gather", outputs,
+      rank() == options.root ? static_cast<std::size_t>(size()) : 0, input,
+      "output");
   CallInfo call{Collective::kGather, 0,           input.dtype(), input.numel(),
                 ReduceOp::kSum,      options.root};
   return enqueue(
@@ -416,27 +413,11 @@ std::shared_ptr<Work> TcpBackend::scatter(Tensor& output,
                                           const std::vector<Tensor>& inputs,
                                           const ScatterOptions& options) {
   check_tensor(output, "scatter");
-  if (options.root < 0 || options.root >= size()) {
-    throw InvalidArgument("scatter: root " + std::to_string(options.root) +
-                          " is outside the group of " + std::to_string(size()) +
-                          " ranks");
-  }
-  const bool is_root = rank() == options.root;
-  if (is_root && inputs.size() != static_cast<std::size_t>(size())) {
-    throw InvalidArgument(
-        "scatter: the root needs one input tensor per rank (" +
-        std::to_string(size()) + "), got " + std::to_string(inputs.size()));
-  }
-  if (!is_root && !inputs.empty()) {
-    throw InvalidArgument("scatter: only the root passes input tensors");
-  }
-  for (const Tensor& input : inputs) {
-    check_tensor(input, "scatter");
-    if (input.dtype() != output.dtype() || input.numel() != output.numel()) {
-      throw InvalidArgument("scatter: input " + input.describe() +
-                            " does not match output " + output.describe());
-    }
-  }
+  check_root("scatter", options.root, size());
+  check_tensor_list(
+      "scatter", inputs,
+      rank() == options.root ? static_cast<std::size_t>(size()) : 0, output,
+      "input");
   CallInfo call{Collective::kScatter, 0,
                 output.dtype(),       output.numel(),
                 ReduceOp::kSum,       options.root};
@@ -460,18 +441,8 @@ std::shared_ptr<Work> TcpBackend::reduce_scatter(
     const ReduceScatterOptions& options) {
   check_tensor(output, "reduce_scatter");
   check_reduce_op(options.op, output.dtype());
-  if (inputs.size() != static_cast<std::size_t>(size())) {
-    throw InvalidArgument("reduce_scatter needs one input tensor per rank (" +
-                          std::to_string(size()) + "), got " +
-                          std::to_string(inputs.size()));
-  }
-  for (const Tensor& input : inputs) {
-    check_tensor(input, "reduce_scatter");
-    if (input.dtype() != output.dtype() || input.numel() != output.numel()) {
-      throw InvalidArgument("reduce_scatter: input " + input.describe() +
-                            " does not match output " + output.describe());
-    }
-  }
+  check_tensor_list("reduce_scatter", inputs, static_cast<std::size_t>(size()),
+                    output, "input");
   CallInfo call{Collective::kReduceScatter,
                 0,
                 output.dtype(),

@@ -78,6 +78,22 @@ Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
   return now + timeout;
 }
 
+std::uint16_t free_loopback_port() {
+  Socket probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (!probe.valid() ||
+      ::bind(probe.fd(), reinterpret_cast<sockaddr*>(&address),
+             sizeof(address)) != 0 ||
+      getsockname(probe.fd(), reinterpret_cast<sockaddr*>(&address), &length) !=
+          0) {
+    throw SystemError(errno, "finding a free port on 127.0.0.1");
+  }
+  return ntohs(address.sin_port);
+}
+
 std::string host_port(const std::string& host, std::uint16_t port) {
   const bool ipv6 = host.find(':') != std::string::npos;
   return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);

@@ -67,6 +67,10 @@ class COMM_API Socket {
 // timeouts.
 COMM_API Clock::time_point deadline_after(std::chrono::milliseconds timeout);
 
+// A TCP port on 127.0.0.1 that was free a moment ago, for tests and
+// benchmarks whose ranks must agree on rank 0's port before it binds it.
+COMM_API std::uint16_t free_loopback_port();
+
 // "host:port", with brackets around IPv6 addresses.
 COMM_API std::string host_port(const std::string& host, std::uint16_t port);
 

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "libcomm/rendezvous.h"
 #include "store/file_store.h"
@@ -25,18 +26,6 @@ using comm::testing::ChildProcess;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 // Runs rendezvous("env://") in a child with the given RANK; the child exits
 // 0 on success, 10 when it failed naming a rank claimed twice, 11 for any
@@ -108,7 +97,7 @@ TEST_CASE("FileStore: a wait wakes on a set from another process",
 
 TEST_CASE("env:// joins 4 processes with rank 0 hosting the store",
           "[rendezvous][multiproc]") {
-  const std::uint16_t port = free_port();
+  const std::uint16_t port = comm::detail::free_loopback_port();
   std::vector<std::unique_ptr<ChildProcess>> ranks;
   // Rank 0 last: the others retry their connection until it is up.
   for (int rank : {3, 1, 2, 0}) ranks.push_back(env_rank(port, rank, 4));
@@ -117,7 +106,7 @@ TEST_CASE("env:// joins 4 processes with rank 0 hosting the store",
 
 TEST_CASE("two processes claiming one rank both fail, saying so",
           "[rendezvous][multiproc]") {
-  const std::uint16_t port = free_port();
+  const std::uint16_t port = comm::detail::free_loopback_port();
   auto rank0 = env_rank(port, 0, 3);
   auto first = env_rank(port, 1, 3);
   auto second = env_rank(port, 1, 3);

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "libcomm/process_group.h"
 #include "support/child_process.h"
@@ -25,18 +26,6 @@ using comm::testing::ChildProcess;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 // Exit codes of a rank that hit a failure, saying what it saw.
 constexpr int kPeerErrorNamingVictim = 20;
@@ -90,7 +79,8 @@ TEST_CASE(
     "[tcp][multiproc][failure]") {
   const int world = 4;
   const int victim = 2;
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const std::string url =
+      "tcp://127.0.0.1:" + std::to_string(comm::detail::free_loopback_port());
   int started[2];
   REQUIRE(pipe(started) == 0);
   std::vector<std::unique_ptr<ChildProcess>> ranks;
@@ -116,7 +106,8 @@ TEST_CASE("a stopped rank makes the others time out naming it",
           "[tcp][multiproc][failure]") {
   const int world = 3;
   const int victim = 2;
-  const std::string url = "tcp://127.0.0.1:" + std::to_string(free_port());
+  const std::string url =
+      "tcp://127.0.0.1:" + std::to_string(comm::detail::free_loopback_port());
   int started[2];
   REQUIRE(pipe(started) == 0);
   std::vector<std::unique_ptr<ChildProcess>> ranks;
@@ -139,7 +130,8 @@ TEST_CASE("a stopped rank makes the others time out naming it",
 TEST_CASE("a rank blocked in a barrier uses almost no CPU",
           "[tcp][multiproc]") {
   const std::string url =
-      "tcp://127.0.0.1:" + std::to_string(free_port()) + "?world_size=2";
+      "tcp://127.0.0.1:" + std::to_string(comm::detail::free_loopback_port()) +
+      "?world_size=2";
   ChildProcess sleeper([&] {
     auto group = comm::init_process_group("tcp", url, 1, 2, 30s);
     group->barrier()->wait();  // both ready

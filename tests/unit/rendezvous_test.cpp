@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "libcomm/rendezvous.h"
 #include "store/hash_store.h"
@@ -39,20 +40,6 @@ class ScopedEnv {
     }
   }
 };
-
-// A port that was free a moment ago, for tests whose ranks must agree on a
-// port before rank 0 binds it.
-std::uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 // Runs `world` ranks as threads; returns each rank's error message, empty
 // where the rank succeeded.
@@ -163,7 +150,8 @@ TEST_CASE("malformed URLs are InvalidArgument", "[rendezvous]") {
 
 TEST_CASE("8 ranks join over tcp:// and see one store", "[rendezvous]") {
   const std::string url =
-      "tcp://127.0.0.1:" + std::to_string(free_port()) + "?world_size=8";
+      "tcp://127.0.0.1:" + std::to_string(comm::detail::free_loopback_port()) +
+      "?world_size=8";
   std::vector<std::shared_ptr<comm::Store>> stores(8);
   auto errors = run_ranks(8, [&](int rank) {
     auto joined =
