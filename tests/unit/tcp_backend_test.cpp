@@ -464,3 +464,75 @@ TEST_CASE("bad arguments are InvalidArgument before anything is sent",
   });
   check_all_ok(errors);
 }
+
+TEST_CASE("every collective x every dtype x every valid op, world sizes 1 to 8",
+          "[tcp][sweep]") {
+  for (int world = 1; world <= 8; ++world) {
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      const int me = group.rank();
+      for (std::int64_t count : {0, 1, 13, 1003}) {
+        for (DType dtype : comm::kAllDTypes) {
+          const std::string what = std::string(comm::dtype_name(dtype)) + " x " +
+                                   std::to_string(count) + ", world " +
+                                   std::to_string(world);
+          for (int root = 0; root < world; ++root) {
+            Tensor b = me == root ? pattern(count, dtype, root) : Tensor::zeros({count}, dtype);
+            group.broadcast(b, {root})->wait();
+            expect(same_bytes(b, pattern(count, dtype, root)), "broadcast " + what);
+            for (ReduceOp op : comm::kAllReduceOps) {
+              if (!valid(op, dtype)) continue;
+              Tensor r = contribution(me, count, dtype, op);
+              group.reduce(r, {root, op})->wait();
+              if (me == root) {
+                expect(same_bytes(r, reference(world, count, dtype, op)),
+                       std::string("reduce ") + comm::reduce_op_name(op) + " " + what);
+              }
+            }
+            std::vector<Tensor> gathered, parts;
+            if (me == root) {
+              for (int q = 0; q < world; ++q) {
+                gathered.push_back(Tensor::zeros({count}, dtype));
+                parts.push_back(pattern(count, dtype, q + 3 * root));
+              }
+            }
+            group.gather(gathered, pattern(count, dtype, me), {root})->wait();
+            for (int q = 0; q < static_cast<int>(gathered.size()); ++q) {
+              expect(same_bytes(gathered[q], pattern(count, dtype, q)), "gather " + what);
+            }
+            Tensor part = Tensor::zeros({count}, dtype);
+            group.scatter(part, parts, {root})->wait();
+            expect(same_bytes(part, pattern(count, dtype, me + 3 * root)), "scatter " + what);
+          }
+          std::vector<Tensor> everyone;
+          for (int q = 0; q < world; ++q) everyone.push_back(Tensor::zeros({count}, dtype));
+          group.all_gather(everyone, pattern(count, dtype, me))->wait();
+          for (int q = 0; q < world; ++q) {
+            expect(same_bytes(everyone[q], pattern(count, dtype, q)), "all_gather " + what);
+          }
+          for (ReduceOp op : comm::kAllReduceOps) {
+            if (!valid(op, dtype)) continue;
+            std::vector<Tensor> inputs;
+            for (int q = 0; q < world; ++q) inputs.push_back(contribution(me, count, dtype, op));
+            Tensor out = Tensor::zeros({count}, dtype);
+            group.reduce_scatter(out, inputs, {op})->wait();
+            expect(same_bytes(out, reference(world, count, dtype, op)),
+                   std::string("reduce_scatter ") + comm::reduce_op_name(op) + " " + what);
+          }
+          Tensor send = Tensor::empty({count * world}, dtype);
+          for (int q = 0; q < world; ++q) {
+            send.slice(q * count, (q + 1) * count).copy_(pattern(count, dtype, me * 8 + q));
+          }
+          Tensor got = Tensor::zeros({count * world}, dtype);
+          group.all_to_all(got, send)->wait();
+          for (int q = 0; q < world; ++q) {
+            expect(same_bytes(got.slice(q * count, (q + 1) * count),
+                              pattern(count, dtype, q * 8 + me)),
+                   "all_to_all " + what);
+          }
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+  }
+}
