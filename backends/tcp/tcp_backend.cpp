@@ -1,6 +1,8 @@
 #include "backends/tcp/tcp_backend.h"
 
+#include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,14 +41,31 @@ namespace {
 // starts this much later, which asynchronous callers do not notice.
 constexpr auto kCallerGrace = std::chrono::microseconds(100);
 
+// Sets `timer` (a timerfd) to fire once after `delay`, or disarms it when
+// `delay` is zero.
+void arm_timer(int timer, std::chrono::nanoseconds delay) {
+  itimerspec when{};
+  if (delay.count() > 0) {
+    when.it_value.tv_sec = static_cast<time_t>(delay.count() / 1000000000);
+    when.it_value.tv_nsec = static_cast<long>(delay.count() % 1000000000);
+  }
+  timerfd_settime(timer, 0, &when, nullptr);
+}
+
 }  // namespace
 
 // The collective queue and the turn to run it. One thread at a time holds
 // the turn (`running`), so tasks run one after another in issue order,
 // whether the worker or a waiting caller runs them.
+//
+// The worker is woken by a timer, not by every enqueue: a task that goes
+// into an empty queue arms the timer for kCallerGrace, and a caller that
+// empties the queue disarms it. A caller that waits at once so costs no
+// thread wake-up at all; work nobody waits on is started by the timer.
 struct TcpBackend::Scheduler {
   std::mutex mutex;
-  std::condition_variable changed;
+  std::condition_variable changed;  // `running` went false
+  int timer_fd = -1;
   std::deque<std::unique_ptr<Task>> queue;
   std::uint64_t next_sequence = 0;
   bool running = false;
@@ -68,6 +87,11 @@ struct TcpBackend::Scheduler {
       lock.lock();
       running = false;
       changed.notify_all();
+    }
+    // Hand what is left to the worker, or tell it there is nothing.
+    if (!running && !stopping) {
+      arm_timer(timer_fd,
+                queue.empty() ? std::chrono::nanoseconds(0) : kCallerGrace);
     }
   }
 };
@@ -143,12 +167,18 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
   if (wake_fd_ < 0) throw SystemError(errno, "eventfd");
   scheduler_ = std::make_shared<Scheduler>();
   scheduler_->execute = [this](Task& task) { execute(task); };
+  scheduler_->timer_fd =
+      timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (scheduler_->timer_fd < 0) throw SystemError(errno, "timerfd_create");
   worker_ = std::thread([this] { run_worker(); });
 }
 
 TcpBackend::~TcpBackend() {
   shutdown();
   close(wake_fd_);
+  // The timer's descriptor stays with the scheduler, which a Work's hook may
+  // still hold; a stopped scheduler never touches it again.
+  close(scheduler_->timer_fd);
 }
 
 void TcpBackend::shutdown() {
@@ -204,35 +234,41 @@ std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
     if (auto alive = scheduler.lock()) alive->help(work);
   });
   auto work = task->work;
+  if (scheduler_->queue.empty() && !scheduler_->running) {
+    arm_timer(scheduler_->timer_fd, kCallerGrace);
+  }
   scheduler_->queue.push_back(std::move(task));
-  // The worker runs it unless a caller waits first (see Scheduler::help).
-  scheduler_->changed.notify_all();
   return work;
 }
 
 void TcpBackend::run_worker() {
   Scheduler& s = *scheduler_;
-  // Runs until shutdown; each round blocks until a task is queued and no
-  // other thread holds the turn.
-  std::unique_lock<std::mutex> lock(s.mutex);
+  pollfd watched[2] = {{s.timer_fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  // Runs until shutdown; each round sleeps in poll until the timer says a
+  // task has waited its grace, or the backend shuts down.
   while (true) {
-    s.changed.wait(
-        lock, [&] { return s.stopping || (!s.running && !s.queue.empty()); });
-    if (s.stopping) return;
-    const auto due = s.queue.front()->queued_at + kCallerGrace;
-    if (detail::Clock::now() < due) {
-      // A timed sleep, then look again: the caller may have taken it.
-      s.changed.wait_until(lock, due);
-      continue;
+    if (::poll(watched, 2, -1) < 0 && errno != EINTR) return;
+    if (watched[1].revents != 0) return;
+    std::uint64_t expirations;
+    (void)!read(s.timer_fd, &expirations, sizeof(expirations));
+    std::unique_lock<std::mutex> lock(s.mutex);
+    while (!s.stopping && !s.running && !s.queue.empty()) {
+      const auto due = s.queue.front()->queued_at + kCallerGrace;
+      const auto now = detail::Clock::now();
+      if (now < due) {
+        arm_timer(s.timer_fd, due - now);
+        break;
+      }
+      std::unique_ptr<Task> task = std::move(s.queue.front());
+      s.queue.pop_front();
+      s.running = true;
+      lock.unlock();
+      execute(*task);
+      lock.lock();
+      s.running = false;
+      s.changed.notify_all();
     }
-    std::unique_ptr<Task> task = std::move(s.queue.front());
-    s.queue.pop_front();
-    s.running = true;
-    lock.unlock();
-    execute(*task);
-    lock.lock();
-    s.running = false;
-    s.changed.notify_all();
+    if (s.stopping) return;
   }
 }
 

@@ -472,20 +472,23 @@ TEST_CASE("every collective x every dtype x every valid op, world sizes 1 to 8",
       const int me = group.rank();
       for (std::int64_t count : {0, 1, 13, 1003}) {
         for (DType dtype : comm::kAllDTypes) {
-          const std::string what = std::string(comm::dtype_name(dtype)) + " x " +
-                                   std::to_string(count) + ", world " +
+          const std::string what = std::string(comm::dtype_name(dtype)) +
+                                   " x " + std::to_string(count) + ", world " +
                                    std::to_string(world);
           for (int root = 0; root < world; ++root) {
-            Tensor b = me == root ? pattern(count, dtype, root) : Tensor::zeros({count}, dtype);
+            Tensor b = me == root ? pattern(count, dtype, root)
+                                  : Tensor::zeros({count}, dtype);
             group.broadcast(b, {root})->wait();
-            expect(same_bytes(b, pattern(count, dtype, root)), "broadcast " + what);
+            expect(same_bytes(b, pattern(count, dtype, root)),
+                   "broadcast " + what);
             for (ReduceOp op : comm::kAllReduceOps) {
               if (!valid(op, dtype)) continue;
               Tensor r = contribution(me, count, dtype, op);
               group.reduce(r, {root, op})->wait();
               if (me == root) {
                 expect(same_bytes(r, reference(world, count, dtype, op)),
-                       std::string("reduce ") + comm::reduce_op_name(op) + " " + what);
+                       std::string("reduce ") + comm::reduce_op_name(op) + " " +
+                           what);
               }
             }
             std::vector<Tensor> gathered, parts;
@@ -497,30 +500,37 @@ TEST_CASE("every collective x every dtype x every valid op, world sizes 1 to 8",
             }
             group.gather(gathered, pattern(count, dtype, me), {root})->wait();
             for (int q = 0; q < static_cast<int>(gathered.size()); ++q) {
-              expect(same_bytes(gathered[q], pattern(count, dtype, q)), "gather " + what);
+              expect(same_bytes(gathered[q], pattern(count, dtype, q)),
+                     "gather " + what);
             }
             Tensor part = Tensor::zeros({count}, dtype);
             group.scatter(part, parts, {root})->wait();
-            expect(same_bytes(part, pattern(count, dtype, me + 3 * root)), "scatter " + what);
+            expect(same_bytes(part, pattern(count, dtype, me + 3 * root)),
+                   "scatter " + what);
           }
           std::vector<Tensor> everyone;
-          for (int q = 0; q < world; ++q) everyone.push_back(Tensor::zeros({count}, dtype));
+          for (int q = 0; q < world; ++q)
+            everyone.push_back(Tensor::zeros({count}, dtype));
           group.all_gather(everyone, pattern(count, dtype, me))->wait();
           for (int q = 0; q < world; ++q) {
-            expect(same_bytes(everyone[q], pattern(count, dtype, q)), "all_gather " + what);
+            expect(same_bytes(everyone[q], pattern(count, dtype, q)),
+                   "all_gather " + what);
           }
           for (ReduceOp op : comm::kAllReduceOps) {
             if (!valid(op, dtype)) continue;
             std::vector<Tensor> inputs;
-            for (int q = 0; q < world; ++q) inputs.push_back(contribution(me, count, dtype, op));
+            for (int q = 0; q < world; ++q)
+              inputs.push_back(contribution(me, count, dtype, op));
             Tensor out = Tensor::zeros({count}, dtype);
             group.reduce_scatter(out, inputs, {op})->wait();
             expect(same_bytes(out, reference(world, count, dtype, op)),
-                   std::string("reduce_scatter ") + comm::reduce_op_name(op) + " " + what);
+                   std::string("reduce_scatter ") + comm::reduce_op_name(op) +
+                       " " + what);
           }
           Tensor send = Tensor::empty({count * world}, dtype);
           for (int q = 0; q < world; ++q) {
-            send.slice(q * count, (q + 1) * count).copy_(pattern(count, dtype, me * 8 + q));
+            send.slice(q * count, (q + 1) * count)
+                .copy_(pattern(count, dtype, me * 8 + q));
           }
           Tensor got = Tensor::zeros({count * world}, dtype);
           group.all_to_all(got, send)->wait();
