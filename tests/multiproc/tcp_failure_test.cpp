@@ -72,6 +72,29 @@ bool wait_readable(int fd, std::chrono::milliseconds timeout) {
   return poll(&entry, 1, static_cast<int>(timeout.count())) == 1;
 }
 
+// `world` looping ranks over tcp:// on loopback; the constructor returns
+// once rank 0 has finished its first all_reduce.
+struct LoopingJob {
+  std::vector<std::unique_ptr<ChildProcess>> ranks;
+  int started[2] = {-1, -1};
+
+  LoopingJob(int world, int victim, std::chrono::milliseconds op_timeout) {
+    const std::string url = "tcp://127.0.0.1:" +
+                            std::to_string(comm::detail::free_loopback_port()) +
+                            "?world_size=" + std::to_string(world);
+    REQUIRE(pipe(started) == 0);
+    for (int rank = 0; rank < world; ++rank) {
+      ranks.push_back(
+          looping_rank(url, rank, world, victim, started[1], op_timeout));
+    }
+    REQUIRE(wait_readable(started[0], 60s));
+  }
+  ~LoopingJob() {
+    close(started[0]);
+    close(started[1]);
+  }
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -79,16 +102,8 @@ TEST_CASE(
     "[tcp][multiproc][failure]") {
   const int world = 4;
   const int victim = 2;
-  const std::string url =
-      "tcp://127.0.0.1:" + std::to_string(comm::detail::free_loopback_port());
-  int started[2];
-  REQUIRE(pipe(started) == 0);
-  std::vector<std::unique_ptr<ChildProcess>> ranks;
-  for (int rank = 0; rank < world; ++rank) {
-    ranks.push_back(looping_rank(url + "?world_size=" + std::to_string(world),
-                                 rank, world, victim, started[1], 60s));
-  }
-  REQUIRE(wait_readable(started[0], 60s));
+  LoopingJob job(world, victim, 60s);
+  auto& ranks = job.ranks;
   std::this_thread::sleep_for(50ms);  // well inside a later all_reduce
   ranks[victim]->kill(SIGKILL);
   const auto killed = std::chrono::steady_clock::now();
@@ -98,24 +113,14 @@ TEST_CASE(
     CHECK(ranks[rank]->wait(5s) == kPeerErrorNamingVictim);
   }
   CHECK(std::chrono::steady_clock::now() - killed < 5s + 500ms);
-  close(started[0]);
-  close(started[1]);
 }
 
 TEST_CASE("a stopped rank makes the others time out naming it",
           "[tcp][multiproc][failure]") {
   const int world = 3;
   const int victim = 2;
-  const std::string url =
-      "tcp://127.0.0.1:" + std::to_string(comm::detail::free_loopback_port());
-  int started[2];
-  REQUIRE(pipe(started) == 0);
-  std::vector<std::unique_ptr<ChildProcess>> ranks;
-  for (int rank = 0; rank < world; ++rank) {
-    ranks.push_back(looping_rank(url + "?world_size=" + std::to_string(world),
-                                 rank, world, victim, started[1], 2s));
-  }
-  REQUIRE(wait_readable(started[0], 60s));
+  LoopingJob job(world, victim, 2s);
+  auto& ranks = job.ranks;
   ranks[victim]->kill(SIGSTOP);
   for (int rank = 0; rank < world; ++rank) {
     if (rank == victim) continue;
@@ -123,8 +128,6 @@ TEST_CASE("a stopped rank makes the others time out naming it",
     CHECK(ranks[rank]->wait(15s) == kTimeoutNamingVictim);
   }
   ranks[victim]->kill(SIGKILL);
-  close(started[0]);
-  close(started[1]);
 }
 
 TEST_CASE("a rank blocked in a barrier uses almost no CPU",

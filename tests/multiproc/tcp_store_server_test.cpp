@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_protocol.h"
@@ -293,18 +294,10 @@ TEST_CASE("a protocol version mismatch is clear on both sides",
 TEST_CASE("connecting to nothing times out naming host and port",
           "[tcp_store][multiproc]") {
   // A port that was just free: nobody listens there.
-  const int probe = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length);
-  close(probe);
-  auto options = client_options(ntohs(address.sin_port));
+  const std::uint16_t port = comm::detail::free_loopback_port();
+  auto options = client_options(port);
   options.timeout = 500ms;
-  CHECK_THROWS_WITH(
-      comm::TCPStore(options),
-      Catch::Contains("127.0.0.1:" + std::to_string(ntohs(address.sin_port))) &&
-          Catch::Contains("attempts"));
+  CHECK_THROWS_WITH(comm::TCPStore(options),
+                    Catch::Contains("127.0.0.1:" + std::to_string(port)) &&
+                        Catch::Contains("attempts"));
 }
