@@ -20,7 +20,9 @@ void expect(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error(what);
 }
 
-float first(const Tensor& cuda) { return cuda.to(Device::cpu()).data<float>()[0]; }
+float first(const Tensor& cuda) {
+  return cuda.to(Device::cpu()).data<float>()[0];
+}
 float last(const Tensor& cuda) {
   Tensor host = cuda.to(Device::cpu());
   return host.data<float>()[host.numel() - 1];
@@ -45,12 +47,16 @@ TEST_CASE("collectives and point-to-point on CUDA tensors", "[gpu][tcp]") {
 
         Tensor r = Tensor::full({count}, 2.0, DType::kF32, gpu);
         group.reduce(r, {0, comm::ReduceOp::kProduct})->wait();
-        if (me == 0) expect(first(r) == static_cast<float>(1 << world), "reduce");
+        if (me == 0)
+          expect(first(r) == static_cast<float>(1 << world), "reduce");
 
         std::vector<Tensor> outputs;
-        for (int q = 0; q < world; ++q) outputs.push_back(Tensor::zeros({count}, DType::kF32, gpu));
-        group.all_gather(outputs, Tensor::full({count}, me, DType::kF32, gpu))->wait();
-        for (int q = 0; q < world; ++q) expect(last(outputs[q]) == q, "all_gather");
+        for (int q = 0; q < world; ++q)
+          outputs.push_back(Tensor::zeros({count}, DType::kF32, gpu));
+        group.all_gather(outputs, Tensor::full({count}, me, DType::kF32, gpu))
+            ->wait();
+        for (int q = 0; q < world; ++q)
+          expect(last(outputs[q]) == q, "all_gather");
 
         const int right = (me + 1) % world;
         const int left = (me + world - 1) % world;
