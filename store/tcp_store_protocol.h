@@ -118,8 +118,6 @@ class FrameReader {
     return buffer_.data() + start_ + kLengthSize;
   }
   std::size_t payload_size() const { return payload_size_; }
-  // Bytes held but not yet returned as frames.
-  std::size_t buffered() const { return buffer_.size() - start_; }
 
  private:
   Bytes buffer_;

@@ -162,34 +162,13 @@ void Exchange::run() {
 }
 
 void Exchange::progress_send(Transfer& t) {
-  detail::Socket& socket = mesh_.socket(t.peer, Channel::kCollective);
-  while (!t.done()) {
-    iovec parts[2];
-    int count = 0;
-    if (t.header_done < MessageHeader::kWireSize) {
-      parts[count++] = {t.header + t.header_done,
-                        MessageHeader::kWireSize - t.header_done};
-    }
-    if (t.payload_done < t.bytes) {
-      parts[count++] = {t.data + t.payload_done, t.bytes - t.payload_done};
-    }
-    msghdr message{};
-    message.msg_iov = parts;
-    message.msg_iovlen = static_cast<std::size_t>(count);
-    const ssize_t n =
-        ::sendmsg(socket.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (would_block(errno)) return;
-      throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
-                                  " failed while sending " + call_.describe() +
-                                  ": " + std::system_category().message(errno) +
-                                  " (did it exit or crash?)");
-    }
-    std::size_t moved = static_cast<std::size_t>(n);
-    const std::size_t to_header =
-        std::min(moved, MessageHeader::kWireSize - t.header_done);
-    t.header_done += to_header;
-    t.payload_done += moved - to_header;
+  const int fd = mesh_.socket(t.peer, Channel::kCollective).fd();
+  if (send_message(fd, t.header, t.header_done, t.data, t.bytes,
+                   t.payload_done) < 0) {
+    throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
+                                " failed while sending " + call_.describe() +
+                                ": " + std::system_category().message(errno) +
+                                " (did it exit or crash?)");
   }
 }
 

@@ -1,5 +1,10 @@
 #include "backends/tcp/message_header.h"
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 namespace comm::tcp {
@@ -95,6 +100,38 @@ bool MessageHeader::decode(const std::uint8_t* in) {
   take<std::uint32_t>(in);
   payload_bytes = take<std::uint64_t>(in);
   return true;
+}
+
+int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
+                 const std::uint8_t* data, std::size_t bytes,
+                 std::size_t& payload_done) {
+  // Bounded: every round moves bytes or returns.
+  while (header_done < MessageHeader::kWireSize || payload_done < bytes) {
+    iovec parts[2];
+    int count = 0;
+    if (header_done < MessageHeader::kWireSize) {
+      parts[count++] = {const_cast<std::uint8_t*>(header) + header_done,
+                        MessageHeader::kWireSize - header_done};
+    }
+    if (payload_done < bytes) {
+      parts[count++] = {const_cast<std::uint8_t*>(data) + payload_done,
+                        bytes - payload_done};
+    }
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = static_cast<std::size_t>(count);
+    const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
+    }
+    const auto moved = static_cast<std::size_t>(n);
+    const std::size_t to_header =
+        std::min(moved, MessageHeader::kWireSize - header_done);
+    header_done += to_header;
+    payload_done += moved - to_header;
+  }
+  return 1;
 }
 
 }  // namespace comm::tcp

@@ -5,6 +5,7 @@
 // exactly how the two calls differ instead of misreading the bytes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -57,5 +58,13 @@ struct MessageHeader {
   // collective, dtype or op.
   bool decode(const std::uint8_t* in);
 };
+
+// Sends, without blocking, as much as `fd` takes of header[header_done,
+// kWireSize) followed by data[payload_done, bytes), in one sendmsg per
+// round, advancing both counts. Returns 1 once everything is sent, 0 when
+// the socket would block, and -1 with errno set when sending failed.
+int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
+                 const std::uint8_t* data, std::size_t bytes,
+                 std::size_t& payload_done);
 
 }  // namespace comm::tcp

@@ -208,38 +208,17 @@ void PointToPoint::fail_peer(int peer, const std::exception_ptr& error) {
 }
 
 void PointToPoint::progress_send(int peer) {
-  detail::Socket& socket = mesh_.socket(peer, Channel::kPointToPoint);
+  const int fd = mesh_.socket(peer, Channel::kPointToPoint).fd();
   while (!sends_[peer].empty()) {
     Operation& op = *sends_[peer].front();
-    while (op.header_done < MessageHeader::kWireSize ||
-           op.payload_done < op.bytes) {
-      iovec parts[2];
-      int count = 0;
-      if (op.header_done < MessageHeader::kWireSize) {
-        parts[count++] = {op.header + op.header_done,
-                          MessageHeader::kWireSize - op.header_done};
-      }
-      if (op.payload_done < op.bytes) {
-        parts[count++] = {op.data + op.payload_done,
-                          op.bytes - op.payload_done};
-      }
-      msghdr message{};
-      message.msg_iov = parts;
-      message.msg_iovlen = static_cast<std::size_t>(count);
-      const ssize_t n =
-          sendmsg(socket.fd(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (would_block(errno)) return;
-        throw PeerError(
-            peer, "sending to " + mesh_.peer_name(peer) +
-                      " failed: " + std::system_category().message(errno) +
-                      " (did it exit or crash?)");
-      }
-      const auto moved = static_cast<std::size_t>(n);
-      const std::size_t to_header =
-          std::min(moved, MessageHeader::kWireSize - op.header_done);
-      op.header_done += to_header;
-      op.payload_done += moved - to_header;
+    const int sent = send_message(fd, op.header, op.header_done, op.data,
+                                  op.bytes, op.payload_done);
+    if (sent == 0) return;
+    if (sent < 0) {
+      throw PeerError(peer,
+                      "sending to " + mesh_.peer_name(peer) +
+                          " failed: " + std::system_category().message(errno) +
+                          " (did it exit or crash?)");
     }
     complete(sends_[peer].front(), nullptr, -1);
     sends_[peer].pop_front();

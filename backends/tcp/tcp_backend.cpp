@@ -605,6 +605,22 @@ std::shared_ptr<Work> TcpBackend::barrier(const BarrierOptions& options) {
                  [](CollectiveContext& ctx) { tcp::barrier(ctx); });
 }
 
+std::shared_ptr<Work> TcpBackend::point_to_point_work(const char* kind,
+                                                      const Tensor& tensor,
+                                                      int tag,
+                                                      const std::string& peer) {
+  std::uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(scheduler_->mutex);
+    check_open();
+    id = next_p2p_++;
+  }
+  return std::make_shared<Work>(std::string(kind) + " #" + std::to_string(id) +
+                                " (" + dtype_name(tensor.dtype()) + " x " +
+                                std::to_string(tensor.numel()) + ", tag " +
+                                std::to_string(tag) + ") " + peer);
+}
+
 std::shared_ptr<Work> TcpBackend::send(const Tensor& tensor, int dst,
                                        const SendOptions& options) {
   check_tensor(tensor, "send");
@@ -613,16 +629,8 @@ std::shared_ptr<Work> TcpBackend::send(const Tensor& tensor, int dst,
                           " is not another rank of the group of " +
                           std::to_string(size()));
   }
-  std::uint64_t id;
-  {
-    std::lock_guard<std::mutex> lock(scheduler_->mutex);
-    check_open();
-    id = next_p2p_++;
-  }
-  auto work = std::make_shared<Work>(
-      "send #" + std::to_string(id) + " (" + dtype_name(tensor.dtype()) +
-      " x " + std::to_string(tensor.numel()) + ", tag " +
-      std::to_string(options.tag) + ") to rank " + std::to_string(dst));
+  auto work = point_to_point_work("send", tensor, options.tag,
+                                  "to rank " + std::to_string(dst));
   // A CUDA tensor is copied to the host now; the copy travels with the send.
   auto host = std::make_shared<Tensor>(on_host(tensor, true));
   p2p_->post_send(work, host, dst, options.tag, tensor.dtype(),
@@ -639,18 +647,10 @@ std::shared_ptr<Work> TcpBackend::recv(Tensor& tensor, int src,
                           " is not another rank of the group of " +
                           std::to_string(size()) + " (or kAnySource)");
   }
-  std::uint64_t id;
-  {
-    std::lock_guard<std::mutex> lock(scheduler_->mutex);
-    check_open();
-    id = next_p2p_++;
-  }
-  auto work = std::make_shared<Work>(
-      "recv #" + std::to_string(id) + " (" + dtype_name(tensor.dtype()) +
-      " x " + std::to_string(tensor.numel()) + ", tag " +
-      std::to_string(options.tag) + ") from " +
-      (src == kAnySource ? std::string("any rank")
-                         : "rank " + std::to_string(src)));
+  auto work = point_to_point_work("recv", tensor, options.tag,
+                                  src == kAnySource
+                                      ? std::string("from any rank")
+                                      : "from rank " + std::to_string(src));
   // A CUDA tensor receives into a host copy, copied over when it arrives.
   auto host = std::make_shared<Tensor>(on_host(tensor, false));
   std::function<void()> copy_back;

@@ -82,6 +82,11 @@ class COMM_API TcpBackend final : public Backend {
   void run_worker();
   // Runs one task, on whichever thread holds the scheduler's turn.
   void execute(Task& task);
+  // The Work of a send or receive, numbered in this rank's point-to-point
+  // order ("send #3 (float32 x 16, tag 0) to rank 1"). Throws when shut down.
+  std::shared_ptr<Work> point_to_point_work(const char* kind,
+                                            const Tensor& tensor, int tag,
+                                            const std::string& peer);
   void check_open() const;
   std::chrono::milliseconds resolve(OpTimeout timeout) const;
 
