@@ -99,6 +99,12 @@ void Exchange::recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
 }
 
 void Exchange::run() {
+  // Small steps usually finish here: the send fits in the socket buffer and
+  // the peer's message is often already in ours. Polling first would cost
+  // a system call, and often a sleep, for nothing.
+  for (Transfer& t : transfers_) {
+    if (!t.done()) progress(t);
+  }
   std::vector<pollfd> fds;
   std::vector<int> owner;  // per pollfd: transfer index, or -1 - peer (control)
   // Bounded by the deadline: every round waits in poll until a socket is
@@ -142,22 +148,25 @@ void Exchange::run() {
         read_control(-1 - owner[k]);
         continue;
       }
-      Transfer& t = transfers_[static_cast<std::size_t>(owner[k])];
-      try {
-        if (t.kind == Transfer::Kind::kSend) {
-          progress_send(t);
-        } else {
-          progress_recv(t);
-        }
-      } catch (const PeerError&) {
-        // A peer that failed first reports why on the control channel
-        // before it exits; its report names the real cause (the rank that
-        // died first), where our broken connection names only the
-        // messenger. Give the report a moment to arrive.
-        read_pending_control(std::chrono::milliseconds(50));
-        throw;
-      }
+      progress(transfers_[static_cast<std::size_t>(owner[k])]);
     }
+  }
+}
+
+void Exchange::progress(Transfer& t) {
+  try {
+    if (t.kind == Transfer::Kind::kSend) {
+      progress_send(t);
+    } else {
+      progress_recv(t);
+    }
+  } catch (const PeerError&) {
+    // A peer that failed first reports why on the control channel before
+    // it exits; its report names the real cause (the rank that died
+    // first), where our broken connection names only the messenger. Give
+    // the report a moment to arrive.
+    read_pending_control(std::chrono::milliseconds(50));
+    throw;
   }
 }
 

@@ -82,7 +82,8 @@ class Exchange {
   };
 
   void add(Transfer::Kind kind, int peer, void* data, std::size_t bytes);
-  // Moves bytes while the socket takes or gives them; false on EAGAIN.
+  // Moves bytes while the socket takes or gives them, until it would block.
+  void progress(Transfer& t);
   void progress_send(Transfer& t);
   void progress_recv(Transfer& t);
   void check_header(const Transfer& t);

@@ -58,14 +58,17 @@ void arm_timer(int timer, std::chrono::nanoseconds delay) {
 // the turn (`running`), so tasks run one after another in issue order,
 // whether the worker or a waiting caller runs them.
 //
-// The worker is woken by a timer, not by every enqueue: a task that goes
-// into an empty queue arms the timer for kCallerGrace, and a caller that
-// empties the queue disarms it. A caller that waits at once so costs no
-// thread wake-up at all; work nobody waits on is started by the timer.
+// The worker is woken by a timer, not by every enqueue, and the timer is
+// armed lazily: a task that finds it idle arms it for kCallerGrace, and
+// nobody disarms it. A caller that waits at once runs its task itself, so
+// a stream of waited-on calls costs one timer arm and one worker wake-up
+// per grace period rather than two system calls and a thread hand-off per
+// call; work nobody waits on is started when the timer fires.
 struct TcpBackend::Scheduler {
   std::mutex mutex;
   std::condition_variable changed;  // `running` went false
   int timer_fd = -1;
+  bool timer_armed = false;  // set until the worker has seen it fire
   std::deque<std::unique_ptr<Task>> queue;
   std::uint64_t next_sequence = 0;
   bool running = false;
@@ -73,6 +76,14 @@ struct TcpBackend::Scheduler {
   std::exception_ptr broken;  // the first failure; collectives refuse after it
   // Runs a task; set by the backend, never called once `stopping` is set.
   std::function<void(Task&)> execute;
+
+  // Makes sure the worker looks at the queue within kCallerGrace. Called
+  // with `mutex` held.
+  void wake_worker_later() {
+    if (timer_armed) return;
+    arm_timer(timer_fd, kCallerGrace);
+    timer_armed = true;
+  }
 
   // Runs queued tasks on the calling thread until `target` completes,
   // unless another thread holds the turn (then the caller just waits).
@@ -88,11 +99,8 @@ struct TcpBackend::Scheduler {
       running = false;
       changed.notify_all();
     }
-    // Hand what is left to the worker, or tell it there is nothing.
-    if (!running && !stopping) {
-      arm_timer(timer_fd,
-                queue.empty() ? std::chrono::nanoseconds(0) : kCallerGrace);
-    }
+    // Whatever is left belongs to the worker.
+    if (!stopping && !queue.empty()) wake_worker_later();
   }
 };
 
@@ -234,10 +242,8 @@ std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
     if (auto alive = scheduler.lock()) alive->help(work);
   });
   auto work = task->work;
-  if (scheduler_->queue.empty() && !scheduler_->running) {
-    arm_timer(scheduler_->timer_fd, kCallerGrace);
-  }
   scheduler_->queue.push_back(std::move(task));
+  scheduler_->wake_worker_later();
   return work;
 }
 
@@ -252,11 +258,13 @@ void TcpBackend::run_worker() {
     std::uint64_t expirations;
     (void)!read(s.timer_fd, &expirations, sizeof(expirations));
     std::unique_lock<std::mutex> lock(s.mutex);
+    s.timer_armed = false;
     while (!s.stopping && !s.running && !s.queue.empty()) {
       const auto due = s.queue.front()->queued_at + kCallerGrace;
       const auto now = detail::Clock::now();
       if (now < due) {
         arm_timer(s.timer_fd, due - now);
+        s.timer_armed = true;
         break;
       }
       std::unique_ptr<Task> task = std::move(s.queue.front());
