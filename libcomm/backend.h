@@ -69,7 +69,8 @@ class COMM_API Backend {
       Tensor& output, const std::vector<Tensor>& inputs,
       const ReduceScatterOptions& options) = 0;
   // Rows of `input` go to each rank in order, and rows from each rank fill
-  // `output` in order; see AllToAllOptions for the split sizes.
+  // `output` in order; see AllToAllOptions for the split sizes. `output`
+  // may be `input` itself (in place).
   virtual std::shared_ptr<Work> all_to_all(Tensor& output, const Tensor& input,
                                            const AllToAllOptions& options) = 0;
   // Completes once every rank has entered the barrier.

@@ -156,6 +156,14 @@ void from_host(Tensor& tensor, const Tensor& host) {
   if (!tensor.device().is_cpu()) tensor.copy_(host);
 }
 
+// Whether two host tensors share any byte.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto* a_begin = static_cast<const std::uint8_t*>(a.data_ptr());
+  const auto* b_begin = static_cast<const std::uint8_t*>(b.data_ptr());
+  return a.nbytes() > 0 && b.nbytes() > 0 && a_begin < b_begin + b.nbytes() &&
+         b_begin < a_begin + a.nbytes();
+}
+
 std::uint8_t* bytes_of(const Tensor& tensor) {
   return static_cast<std::uint8_t*>(tensor.data_ptr());
 }
@@ -601,6 +609,10 @@ std::shared_ptr<Work> TcpBackend::all_to_all(Tensor& output,
                   recv_bytes](CollectiveContext& ctx) mutable {
                    Tensor in = on_host(input, true);
                    Tensor out = on_host(output, false);
+                   // In place (one buffer for both), a block received
+                   // early would overwrite one not yet sent: send from a
+                   // copy.
+                   if (overlaps(in, out)) in = in.clone();
                    tcp::all_to_all(ctx, bytes_of(in), send_offsets, send_bytes,
                                    bytes_of(out), recv_offsets, recv_bytes);
                    from_host(output, out);

@@ -259,7 +259,7 @@ TEST_CASE("reduce_scatter, out of place and in place",
   }
 }
 
-TEST_CASE("all_to_all with equal and uneven splits", "[tcp][all_to_all]") {
+TEST_CASE("all_to_all with equal and uneven splits, and in place", "[tcp][all_to_all]") {
   for (int world : {1, 2, 3, 5}) {
     auto errors = run_ranks(world, [&](ProcessGroup& group) {
       const int me = group.rank();
@@ -276,6 +276,14 @@ TEST_CASE("all_to_all with equal and uneven splits", "[tcp][all_to_all]") {
         expect(output.data<std::int64_t>()[row * 2] == row / k &&
                    output.data<std::int64_t>()[row * 2 + 1] == me,
                "all_to_all equal splits");
+      }
+      // In place: one buffer is both input and output.
+      Tensor both = input.clone();
+      group.all_to_all(both, both)->wait();
+      for (std::int64_t row = 0; row < k * world; ++row) {
+        expect(both.data<std::int64_t>()[row * 2] == row / k &&
+                   both.data<std::int64_t>()[row * 2 + 1] == me,
+               "all_to_all in place");
       }
       // Uneven: rank r sends r + p + 1 rows to rank p.
       comm::AllToAllOptions options;

@@ -1,0 +1,45 @@
+// all_reduce_perf: every rank ends with the reduction of every rank's
+// buffer. The API works in place, so out of place copies the input into the
+// output first.
+#include "bench/harness/collective.h"
+
+namespace comm::bench {
+namespace {
+
+class AllReduce final : public Collective {
+ public:
+  const char* name() const override { return "all_reduce"; }
+  bool uses_op() const override { return true; }
+  double bus_factor(int world) const override {
+    return 2.0 * (world - 1) / world;
+  }
+  void prepare(Case& c) const override {
+    Tensor input = filled(c.count, c.dtype, c.device, [&](std::size_t i) {
+      return input_value(c.dtype, c.op, c.rank, i);
+    });
+    c.inputs = {input};
+    if (c.in_place) {
+      c.outputs = {input};
+    } else {
+      c.source = input;
+      c.outputs = {Tensor::zeros(input.shape(), c.dtype, c.device)};
+    }
+  }
+  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
+                                           Case& c) const override {
+    if (c.source.defined()) c.outputs[0].copy_(c.source);
+    return {group.all_reduce(c.outputs[0], {.op = c.op})};
+  }
+  double expected(const Case& c, std::size_t index) const override {
+    return reduced_value(c.dtype, c.op, c.world, index);
+  }
+};
+
+}  // namespace
+
+const Collective& all_reduce_collective() {
+  static const AllReduce instance;
+  return instance;
+}
+
+}  // namespace comm::bench

@@ -1,0 +1,44 @@
+// alltoall_perf: rank r sends its block p to rank p and receives rank p's
+// block r into its block p. In place, input and output are one buffer.
+#include "bench/harness/collective.h"
+
+namespace comm::bench {
+namespace {
+
+class AllToAll final : public Collective {
+ public:
+  const char* name() const override { return "alltoall"; }
+  bool size_is_total() const override { return true; }
+  double bus_factor(int world) const override {
+    return static_cast<double>(world - 1) / world;
+  }
+  void prepare(Case& c) const override {
+    const auto total = static_cast<std::int64_t>(c.count) * c.world;
+    Tensor input = Tensor::empty({total}, c.dtype, c.device);
+    fill(input, [&](std::size_t i) {
+      return input_value(c.dtype, c.op, c.rank, i);
+    });
+    c.inputs = {input};
+    c.outputs = {c.in_place ? input
+                            : Tensor::zeros({total}, c.dtype, c.device)};
+  }
+  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
+                                           Case& c) const override {
+    return {group.all_to_all(c.outputs[0], c.inputs[0])};
+  }
+  double expected(const Case& c, std::size_t index) const override {
+    const auto from = static_cast<int>(index / c.count);
+    return input_value(c.dtype, c.op, from,
+                       static_cast<std::size_t>(c.rank) * c.count +
+                           index % c.count);
+  }
+};
+
+}  // namespace
+
+const Collective& alltoall_collective() {
+  static const AllToAll instance;
+  return instance;
+}
+
+}  // namespace comm::bench

@@ -1,0 +1,47 @@
+// broadcast_perf: the root's buffer reaches every rank. The API works in
+// place, so out of place copies the input into the output first.
+#include <cmath>
+
+#include "bench/harness/collective.h"
+
+namespace comm::bench {
+namespace {
+
+class Broadcast final : public Collective {
+ public:
+  const char* name() const override { return "broadcast"; }
+  bool uses_root() const override { return true; }
+  double bus_factor(int) const override { return 1.0; }
+  void prepare(Case& c) const override {
+    // Non-roots start from zeros, so that a rank the data never reached
+    // shows up as wrong.
+    const bool root = c.rank == c.root;
+    Tensor input = filled(c.count, c.dtype, c.device, [&](std::size_t i) {
+      return root ? input_value(c.dtype, c.op, c.root, i) : 0.0;
+    });
+    c.inputs = {input};
+    if (c.in_place) {
+      c.outputs = {input};
+    } else {
+      c.source = input;
+      c.outputs = {Tensor::zeros(input.shape(), c.dtype, c.device)};
+    }
+  }
+  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
+                                           Case& c) const override {
+    if (c.source.defined()) c.outputs[0].copy_(c.source);
+    return {group.broadcast(c.outputs[0], {.root = c.root})};
+  }
+  double expected(const Case& c, std::size_t index) const override {
+    return input_value(c.dtype, c.op, c.root, index);
+  }
+};
+
+}  // namespace
+
+const Collective& broadcast_collective() {
+  static const Broadcast instance;
+  return instance;
+}
+
+}  // namespace comm::bench

@@ -1,0 +1,47 @@
+// reduce_perf: the root ends with the reduction of every rank's buffer;
+// only the root's result is checked. The API works in place, so out of
+// place copies the input into the output first.
+#include <limits>
+
+#include "bench/harness/collective.h"
+
+namespace comm::bench {
+namespace {
+
+class Reduce final : public Collective {
+ public:
+  const char* name() const override { return "reduce"; }
+  bool uses_op() const override { return true; }
+  bool uses_root() const override { return true; }
+  double bus_factor(int) const override { return 1.0; }
+  void prepare(Case& c) const override {
+    Tensor input = filled(c.count, c.dtype, c.device, [&](std::size_t i) {
+      return input_value(c.dtype, c.op, c.rank, i);
+    });
+    c.inputs = {input};
+    if (c.in_place) {
+      c.outputs = {input};
+    } else {
+      c.source = input;
+      c.outputs = {Tensor::zeros(input.shape(), c.dtype, c.device)};
+    }
+  }
+  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
+                                           Case& c) const override {
+    if (c.source.defined()) c.outputs[0].copy_(c.source);
+    return {group.reduce(c.outputs[0], {.root = c.root, .op = c.op})};
+  }
+  double expected(const Case& c, std::size_t index) const override {
+    if (c.rank != c.root) return std::numeric_limits<double>::quiet_NaN();
+    return reduced_value(c.dtype, c.op, c.world, index);
+  }
+};
+
+}  // namespace
+
+const Collective& reduce_collective() {
+  static const Reduce instance;
+  return instance;
+}
+
+}  // namespace comm::bench

@@ -1,0 +1,47 @@
+// sendrecv_perf: each rank sends its buffer to the next rank and receives
+// the previous rank's, both at once (isend and irecv), as nccl-tests'
+// sendrecv does. There is no in-place form: a buffer cannot be sent and
+// received into at the same time. With one rank, the rank is its own
+// neighbour and the "transfer" is a local copy.
+#include "bench/harness/collective.h"
+
+namespace comm::bench {
+namespace {
+
+class SendRecv final : public Collective {
+ public:
+  const char* name() const override { return "sendrecv"; }
+  bool has_in_place() const override { return false; }
+  double bus_factor(int) const override { return 1.0; }
+  void prepare(Case& c) const override {
+    c.inputs = {filled(c.count, c.dtype, c.device, [&](std::size_t i) {
+      return input_value(c.dtype, c.op, c.rank, i);
+    })};
+    c.outputs = {Tensor::zeros(c.inputs[0].shape(), c.dtype, c.device)};
+  }
+  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
+                                           Case& c) const override {
+    if (c.world == 1) {
+      c.outputs[0].copy_(c.inputs[0]);
+      return {};
+    }
+    const int next = (c.rank + 1) % c.world;
+    const int previous = (c.rank + c.world - 1) % c.world;
+    auto received = group.irecv(c.outputs[0], previous);
+    auto sent = group.isend(c.inputs[0], next);
+    return {received, sent};
+  }
+  double expected(const Case& c, std::size_t index) const override {
+    return input_value(c.dtype, c.op, (c.rank + c.world - 1) % c.world,
+                       index);
+  }
+};
+
+}  // namespace
+
+const Collective& sendrecv_collective() {
+  static const SendRecv instance;
+  return instance;
+}
+
+}  // namespace comm::bench

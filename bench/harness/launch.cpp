@@ -1,0 +1,271 @@
+#include "bench/harness/launch.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "bench/harness/runner.h"
+#include "libcomm/cuda.h"
+#include "libcomm/detail/socket.h"
+#include "libcomm/error.h"
+#include "libcomm/process_group.h"
+#include "libcomm/reduce_kernels.h"
+#include "libcomm/rendezvous.h"
+#include "store/hash_store.h"
+#include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
+
+namespace comm::bench {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+int env_int(const char* name) {
+  const std::string text = *env(name);
+  try {
+    std::size_t used = 0;
+    const int value = std::stoi(text, &used);
+    if (used == text.size() && value >= 0) return value;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(std::string(name) + " is '" + text +
+                   "', not a non-negative integer");
+}
+
+std::string job_store_path(const std::string& job) {
+  const std::string dir = env("TMPDIR").value_or("/tmp");
+  return dir + "/libcomm-bench-" + job;
+}
+
+Device device_for(const Options& options, int local_rank) {
+  if (options.device == "cpu") return Device::cpu();
+  const int count = cuda_device_count();
+  if (count <= 0) {
+    throw InvalidArgument(
+        "--device cuda: no CUDA device is visible" +
+        std::string(built_with_cuda() ? ""
+                                      : " (libcomm was built without CUDA)"));
+  }
+  return Device::cuda(local_rank % count);
+}
+
+// One rank's run on an established store. Returns its exit status.
+int run_rank(const Collective& collective, const Options& options,
+             const std::string& program, std::shared_ptr<Store> store,
+             int rank, int world, int local_rank) {
+  const Device device = device_for(options, local_rank);
+  ProcessGroup group(std::move(store), rank, world, options.backend,
+                     options.timeout);
+  Report report =
+      run_benchmark(collective, options, group, device, stdout);
+  if (rank == 0 && !options.json_path.empty()) {
+    write_json(options.json_path, program, collective, options, world, report);
+  }
+  group.barrier()->wait();
+  group.shutdown();
+  return report.wrong == 0 ? 0 : 1;
+}
+
+int report_failure(const std::string& program, int rank, const char* what) {
+  std::fprintf(stderr, "%s: rank %d: %s\n", program.c_str(), rank, what);
+  return 1;
+}
+
+// -np: forks the ranks, then hosts their store. Forking comes first, so the
+// children start from a process with one thread.
+int spawn_ranks(const Collective& collective, const Options& options,
+                const std::string& program) {
+  const std::uint16_t port = detail::free_loopback_port();
+  std::fflush(nullptr);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < options.spawn; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      for (pid_t child : children) kill(child, SIGKILL);
+      throw SystemError(errno, "fork");
+    }
+    if (pid == 0) {
+      // A rank must not outlive the process that started it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      int code = 1;
+      try {
+        TCPStoreOptions store_options;
+        store_options.host = "127.0.0.1";
+        store_options.port = port;
+        store_options.timeout = options.timeout;
+        auto store = std::make_shared<TCPStore>(store_options);
+        join_ranks(*store, rank, options.spawn, options.timeout);
+        code = run_rank(collective, options, program, store, rank,
+                        options.spawn, rank);
+      } catch (const std::exception& e) {
+        code = report_failure(program, rank, e.what());
+      }
+      std::fflush(nullptr);
+      _exit(code);
+    }
+    children.push_back(pid);
+  }
+  std::optional<TCPStoreServer> server;
+  try {
+    server.emplace(TCPStoreServerOptions{.host = "127.0.0.1", .port = port});
+  } catch (const std::exception& e) {
+    for (pid_t child : children) kill(child, SIGKILL);
+    for (pid_t child : children) waitpid(child, nullptr, 0);
+    std::fprintf(stderr, "%s: could not host the ranks' store: %s\n",
+                 program.c_str(), e.what());
+    return 1;
+  }
+  // Wait for every rank. The first one to fail takes the others down: they
+  // would only wait for it until their timeout.
+  int status_code = 0;
+  std::size_t running = children.size();
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    --running;
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (ok || status_code != 0) continue;
+    status_code = 1;
+    const auto rank = std::find(children.begin(), children.end(), pid) -
+                      children.begin();
+    if (WIFSIGNALED(status)) {
+      std::fprintf(stderr, "%s: rank %ld was killed by signal %d (%s)\n",
+                   program.c_str(), static_cast<long>(rank), WTERMSIG(status),
+                   strsignal(WTERMSIG(status)));
+    }
+    for (pid_t child : children) {
+      if (child != pid) kill(child, SIGTERM);
+    }
+  }
+  return status_code;
+}
+
+// What can only be checked once the collective and the world size are
+// known: an op the dtype lacks, a root outside the group.
+void check_case_options(const Collective& collective, const Options& options,
+                        int world) {
+  if (collective.uses_op()) {
+    for (DType dtype : options.dtypes) {
+      for (ReduceOp op : options.ops) {
+        try {
+          check_reduce_op(op, dtype);
+        } catch (const InvalidArgument& e) {
+          throw UsageError(std::string("-d/-o: ") + e.what());
+        }
+      }
+    }
+  }
+  if (collective.uses_root() && !options.all_roots && options.root >= world) {
+    throw UsageError("-r " + std::to_string(options.root) +
+                     " is not a rank of the " + std::to_string(world) +
+                     "-rank group");
+  }
+}
+
+}  // namespace
+
+Placement detect_placement(const Options& options) {
+  Placement p;
+  std::optional<std::string> job;
+  bool single_host = false;
+  if (env("RANK") && env("WORLD_SIZE")) {
+    p.launcher = "env";
+    p.rank = env_int("RANK");
+    p.world = env_int("WORLD_SIZE");
+    p.local_rank = env("LOCAL_RANK") ? env_int("LOCAL_RANK") : p.rank;
+    p.init_method = "env://";
+  } else if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
+    p.launcher = "mpirun";
+    p.rank = env_int("OMPI_COMM_WORLD_RANK");
+    p.world = env_int("OMPI_COMM_WORLD_SIZE");
+    p.local_rank = env("OMPI_COMM_WORLD_LOCAL_RANK")
+                       ? env_int("OMPI_COMM_WORLD_LOCAL_RANK")
+                       : p.rank;
+    single_host = env("OMPI_COMM_WORLD_LOCAL_SIZE") &&
+                  env_int("OMPI_COMM_WORLD_LOCAL_SIZE") == p.world;
+    job = env("OMPI_MCA_ess_base_jobid");
+  } else if (env("SLURM_STEP_ID") && env("SLURM_PROCID") &&
+             env("SLURM_NTASKS")) {
+    p.launcher = "srun";
+    p.rank = env_int("SLURM_PROCID");
+    p.world = env_int("SLURM_NTASKS");
+    p.local_rank = env("SLURM_LOCALID") ? env_int("SLURM_LOCALID") : p.rank;
+    single_host = env("SLURM_NNODES") && env_int("SLURM_NNODES") == 1;
+    if (env("SLURM_JOB_ID"))
+      job = *env("SLURM_JOB_ID") + "." + *env("SLURM_STEP_ID");
+  }
+  if (p.launcher != "single" && options.spawn > 0) {
+    throw UsageError("-np starts local ranks itself; under " + p.launcher +
+                     " the launcher already started " +
+                     std::to_string(p.world) + " ranks, so drop -np");
+  }
+  if (options.spawn > 0) {
+    p.launcher = "spawn";
+    p.world = options.spawn;
+    return p;
+  }
+  if (p.launcher == "mpirun" || p.launcher == "srun") {
+    if (env("MASTER_ADDR") && env("MASTER_PORT")) {
+      p.init_method = "tcp://" + *env("MASTER_ADDR") + ":" +
+                      *env("MASTER_PORT");
+    } else if (single_host && job) {
+      p.init_method = "file://" + job_store_path(*job);
+    } else {
+      throw UsageError("under " + p.launcher +
+                       " across hosts, export MASTER_ADDR and MASTER_PORT "
+                       "(a host and free port of rank 0) so that the ranks "
+                       "can meet");
+    }
+  }
+  return p;
+}
+
+int bench_main(const Collective& collective, int argc, char** argv) {
+  const std::string program = std::string(collective.name()) + "_perf";
+  Options options;
+  Placement placement;
+  try {
+    options = parse_options(program,
+                            std::vector<std::string>(argv + 1, argv + argc));
+    placement = detect_placement(options);
+    check_case_options(collective, options, placement.world);
+  } catch (const HelpRequested& help) {
+    std::fputs(help.what(), stdout);
+    return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s\nRun '%s --help' for the options.\n",
+                 program.c_str(), e.what(), program.c_str());
+    return 2;
+  }
+  try {
+    if (placement.launcher == "spawn") {
+      return spawn_ranks(collective, options, program);
+    }
+    if (placement.launcher == "single") {
+      return run_rank(collective, options, program,
+                      std::make_shared<HashStore>(), 0, 1, 0);
+    }
+    RendezvousResult joined = rendezvous(placement.init_method, placement.rank,
+                                         placement.world, options.timeout);
+    return run_rank(collective, options, program, joined.store, joined.rank,
+                    joined.world_size, placement.local_rank);
+  } catch (const std::exception& e) {
+    return report_failure(program, placement.rank, e.what());
+  }
+}
+
+}  // namespace comm::bench

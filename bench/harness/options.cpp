@@ -1,0 +1,196 @@
+#include "bench/harness/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <limits>
+
+#include <CLI/CLI.hpp>
+
+#include "libcomm/error.h"
+
+namespace comm::bench {
+namespace {
+
+constexpr std::int64_t kMaxBytes = std::int64_t{1} << 40;
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+int parse_int(const std::string& flag, const std::string& text, int low,
+              int high) {
+  const std::int64_t value = parse_size(flag, text);
+  if (!std::all_of(text.begin(), text.end(),
+                   [](unsigned char c) { return std::isdigit(c); }) ||
+      value < low || value > high) {
+    throw UsageError(flag + " takes an integer from " + std::to_string(low) +
+                     " to " + std::to_string(high) + ", not '" + text + "'");
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+std::int64_t parse_size(const std::string& flag, const std::string& text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])))
+    ++digits;
+  std::int64_t scale = 1;
+  const std::string suffix = lower(text.substr(digits));
+  if (suffix == "k") {
+    scale = std::int64_t{1} << 10;
+  } else if (suffix == "m") {
+    scale = std::int64_t{1} << 20;
+  } else if (suffix == "g") {
+    scale = std::int64_t{1} << 30;
+  } else if (!suffix.empty()) {
+    digits = 0;  // not a size
+  }
+  if (digits == 0 || digits > 15) {
+    throw UsageError(flag + " takes a size in bytes with an optional K, M or G "
+                            "suffix (like 1024, 64K or 32M), not '" +
+                     text + "'");
+  }
+  const std::int64_t value = std::stoll(text.substr(0, digits)) * scale;
+  if (value > kMaxBytes) {
+    throw UsageError(flag + " " + text + " is larger than the 1T this "
+                            "benchmark allows");
+  }
+  return value;
+}
+
+std::vector<std::int64_t> Options::sizes() const {
+  std::vector<std::int64_t> sizes;
+  // Bounded: each step grows the size by at least one byte or a factor of 2,
+  // and parse_options caps the count.
+  for (std::int64_t size = min_bytes; size <= max_bytes;) {
+    sizes.push_back(size);
+    const std::int64_t next =
+        step_factor > 1 ? size * step_factor : size + step_bytes;
+    if (next <= size) break;
+    size = next;
+  }
+  return sizes;
+}
+
+Options parse_options(const std::string& program,
+                      const std::vector<std::string>& args) {
+  Options options;
+  CLI::App app{program + ": a libcomm collective's time and bandwidth, "
+                         "in the style of nccl-tests"};
+  app.set_help_flag("-h,--help", "print this help and exit");
+  std::string min_bytes = "32M", max_bytes = "32M", step_bytes = "1M";
+  std::string step_factor, iterations = "20", warmup = "5", check = "1";
+  std::string dtype = "float", op = "sum", root = "0", average = "1";
+  std::string blocking = "0", spawn, timeout = "300";
+  app.add_option("-b,--minbytes", min_bytes, "smallest size (default 32M)");
+  app.add_option("-e,--maxbytes", max_bytes, "largest size (default 32M)");
+  app.add_option("-i,--stepbytes", step_bytes,
+                 "fixed increment between sizes (default 1M)");
+  app.add_option("-f,--stepfactor", step_factor,
+                 "multiplication factor between sizes (replaces -i)");
+  app.add_option("-n,--iters", iterations, "timed iterations (default 20)");
+  app.add_option("-w,--warmup_iters", warmup,
+                 "untimed iterations before them (default 5)");
+  app.add_option("-c,--check", check,
+                 "checked runs per case, each counting wrong elements; 0 "
+                 "checks nothing (default 1)");
+  app.add_option("-d,--datatype", dtype,
+                 "float, half, bfloat16, double, int8, uint8, int32, int64 "
+                 "or all (default float)");
+  app.add_option("-o,--op", op,
+                 "sum, prod, min, max, avg or all (default sum)");
+  app.add_option("-r,--root", root, "root rank, or all (default 0)");
+  app.add_option("-a,--average", average,
+                 "how ranks' times combine: 0 rank 0, 1 mean, 2 min, 3 max "
+                 "(default 1)");
+  app.add_option("-z,--blocking", blocking,
+                 "1: wait for each operation before issuing the next "
+                 "(default 0)");
+  app.add_option("-J,--output_json", options.json_path,
+                 "also write the results to this JSON file (rank 0)");
+  app.add_option("--backend", options.backend, "tcp or nccl (default tcp)");
+  app.add_option("--device", options.device,
+                 "cpu or cuda (default: cuda for nccl, cpu otherwise)");
+  app.add_option("--np", spawn,
+                 "start this many local ranks (spelled -np, as in mpirun)");
+  app.add_option("--timeout", timeout,
+                 "seconds each operation may take (default 300)");
+
+  // nccl-tests and mpirun users type -np; CLI11's short options are one
+  // letter, so it is rewritten before parsing.
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  for (auto& arg : reversed) {
+    if (arg == "-np") arg = "--np";
+  }
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    throw HelpRequested(app.help());
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+
+  options.min_bytes = parse_size("-b", min_bytes);
+  options.max_bytes = parse_size("-e", max_bytes);
+  options.step_bytes = parse_size("-i", step_bytes);
+  if (options.min_bytes > options.max_bytes) {
+    throw UsageError("-b " + min_bytes + " is larger than -e " + max_bytes);
+  }
+  if (!step_factor.empty()) {
+    options.step_factor = parse_int("-f", step_factor, 2, 1 << 20);
+  } else if (options.step_bytes <= 0) {
+    throw UsageError("-i takes a positive increment, not '" + step_bytes +
+                     "'");
+  }
+  if (options.sizes().size() > 10000) {
+    throw UsageError("-b " + min_bytes + " to -e " + max_bytes + " with " +
+                     (step_factor.empty() ? "-i " + step_bytes
+                                          : "-f " + step_factor) +
+                     " makes more than 10000 sizes; use a larger step");
+  }
+  options.iterations = parse_int("-n", iterations, 1, 1 << 24);
+  options.warmup = parse_int("-w", warmup, 0, 1 << 24);
+  options.check = parse_int("-c", check, 0, 1 << 16);
+  try {
+    options.dtypes = lower(dtype) == "all"
+                         ? std::vector<DType>{DType::kI8,  DType::kU8,
+                                              DType::kI32, DType::kI64,
+                                              DType::kF16, DType::kF32,
+                                              DType::kF64, DType::kBF16}
+                         : std::vector<DType>{parse_dtype(dtype)};
+  } catch (const InvalidArgument& e) {
+    throw UsageError(std::string("-d: ") + e.what());
+  }
+  try {
+    options.ops = lower(op) == "all"
+                      ? std::vector<ReduceOp>{ReduceOp::kSum, ReduceOp::kProduct,
+                                              ReduceOp::kMax, ReduceOp::kMin,
+                                              ReduceOp::kAvg}
+                      : std::vector<ReduceOp>{parse_reduce_op(op)};
+  } catch (const InvalidArgument& e) {
+    throw UsageError(std::string("-o: ") + e.what());
+  }
+  if (lower(root) == "all") {
+    options.all_roots = true;
+  } else {
+    options.root = parse_int("-r", root, 0, 1 << 20);
+  }
+  options.average = static_cast<Average>(parse_int("-a", average, 0, 3));
+  options.blocking = parse_int("-z", blocking, 0, 1) == 1;
+  if (!spawn.empty()) options.spawn = parse_int("-np", spawn, 1, 1024);
+  options.timeout = std::chrono::seconds(parse_int("--timeout", timeout, 1,
+                                                   7 * 24 * 3600));
+  if (options.device.empty()) {
+    options.device = options.backend == "nccl" ? "cuda" : "cpu";
+  }
+  if (options.device != "cpu" && options.device != "cuda") {
+    throw UsageError("--device takes cpu or cuda, not '" + options.device +
+                     "'");
+  }
+  return options;
+}
+
+}  // namespace comm::bench

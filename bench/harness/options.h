@@ -1,0 +1,66 @@
+// The command line of the *_perf binaries: nccl-tests' flags, plus how many
+// local ranks to start and which backend and device to use.
+//
+// Sizes take nccl-tests' suffixes (K, M, G: powers of 1024). Every value is
+// checked here, so that a bad flag is a usage error naming the flag and the
+// value, never a failed run later.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "libcomm/dtype.h"
+#include "libcomm/reduce_op.h"
+
+namespace comm::bench {
+
+// How each rank's time combines into the one the table shows (-a).
+enum class Average { kRank0 = 0, kMean = 1, kMin = 2, kMax = 3 };
+
+struct Options {
+  std::int64_t min_bytes = 32 << 20;  // -b
+  std::int64_t max_bytes = 32 << 20;  // -e
+  std::int64_t step_bytes = 1 << 20;  // -i, used when step_factor is 0
+  std::int64_t step_factor = 0;       // -f; 0: add step_bytes instead
+  int iterations = 20;                // -n
+  int warmup = 5;                     // -w
+  int check = 1;                      // -c: checked runs per case; 0: none
+  std::vector<DType> dtypes{DType::kF32};     // -d (or "all")
+  std::vector<ReduceOp> ops{ReduceOp::kSum};  // -o (or "all")
+  int root = 0;                               // -r
+  bool all_roots = false;                     // -r all
+  Average average = Average::kMean;           // -a
+  bool blocking = false;                      // -z
+  std::string json_path;                      // -J
+  std::string backend = "tcp";                // --backend
+  std::string device;  // --device; empty: cuda for nccl, cpu otherwise
+  int spawn = 0;       // -np: local ranks to start; 0: see launch.h
+  std::chrono::seconds timeout{300};  // --timeout, per operation
+
+  // The sizes to run, from min_bytes to max_bytes.
+  std::vector<std::int64_t> sizes() const;
+};
+
+// A bad command line; what() says which flag and why.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// --help was asked for; what() is the help text.
+struct HelpRequested : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Parses argv[1..] (`program` names the binary in the help text). Throws
+// UsageError or HelpRequested.
+Options parse_options(const std::string& program,
+                      const std::vector<std::string>& args);
+
+// "32M" -> 33554432. Throws UsageError naming `flag` for anything that is
+// not a non-negative integer with an optional K, M or G suffix.
+std::int64_t parse_size(const std::string& flag, const std::string& text);
+
+}  // namespace comm::bench
