@@ -161,8 +161,7 @@ std::vector<double> values_of(const Tensor& t) {
   detail::dispatch_dtype(host.dtype(), [&]<typename T>() {
     const T* data = host.data<T>();
     for (std::size_t i = 0; i < values.size(); ++i) {
-      if constexpr (std::is_same_v<T, Float16> ||
-                    std::is_same_v<T, BFloat16>) {
+      if constexpr (std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>) {
         values[i] = static_cast<double>(static_cast<float>(data[i]));
       } else {
         values[i] = static_cast<double>(data[i]);

@@ -61,13 +61,12 @@ Device device_for(const Options& options, int local_rank) {
 
 // One rank's run on an established store. Returns its exit status.
 int run_rank(const Collective& collective, const Options& options,
-             const std::string& program, std::shared_ptr<Store> store,
-             int rank, int world, int local_rank) {
+             const std::string& program, std::shared_ptr<Store> store, int rank,
+             int world, int local_rank) {
   const Device device = device_for(options, local_rank);
   ProcessGroup group(std::move(store), rank, world, options.backend,
                      options.timeout);
-  Report report =
-      run_benchmark(collective, options, group, device, stdout);
+  Report report = run_benchmark(collective, options, group, device, stdout);
   if (rank == 0 && !options.json_path.empty()) {
     write_json(options.json_path, program, collective, options, world, report);
   }
@@ -140,8 +139,8 @@ int spawn_ranks(const Collective& collective, const Options& options,
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (ok || status_code != 0) continue;
     status_code = 1;
-    const auto rank = std::find(children.begin(), children.end(), pid) -
-                      children.begin();
+    const auto rank =
+        std::find(children.begin(), children.end(), pid) - children.begin();
     if (WIFSIGNALED(status)) {
       std::fprintf(stderr, "%s: rank %ld was killed by signal %d (%s)\n",
                    program.c_str(), static_cast<long>(rank), WTERMSIG(status),
@@ -220,8 +219,8 @@ Placement detect_placement(const Options& options) {
   }
   if (p.launcher == "mpirun" || p.launcher == "srun") {
     if (env("MASTER_ADDR") && env("MASTER_PORT")) {
-      p.init_method = "tcp://" + *env("MASTER_ADDR") + ":" +
-                      *env("MASTER_PORT");
+      p.init_method =
+          "tcp://" + *env("MASTER_ADDR") + ":" + *env("MASTER_PORT");
     } else if (single_host && job) {
       p.init_method = "file://" + job_store_path(*job);
     } else {
@@ -239,8 +238,8 @@ int bench_main(const Collective& collective, int argc, char** argv) {
   Options options;
   Placement placement;
   try {
-    options = parse_options(program,
-                            std::vector<std::string>(argv + 1, argv + argc));
+    options =
+        parse_options(program, std::vector<std::string>(argv + 1, argv + argc));
     placement = detect_placement(options);
     check_case_options(collective, options, placement.world);
   } catch (const HelpRequested& help) {

@@ -35,7 +35,8 @@ int parse_int(const std::string& flag, const std::string& text, int low,
 
 std::int64_t parse_size(const std::string& flag, const std::string& text) {
   std::size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])))
+  while (digits < text.size() &&
+         std::isdigit(static_cast<unsigned char>(text[digits])))
     ++digits;
   std::int64_t scale = 1;
   const std::string suffix = lower(text.substr(digits));
@@ -49,14 +50,16 @@ std::int64_t parse_size(const std::string& flag, const std::string& text) {
     digits = 0;  // not a size
   }
   if (digits == 0 || digits > 15) {
-    throw UsageError(flag + " takes a size in bytes with an optional K, M or G "
-                            "suffix (like 1024, 64K or 32M), not '" +
+    throw UsageError(flag +
+                     " takes a size in bytes with an optional K, M or G "
+                     "suffix (like 1024, 64K or 32M), not '" +
                      text + "'");
   }
   const std::int64_t value = std::stoll(text.substr(0, digits)) * scale;
   if (value > kMaxBytes) {
-    throw UsageError(flag + " " + text + " is larger than the 1T this "
-                            "benchmark allows");
+    throw UsageError(flag + " " + text +
+                     " is larger than the 1T this "
+                     "benchmark allows");
   }
   return value;
 }
@@ -78,8 +81,9 @@ std::vector<std::int64_t> Options::sizes() const {
 Options parse_options(const std::string& program,
                       const std::vector<std::string>& args) {
   Options options;
-  CLI::App app{program + ": a libcomm collective's time and bandwidth, "
-                         "in the style of nccl-tests"};
+  CLI::App app{program +
+               ": a libcomm collective's time and bandwidth, "
+               "in the style of nccl-tests"};
   app.set_help_flag("-h,--help", "print this help and exit");
   std::string min_bytes = "32M", max_bytes = "32M", step_bytes = "1M";
   std::string step_factor, iterations = "20", warmup = "5", check = "1";
@@ -142,34 +146,34 @@ Options parse_options(const std::string& program,
   if (!step_factor.empty()) {
     options.step_factor = parse_int("-f", step_factor, 2, 1 << 20);
   } else if (options.step_bytes <= 0) {
-    throw UsageError("-i takes a positive increment, not '" + step_bytes +
-                     "'");
+    throw UsageError("-i takes a positive increment, not '" + step_bytes + "'");
   }
   if (options.sizes().size() > 10000) {
-    throw UsageError("-b " + min_bytes + " to -e " + max_bytes + " with " +
-                     (step_factor.empty() ? "-i " + step_bytes
-                                          : "-f " + step_factor) +
-                     " makes more than 10000 sizes; use a larger step");
+    throw UsageError(
+        "-b " + min_bytes + " to -e " + max_bytes + " with " +
+        (step_factor.empty() ? "-i " + step_bytes : "-f " + step_factor) +
+        " makes more than 10000 sizes; use a larger step");
   }
   options.iterations = parse_int("-n", iterations, 1, 1 << 24);
   options.warmup = parse_int("-w", warmup, 0, 1 << 24);
   options.check = parse_int("-c", check, 0, 1 << 16);
   try {
-    options.dtypes = lower(dtype) == "all"
-                         ? std::vector<DType>{DType::kI8,  DType::kU8,
-                                              DType::kI32, DType::kI64,
-                                              DType::kF16, DType::kF32,
-                                              DType::kF64, DType::kBF16}
-                         : std::vector<DType>{parse_dtype(dtype)};
+    options.dtypes =
+        lower(dtype) == "all"
+            ? std::vector<DType>{DType::kI8,  DType::kU8,  DType::kI32,
+                                 DType::kI64, DType::kF16, DType::kF32,
+                                 DType::kF64, DType::kBF16}
+            : std::vector<DType>{parse_dtype(dtype)};
   } catch (const InvalidArgument& e) {
     throw UsageError(std::string("-d: ") + e.what());
   }
   try {
-    options.ops = lower(op) == "all"
-                      ? std::vector<ReduceOp>{ReduceOp::kSum, ReduceOp::kProduct,
-                                              ReduceOp::kMax, ReduceOp::kMin,
-                                              ReduceOp::kAvg}
-                      : std::vector<ReduceOp>{parse_reduce_op(op)};
+    options.ops =
+        lower(op) == "all"
+            ? std::vector<ReduceOp>{ReduceOp::kSum, ReduceOp::kProduct,
+                                    ReduceOp::kMax, ReduceOp::kMin,
+                                    ReduceOp::kAvg}
+            : std::vector<ReduceOp>{parse_reduce_op(op)};
   } catch (const InvalidArgument& e) {
     throw UsageError(std::string("-o: ") + e.what());
   }
@@ -181,8 +185,8 @@ Options parse_options(const std::string& program,
   options.average = static_cast<Average>(parse_int("-a", average, 0, 3));
   options.blocking = parse_int("-z", blocking, 0, 1) == 1;
   if (!spawn.empty()) options.spawn = parse_int("-np", spawn, 1, 1024);
-  options.timeout = std::chrono::seconds(parse_int("--timeout", timeout, 1,
-                                                   7 * 24 * 3600));
+  options.timeout =
+      std::chrono::seconds(parse_int("--timeout", timeout, 1, 7 * 24 * 3600));
   if (options.device.empty()) {
     options.device = options.backend == "nccl" ? "cuda" : "cpu";
   }

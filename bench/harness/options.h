@@ -21,14 +21,14 @@ namespace comm::bench {
 enum class Average { kRank0 = 0, kMean = 1, kMin = 2, kMax = 3 };
 
 struct Options {
-  std::int64_t min_bytes = 32 << 20;  // -b
-  std::int64_t max_bytes = 32 << 20;  // -e
-  std::int64_t step_bytes = 1 << 20;  // -i, used when step_factor is 0
-  std::int64_t step_factor = 0;       // -f; 0: add step_bytes instead
-  int iterations = 20;                // -n
-  int warmup = 5;                     // -w
-  int check = 1;                      // -c: checked runs per case; 0: none
-  std::vector<DType> dtypes{DType::kF32};     // -d (or "all")
+  std::int64_t min_bytes = 32 << 20;       // -b
+  std::int64_t max_bytes = 32 << 20;       // -e
+  std::int64_t step_bytes = 1 << 20;       // -i, used when step_factor is 0
+  std::int64_t step_factor = 0;            // -f; 0: add step_bytes instead
+  int iterations = 20;                     // -n
+  int warmup = 5;                          // -w
+  int check = 1;                           // -c: checked runs per case; 0: none
+  std::vector<DType> dtypes{DType::kF32};  // -d (or "all")
   std::vector<ReduceOp> ops{ReduceOp::kSum};  // -o (or "all")
   int root = 0;                               // -r
   bool all_roots = false;                     // -r all

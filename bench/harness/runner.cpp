@@ -129,7 +129,10 @@ Measurement measure(const Collective& collective, Case& c,
 
 std::string format_time(double us) {
   char text[32];
-  std::snprintf(text, sizeof(text), us < 1e4 ? "%.2f" : us < 1e6 ? "%.1f" : "%.0f",
+  std::snprintf(text, sizeof(text),
+                us < 1e4   ? "%.2f"
+                : us < 1e6 ? "%.1f"
+                           : "%.0f",
                 us);
   return text;
 }
@@ -162,21 +165,22 @@ void print_header(std::FILE* out, const Collective& collective,
   group.all_gather_into(all, mine)->wait();
   if (!out) return;
   const auto sizes = options.sizes();
-  std::fprintf(out, "# libcomm %d.%d.%d %s_perf: %d ranks, backend %s, %s memory\n",
+  std::fprintf(out,
+               "# libcomm %d.%d.%d %s_perf: %d ranks, backend %s, %s memory\n",
                COMM_VERSION_MAJOR, COMM_VERSION_MINOR, COMM_VERSION_PATCH,
                collective.name(), group.size(), group.backend_name().c_str(),
                device.is_cpu() ? "host" : "CUDA");
-  std::fprintf(out,
-               "# minBytes %lld maxBytes %lld step: %lld(%s) warmup iters: %d "
-               "iters: %d validation: %d blocking: %d average: %s\n",
-               static_cast<long long>(options.min_bytes),
-               static_cast<long long>(options.max_bytes),
-               static_cast<long long>(options.step_factor > 1
-                                          ? options.step_factor
-                                          : options.step_bytes),
-               options.step_factor > 1 ? "factor" : "bytes", options.warmup,
-               options.iterations, options.check, options.blocking ? 1 : 0,
-               average_name(options.average));
+  std::fprintf(
+      out,
+      "# minBytes %lld maxBytes %lld step: %lld(%s) warmup iters: %d "
+      "iters: %d validation: %d blocking: %d average: %s\n",
+      static_cast<long long>(options.min_bytes),
+      static_cast<long long>(options.max_bytes),
+      static_cast<long long>(options.step_factor > 1 ? options.step_factor
+                                                     : options.step_bytes),
+      options.step_factor > 1 ? "factor" : "bytes", options.warmup,
+      options.iterations, options.check, options.blocking ? 1 : 0,
+      average_name(options.average));
   std::fprintf(out, "#\n# Using devices\n");
   for (int r = 0; r < group.size(); ++r) {
     const auto* base = all.data<std::uint8_t>() + r * kEntry;
@@ -189,14 +193,20 @@ void print_header(std::FILE* out, const Collective& collective,
                  reinterpret_cast<const char*>(base), where.c_str());
   }
   std::fprintf(out, "#\n");
-  std::fprintf(out, "# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s  %8s  %6s  %6s  %6s\n",
-               "", "", "", "", "", "", "", "out-of-place", "", "", "", "in-place", "");
-  std::fprintf(out, "# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s  %8s  %6s  %6s  %6s\n",
-               "size", "count", "type", "redop", "root", "time", "algbw",
-               "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-  std::fprintf(out, "# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s  %8s  %6s  %6s  %6s\n",
-               "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "",
-               "(us)", "(GB/s)", "(GB/s)", "");
+  std::fprintf(
+      out,
+      "# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s  %8s  %6s  %6s  %6s\n",
+      "", "", "", "", "", "", "", "out-of-place", "", "", "", "in-place", "");
+  std::fprintf(
+      out,
+      "# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s  %8s  %6s  %6s  %6s\n",
+      "size", "count", "type", "redop", "root", "time", "algbw", "busbw",
+      "#wrong", "time", "algbw", "busbw", "#wrong");
+  std::fprintf(
+      out,
+      "# %10s  %12s  %8s  %6s  %6s  %8s  %6s  %6s  %6s  %8s  %6s  %6s  %6s\n",
+      "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)",
+      "(GB/s)", "(GB/s)", "");
   std::fflush(out);
 }
 
@@ -294,7 +304,8 @@ Report run_benchmark(const Collective& collective, const Options& options,
             c.in_place = true;
             row.in_place = measure(collective, c, options, group);
           }
-          for (const auto& m : {std::optional(row.out_of_place), row.in_place}) {
+          for (const auto& m :
+               {std::optional(row.out_of_place), row.in_place}) {
             if (!m) continue;
             if (std::isfinite(m->busbw)) {
               busbw_sum += m->busbw;
@@ -319,8 +330,8 @@ Report run_benchmark(const Collective& collective, const Options& options,
   }
   report.avg_busbw = busbw_count ? busbw_sum / busbw_count : 0;
 
-  Tensor rss = Tensor::full({1}, static_cast<double>(peak_rss_bytes()),
-                            DType::kI64);
+  Tensor rss =
+      Tensor::full({1}, static_cast<double>(peak_rss_bytes()), DType::kI64);
   Tensor all = Tensor::zeros({group.size()}, DType::kI64);
   group.all_gather_into(all, rss)->wait();
   for (int r = 0; r < group.size(); ++r)
@@ -329,7 +340,7 @@ Report run_benchmark(const Collective& collective, const Options& options,
   if (out) {
     std::fprintf(out, "# Out of bounds values : %lld %s\n",
                  static_cast<long long>(report.wrong),
-                 options.check == 0 ? "(not checked)"
+                 options.check == 0  ? "(not checked)"
                  : report.wrong == 0 ? "OK"
                                      : "FAILED");
     std::fprintf(out, "# Avg bus bandwidth    : %g\n", report.avg_busbw);
@@ -345,8 +356,8 @@ Report run_benchmark(const Collective& collective, const Options& options,
 }
 
 void write_json(const std::string& path, const std::string& program,
-                const Collective& collective, const Options& options,
-                int world, const Report& report) {
+                const Collective& collective, const Options& options, int world,
+                const Report& report) {
   std::ostringstream json;
   json << "{\n  \"benchmark\": " << json_string(program)
        << ",\n  \"collective\": " << json_string(collective.name())

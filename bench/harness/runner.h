@@ -15,9 +15,9 @@
 namespace comm::bench {
 
 struct Measurement {
-  double time_us = 0;  // per operation, combined across ranks per -a
-  double algbw = 0;    // GB/s
-  double busbw = 0;    // GB/s
+  double time_us = 0;       // per operation, combined across ranks per -a
+  double algbw = 0;         // GB/s
+  double busbw = 0;         // GB/s
   std::int64_t wrong = -1;  // summed over ranks; -1 when not checked
 };
 
@@ -54,7 +54,7 @@ Report run_benchmark(const Collective& collective, const Options& options,
 // Writes `report` as JSON to `path`. Throws SystemError when the file
 // cannot be written.
 void write_json(const std::string& path, const std::string& program,
-                const Collective& collective, const Options& options,
-                int world, const Report& report);
+                const Collective& collective, const Options& options, int world,
+                const Report& report);
 
 }  // namespace comm::bench

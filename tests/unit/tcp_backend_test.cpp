@@ -259,7 +259,8 @@ TEST_CASE("reduce_scatter, out of place and in place",
   }
 }
 
-TEST_CASE("all_to_all with equal and uneven splits, and in place", "[tcp][all_to_all]") {
+TEST_CASE("all_to_all with equal and uneven splits, and in place",
+          "[tcp][all_to_all]") {
   for (int world : {1, 2, 3, 5}) {
     auto errors = run_ranks(world, [&](ProcessGroup& group) {
       const int me = group.rank();

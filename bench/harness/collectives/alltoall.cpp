@@ -15,9 +15,8 @@ class AllToAll final : public Collective {
   void prepare(Case& c) const override {
     const auto total = static_cast<std::int64_t>(c.count) * c.world;
     Tensor input = Tensor::empty({total}, c.dtype, c.device);
-    fill(input, [&](std::size_t i) {
-      return input_value(c.dtype, c.op, c.rank, i);
-    });
+    fill(input,
+         [&](std::size_t i) { return input_value(c.dtype, c.op, c.rank, i); });
     c.inputs = {input};
     c.outputs = {c.in_place ? input
                             : Tensor::zeros({total}, c.dtype, c.device)};
@@ -28,9 +27,9 @@ class AllToAll final : public Collective {
   }
   double expected(const Case& c, std::size_t index) const override {
     const auto from = static_cast<int>(index / c.count);
-    return input_value(c.dtype, c.op, from,
-                       static_cast<std::size_t>(c.rank) * c.count +
-                           index % c.count);
+    return input_value(
+        c.dtype, c.op, from,
+        static_cast<std::size_t>(c.rank) * c.count + index % c.count);
   }
 };
 

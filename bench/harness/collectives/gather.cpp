@@ -26,9 +26,8 @@ class Gather final : public Collective {
       if (c.in_place) input = c.outputs[c.root];
     }
     if (!input.defined()) input = Tensor::empty({count}, c.dtype, c.device);
-    fill(input, [&](std::size_t i) {
-      return input_value(c.dtype, c.op, c.rank, i);
-    });
+    fill(input,
+         [&](std::size_t i) { return input_value(c.dtype, c.op, c.rank, i); });
     c.inputs = {input};
   }
   std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,

@@ -16,9 +16,8 @@ class ReduceScatter final : public Collective {
   void prepare(Case& c) const override {
     const auto count = static_cast<std::int64_t>(c.count);
     Tensor all = Tensor::empty({count * c.world}, c.dtype, c.device);
-    fill(all, [&](std::size_t i) {
-      return input_value(c.dtype, c.op, c.rank, i);
-    });
+    fill(all,
+         [&](std::size_t i) { return input_value(c.dtype, c.op, c.rank, i); });
     c.inputs.clear();
     for (int p = 0; p < c.world; ++p)
       c.inputs.push_back(all.slice(p * count, (p + 1) * count));

@@ -32,8 +32,7 @@ class SendRecv final : public Collective {
     return {received, sent};
   }
   double expected(const Case& c, std::size_t index) const override {
-    return input_value(c.dtype, c.op, (c.rank + c.world - 1) % c.world,
-                       index);
+    return input_value(c.dtype, c.op, (c.rank + c.world - 1) % c.world, index);
   }
 };
 
