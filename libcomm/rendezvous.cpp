@@ -256,6 +256,10 @@ RendezvousResult rendezvous(const std::string& init_method, int rank,
       result.local_world_size = static_cast<int>(
           parse_integer(*local, "LOCAL_WORLD_SIZE", 1, 1 << 30));
     }
+    if (auto seconds = env("COMM_RDZV_TIMEOUT")) {
+      timeout = std::chrono::seconds(
+          parse_integer(*seconds, "COMM_RDZV_TIMEOUT", 1, 1 << 30));
+    }
   } else if (url.scheme == "tcp") {
     split_host_port(init_method, url.rest, &host, &port);
     result.rank = from_query("rank", rank);

@@ -2,7 +2,10 @@
 // torch.distributed's init_method.
 //
 //   env://                        MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
-//                                 (and LOCAL_RANK, LOCAL_WORLD_SIZE if set)
+//                                 (and LOCAL_RANK, LOCAL_WORLD_SIZE if set;
+//                                 COMM_RDZV_TIMEOUT, in seconds, replaces
+//                                 `timeout` when set, as commrun's
+//                                 --rdzv-timeout does)
 //   tcp://HOST:PORT?rank=R&world_size=W
 //   file:///PATH?rank=R&world_size=W
 //

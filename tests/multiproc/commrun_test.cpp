@@ -1,0 +1,269 @@
+// commrun, the launcher: what it exports, how it relays output, and how it
+// ends a job (a failing worker, restarts, signals, bad arguments). Workers
+// are small shell scripts; one test runs a real libcomm job under it.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "support/child_process.h"
+#include "support/temp_path.h"
+
+using comm::testing::ChildProcess;
+using comm::testing::TempPath;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string from_env(const char* name) {
+  const char* value = std::getenv(name);
+  REQUIRE(value != nullptr);
+  return value;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::stringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// A scratch directory for the workers' files, removed at the end.
+struct ScratchDir {
+  TempPath path{"commrun"};
+  ScratchDir() { REQUIRE(mkdir(path.str().c_str(), 0700) == 0); }
+  ~ScratchDir() {
+    const std::string command = "rm -rf '" + path.str() + "'";
+    (void)!std::system(command.c_str());
+  }
+  std::string operator/(const std::string& name) const {
+    return path.str() + "/" + name;
+  }
+};
+
+// commrun with `args`, its stdout and stderr going to files in `dir`.
+std::unique_ptr<ChildProcess> start_commrun(const ScratchDir& dir,
+                                            std::vector<std::string> args) {
+  const std::string binary = from_env("COMMRUN_BIN");
+  const std::string out = dir / "stdout";
+  const std::string err = dir / "stderr";
+  return std::make_unique<ChildProcess>([=]() {
+    const int out_fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    const int err_fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(out_fd, STDOUT_FILENO);
+    dup2(err_fd, STDERR_FILENO);
+    std::vector<char*> argv{const_cast<char*>(binary.c_str())};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
+    return 98;
+  });
+}
+
+// Waits (bounded, sleeping) until `count` files named pid.* exist in `dir`
+// and returns the pids they hold.
+std::vector<pid_t> wait_for_pids(const ScratchDir& dir, int count) {
+  std::vector<pid_t> pids;
+  for (int round = 0; round < 1000; ++round) {  // at most 10 s
+    pids.clear();
+    for (int r = 0; r < count; ++r) {
+      const std::string text = read_file(dir / ("pid." + std::to_string(r)));
+      if (!text.empty() && text.back() == '\n') pids.push_back(std::stoi(text));
+    }
+    if (static_cast<int>(pids.size()) == count) return pids;
+    std::this_thread::sleep_for(10ms);
+  }
+  FAIL("the workers did not all start within 10 s");
+  return pids;
+}
+
+bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
+
+// A worker that records its pid and then sleeps (exec, so the pid is the
+// sleeping process's).
+std::string sleeper(const ScratchDir& dir) {
+  return "echo $$ > " + dir.path.str() + "/pid.$RANK.tmp && mv " +
+         dir.path.str() + "/pid.$RANK.tmp " + dir.path.str() +
+         "/pid.$RANK; exec sleep 60";
+}
+
+}  // namespace
+
+TEST_CASE("commrun exports torchrun's variables to each worker", "[commrun]") {
+  ScratchDir dir;
+  auto commrun = start_commrun(
+      dir,
+      {"--nproc-per-node", "3", "--nnodes", "2", "--node-rank", "1",
+       "--master-addr", "127.0.0.1", "--master-port", "29999", "--rdzv-timeout",
+       "42", "sh", "-c",
+       "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK "
+       "$MASTER_ADDR $MASTER_PORT $COMM_RESTART_COUNT $COMM_RDZV_TIMEOUT"});
+  REQUIRE(commrun->wait(20s) == 0);
+  auto lines = lines_of(read_file(dir / "stdout"));
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines ==
+        std::vector<std::string>{"[3]: 3 0 6 3 1 127.0.0.1 29999 0 42",
+                                 "[4]: 4 1 6 3 1 127.0.0.1 29999 0 42",
+                                 "[5]: 5 2 6 3 1 127.0.0.1 29999 0 42"});
+}
+
+TEST_CASE("commrun prefixes every line and never breaks one", "[commrun]") {
+  ScratchDir dir;
+  // awk writes through a buffer, so lines reach commrun cut at arbitrary
+  // points and interleaved with the other workers' bytes.
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "4", "--master-port", "0", "sh", "-c",
+            "awk 'BEGIN { for (i = 0; i < 3000; i++) { printf \"%s:%d:\", "
+            "ENVIRON[\"RANK\"], i; for (j = 0; j < 300; j++) printf \"x\"; "
+            "printf \"\\n\" } printf \"unfinished\" }'; echo oops >&2"});
+  REQUIRE(commrun->wait(60s) == 0);
+  const std::regex line_form(R"(\[(\d)\]: (\d):(\d+):x{300})");
+  std::vector<int> next(4, 0);
+  int unfinished = 0;
+  for (const auto& line : lines_of(read_file(dir / "stdout"))) {
+    std::smatch m;
+    if (std::regex_match(line, m, std::regex(R"(\[(\d)\]: unfinished)"))) {
+      ++unfinished;
+      continue;
+    }
+    INFO(line.substr(0, 80));
+    REQUIRE(std::regex_match(line, m, line_form));
+    REQUIRE(m[1] == m[2]);
+    const int rank = std::stoi(m[1]);
+    // Each worker's lines arrive whole and in order.
+    CHECK(std::stoi(m[3]) == next[static_cast<std::size_t>(rank)]++);
+  }
+  CHECK(next == std::vector<int>(4, 3000));
+  CHECK(unfinished == 4);
+  auto errors = lines_of(read_file(dir / "stderr"));
+  std::sort(errors.begin(), errors.end());
+  CHECK(errors == std::vector<std::string>{"[0]: oops", "[1]: oops",
+                                           "[2]: oops", "[3]: oops"});
+}
+
+TEST_CASE("a failing worker's status ends the job and stops the others",
+          "[commrun]") {
+  ScratchDir dir;
+  // Rank 1 fails with 7 once every rank is up; the others sleep.
+  const std::string script =
+      "if [ \"$RANK\" = 1 ]; then echo $$ > " + dir.path.str() +
+      "/pid.1; i=0; while [ $i -lt 500 ] && ! [ -e " + dir.path.str() +
+      "/pid.0 -a -e " + dir.path.str() + "/pid.2 ]; do sleep 0.02; " +
+      "i=$((i+1)); done; exit 7; fi; " + sleeper(dir);
+  const auto start = std::chrono::steady_clock::now();
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "3", "--master-port", "0", "sh", "-c", script});
+  const auto pids = wait_for_pids(dir, 3);
+  CHECK(commrun->wait(20s) == 7);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  for (pid_t pid : pids) CHECK_FALSE(alive(pid));
+  const std::string err = read_file(dir / "stderr");
+  CHECK_THAT(
+      err, Catch::Contains("rank 1 (local rank 1, pid " +
+                           std::to_string(pids[1]) + ") exited with status 7"));
+
+  // A worker killed by a signal: 128 + the signal.
+  ScratchDir dir2;
+  auto killed = start_commrun(
+      dir2, {"--nproc-per-node", "2", "--master-port", "0", "sh", "-c",
+             "[ \"$RANK\" = 0 ] && kill -9 $$; "
+             "exec sleep 60"});
+  CHECK(killed->wait(20s) == 128 + SIGKILL);
+  CHECK_THAT(read_file(dir2 / "stderr"),
+             Catch::Contains("rank 0 (local rank 0") &&
+                 Catch::Contains("killed by signal 9"));
+}
+
+TEST_CASE("--max-restarts K restarts the group exactly K times", "[commrun]") {
+  ScratchDir dir;
+  // Rank 0 always fails; rank 1 waits to be stopped. Each start of rank 0
+  // appends its restart count.
+  const std::string script =
+      "if [ \"$RANK\" = 0 ]; then echo "
+      "$COMM_RESTART_COUNT >> " +
+      dir.path.str() + "/starts; exit 3; fi; exec sleep 60";
+  auto commrun =
+      start_commrun(dir, {"--nproc-per-node", "2", "--master-port", "0",
+                          "--max-restarts", "2", "sh", "-c", script});
+  CHECK(commrun->wait(30s) == 3);
+  CHECK(lines_of(read_file(dir / "starts")) ==
+        std::vector<std::string>{"0", "1", "2"});
+  const std::string err = read_file(dir / "stderr");
+  CHECK_THAT(err, Catch::Contains("restarting the group (restart 2 of 2)") &&
+                      Catch::Contains("giving up after 2 restarts"));
+
+  // A group that succeeds on its second start: no more restarts than that.
+  ScratchDir dir2;
+  const std::string flaky = "echo x >> " + dir2.path.str() +
+                            "/starts.$RANK; [ $COMM_RESTART_COUNT -ge 1 ]";
+  auto recovered =
+      start_commrun(dir2, {"--nproc-per-node", "2", "--master-port", "0",
+                           "--max-restarts", "5", "sh", "-c", flaky});
+  CHECK(recovered->wait(30s) == 0);
+  CHECK(lines_of(read_file(dir2 / "starts.0")).size() == 2);
+}
+
+TEST_CASE("SIGTERM and SIGINT to commrun leave no worker alive", "[commrun]") {
+  for (int sig : {SIGTERM, SIGINT}) {
+    ScratchDir dir;
+    auto commrun = start_commrun(dir, {"--nproc-per-node", "3", "--master-port",
+                                       "0", "sh", "-c", sleeper(dir)});
+    const auto pids = wait_for_pids(dir, 3);
+    commrun->kill(sig);
+    CHECK(commrun->wait(10s) == 128 + sig);
+    for (pid_t pid : pids) CHECK_FALSE(alive(pid));
+  }
+}
+
+TEST_CASE("commrun rejects bad arguments with a usage message and 2",
+          "[commrun]") {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--nproc-per-node", "0", "true"},
+      {"--nproc-per-node", "two", "true"},
+      {"--frobnicate", "true"},
+      {"--nproc-per-node", "2"},
+      {"--nnodes", "2", "--node-rank", "2", "true"},
+      {"--nnodes", "2", "--master-port", "0", "true"},
+      {"--master-port", "70000", "true"},
+  };
+  for (const auto& args : bad) {
+    ScratchDir dir;
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    INFO(joined);
+    auto commrun = start_commrun(dir, args);
+    CHECK(commrun->wait(10s) == 2);
+    CHECK_FALSE(read_file(dir / "stderr").empty());
+  }
+}
+
+TEST_CASE("a libcomm job runs under commrun", "[commrun]") {
+  ScratchDir dir;
+  auto commrun =
+      start_commrun(dir, {"--nproc-per-node", "3", "--master-port", "0",
+                          from_env("ALL_REDUCE_PERF_BIN"), "-b", "1K", "-e",
+                          "64K", "-f", "8", "-n", "3", "-w", "1"});
+  REQUIRE(commrun->wait(120s) == 0);
+  const std::string out = read_file(dir / "stdout");
+  INFO(out);
+  CHECK_THAT(out, Catch::Contains("[0]: # libcomm") &&
+                      Catch::Contains("all_reduce_perf: 3 ranks") &&
+                      Catch::Contains("[0]: # Out of bounds values : 0 OK"));
+}

@@ -1,0 +1,244 @@
+// The *_perf harness: its command line, nccl-tests' bandwidth formulas, the
+// result check (on correct results and on a deliberately corrupted one) and
+// the JSON file.
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+
+#include <catch2/catch.hpp>
+
+#include "bench/harness/collective.h"
+#include "bench/harness/options.h"
+#include "bench/harness/runner.h"
+#include "libcomm/error.h"
+#include "support/temp_path.h"
+#include "support/thread_ranks.h"
+
+using comm::DType;
+using comm::ReduceOp;
+using comm::bench::Options;
+using comm::bench::parse_options;
+using comm::bench::UsageError;
+
+namespace {
+
+Options parse(std::vector<std::string> args) {
+  return parse_options("all_reduce_perf", args);
+}
+
+// Runs `collective` with `options` over `world` thread ranks; returns each
+// rank's report (and fails the test on a rank's error).
+std::vector<comm::bench::Report> run_threads(
+    const comm::bench::Collective& collective, const Options& options,
+    int world) {
+  std::vector<comm::bench::Report> reports(static_cast<std::size_t>(world));
+  auto errors = comm::testing::run_ranks(world, [&](comm::ProcessGroup& g) {
+    reports[static_cast<std::size_t>(g.rank())] = comm::bench::run_benchmark(
+        collective, options, g, comm::Device::cpu(), nullptr);
+  });
+  for (const auto& e : errors) REQUIRE(e.empty());
+  return reports;
+}
+
+// all_reduce, with rank 1's result corrupted (one element) after each run,
+// as a broken backend would leave it.
+class CorruptedAllReduce final : public comm::bench::Collective {
+ public:
+  const Collective& real = comm::bench::find_collective("all_reduce");
+  const char* name() const override { return "all_reduce"; }
+  bool uses_op() const override { return true; }
+  double bus_factor(int world) const override { return real.bus_factor(world); }
+  void prepare(comm::bench::Case& c) const override { real.prepare(c); }
+  std::vector<std::shared_ptr<comm::Work>> start(
+      comm::ProcessGroup& group, comm::bench::Case& c) const override {
+    auto works = real.start(group, c);
+    for (auto& w : works) w->wait();
+    if (c.rank == 1 && c.count > 0) {
+      comm::bench::fill(c.outputs[0], [&](std::size_t i) {
+        const double good = real.expected(c, i);
+        return i == 0 ? good + 1 : good;
+      });
+    }
+    return works;
+  }
+  double expected(const comm::bench::Case& c, std::size_t i) const override {
+    return real.expected(c, i);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
+  const Options o = parse(
+      {"-b", "1K", "-e", "64M",    "-f",        "4",   "-n",  "7",   "-w", "0",
+       "-c", "0",  "-d", "half",   "-o",        "max", "-r",  "all", "-a", "2",
+       "-z", "1",  "-J", "x.json", "--backend", "tcp", "-np", "3"});
+  CHECK(o.min_bytes == 1024);
+  CHECK(o.max_bytes == 64 << 20);
+  CHECK(o.step_factor == 4);
+  CHECK(o.iterations == 7);
+  CHECK(o.warmup == 0);
+  CHECK(o.check == 0);
+  CHECK(o.dtypes == std::vector<DType>{DType::kF16});
+  CHECK(o.ops == std::vector<ReduceOp>{ReduceOp::kMax});
+  CHECK(o.all_roots);
+  CHECK(o.average == comm::bench::Average::kMin);
+  CHECK(o.blocking);
+  CHECK(o.json_path == "x.json");
+  CHECK(o.spawn == 3);
+  CHECK(o.device == "cpu");
+  CHECK(o.sizes() == std::vector<std::int64_t>{1 << 10, 1 << 12, 1 << 14,
+                                               1 << 16, 1 << 18, 1 << 20,
+                                               1 << 22, 1 << 24, 1 << 26});
+
+  // nccl-tests' defaults: 32M only, 20 iterations, 5 warm-up, checked.
+  const Options d = parse({});
+  CHECK(d.sizes() == std::vector<std::int64_t>{32 << 20});
+  CHECK(d.iterations == 20);
+  CHECK(d.warmup == 5);
+  CHECK(d.check == 1);
+  CHECK(d.average == comm::bench::Average::kMean);
+  CHECK(parse({"-b", "1M", "-e", "3M"}).sizes() ==
+        std::vector<std::int64_t>{1 << 20, 2 << 20, 3 << 20});
+  CHECK(parse({"-b", "8", "-e", "20", "-i", "4"}).sizes() ==
+        std::vector<std::int64_t>{8, 12, 16, 20});
+  CHECK(parse({"-d", "all"}).dtypes.size() == 8);
+  CHECK(parse({"-o", "all"}).ops.size() == 5);
+  CHECK(parse({"--backend", "nccl"}).device == "cuda");
+}
+
+TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"-b", "1X"}, "-b"},
+      {{"-b", "-5"}, "-b"},
+      {{"-e", "two"}, "-e"},
+      {{"-b", "2K", "-e", "1K"}, "-b 2K is larger than -e 1K"},
+      {{"-f", "1"}, "-f"},
+      {{"-i", "0"}, "-i"},
+      {{"-b", "1", "-e", "1G", "-i", "1"}, "more than 10000 sizes"},
+      {{"-n", "0"}, "-n"},
+      {{"-w", "x"}, "-w"},
+      {{"-c", "-1"}, "-c"},
+      {{"-d", "complex"}, "-d"},
+      {{"-o", "median"}, "-o"},
+      {{"-r", "-1"}, "-r"},
+      {{"-a", "4"}, "-a"},
+      {{"-z", "2"}, "-z"},
+      {{"-np", "0"}, "-np"},
+      {{"--device", "tpu"}, "--device"},
+      {{"--frobnicate"}, "frobnicate"},
+      {{"-b", "2T"}, "-b"},
+  };
+  for (const auto& [args, named] : bad) {
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    INFO(joined);
+    try {
+      parse(args);
+      FAIL("accepted");
+    } catch (const UsageError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(named));
+    }
+  }
+  CHECK_THROWS_AS(parse({"--help"}), comm::bench::HelpRequested);
+}
+
+TEST_CASE("bandwidths follow nccl-tests' formulas", "[bench]") {
+  using comm::bench::find_collective;
+  // 1 GB in one second at 4 ranks: algbw 1 GB/s; busbw by the collective.
+  const std::vector<std::pair<std::string, double>> factors = {
+      {"all_reduce", 2.0 * 3 / 4},
+      {"reduce_scatter", 3.0 / 4},
+      {"all_gather", 3.0 / 4},
+      {"gather", 3.0 / 4},
+      {"scatter", 3.0 / 4},
+      {"alltoall", 3.0 / 4},
+      {"broadcast", 1.0},
+      {"reduce", 1.0},
+      {"sendrecv", 1.0}};
+  for (const auto& [name, factor] : factors) {
+    INFO(name);
+    const auto [algbw, busbw] =
+        comm::bench::bandwidths(find_collective(name), 1'000'000'000, 1.0, 4);
+    CHECK(algbw == Approx(1.0));
+    CHECK(busbw == Approx(factor));
+  }
+  CHECK(comm::bench::bandwidths(find_collective("all_reduce"), 4096, 2e-6, 2)
+            .first == Approx(2.048));
+  // Sizes: per rank for all_reduce, the whole buffer of world blocks for
+  // all_gather (rounded down to whole blocks).
+  const auto& all_reduce = find_collective("all_reduce");
+  const auto& all_gather = find_collective("all_gather");
+  CHECK(all_reduce.count_for(1024, DType::kF32, 4) == 256);
+  CHECK(all_reduce.bytes_for(256, DType::kF32, 4) == 1024);
+  CHECK(all_gather.count_for(1000, DType::kF32, 3) == 83);
+  CHECK(all_gather.bytes_for(83, DType::kF32, 3) == 996);
+  CHECK_THROWS_AS(find_collective("allreduce"), comm::InvalidArgument);
+}
+
+TEST_CASE("every collective's check passes on correct results",
+          "[bench][check]") {
+  Options options = parse({"-b", "0", "-e", "3000", "-i", "1000", "-n", "2",
+                           "-w", "1", "-c", "1", "-r", "all", "-d", "all"});
+  for (const auto& name : comm::bench::collective_names()) {
+    const auto& collective = comm::bench::find_collective(name);
+    for (int world : {1, 2, 3}) {
+      Options o = options;
+      if (collective.uses_op()) o.ops = parse({"-o", "all"}).ops;
+      INFO(name << " at world " << world);
+      const auto reports = run_threads(collective, o, world);
+      for (const auto& report : reports) {
+        CHECK(report.wrong == 0);
+        // Every row was checked, out of place and (where it exists) in place.
+        for (const auto& row : report.rows) {
+          CHECK(row.out_of_place.wrong == 0);
+          CHECK(row.in_place.has_value() == collective.has_in_place());
+        }
+      }
+      CHECK(reports[0].peak_rss_bytes.size() ==
+            static_cast<std::size_t>(world));
+    }
+  }
+}
+
+TEST_CASE("-c 1 catches a corrupted result", "[bench][check]") {
+  const CorruptedAllReduce corrupted;
+  Options options = parse(
+      {"-b", "4K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "-c", "1"});
+  const auto reports = run_threads(corrupted, options, 2);
+  for (const auto& report : reports) {
+    // One wrong element on rank 1, out of place and in place, at each of
+    // the two sizes; every rank sees the sum.
+    CHECK(report.wrong == 4);
+    REQUIRE(report.rows.size() == 2);
+    for (const auto& row : report.rows) {
+      CHECK(row.out_of_place.wrong == 1);
+      CHECK(row.in_place->wrong == 1);
+    }
+  }
+  // -c 0: nothing is checked, so nothing is counted.
+  options.check = 0;
+  for (const auto& report : run_threads(corrupted, options, 2)) {
+    CHECK(report.wrong == 0);
+    CHECK(report.rows[0].out_of_place.wrong == -1);
+  }
+}
+
+TEST_CASE("-J writes JSON that a JSON parser reads back", "[bench][json]") {
+  comm::testing::TempPath path("bench_json");
+  const auto& collective = comm::bench::find_collective("sendrecv");
+  Options options =
+      parse({"-b", "1K", "-e", "4K", "-f", "2", "-n", "2", "-J", path.str()});
+  const auto reports = run_threads(collective, options, 2);
+  comm::bench::write_json(path.str(), "sendrecv_perf", collective, options, 2,
+                          reports[0]);
+  // Python's json module is the independent reader (meson needs python3).
+  const std::string script =
+      "import json,sys; d=json.load(open(sys.argv[1])); "
+      "assert d['benchmark']=='sendrecv_perf' and d['world_size']==2; "
+      "assert [r['size_bytes'] for r in d['results']]==[1024,2048,4096]; "
+      "assert all(r['in_place'] is None and r['out_of_place']['wrong']==0 "
+      "for r in d['results']); assert len(d['peak_rss_bytes'])==2";
+  CHECK(std::system(("python3 -c \"" + script + "\" " + path.str()).c_str()) ==
+        0);
+}

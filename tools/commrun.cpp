@@ -1,0 +1,487 @@
+// commrun: starts the ranks of a job on this host, as torchrun does.
+//
+//   commrun [--nproc-per-node N] [--nnodes M] [--node-rank R]
+//           [--master-addr HOST] [--master-port PORT] [--max-restarts K]
+//           [--rdzv-timeout SECONDS] [--term-grace SECONDS]
+//           PROGRAM [ARGS...]
+//
+// Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, COMM_RESTART_COUNT
+// and COMM_RDZV_TIMEOUT, which env:// rendezvous reads. Rank 0 hosts the
+// store, so every restart is a fresh rendezvous.
+//
+// Every line a worker writes to stdout or stderr comes out on commrun's
+// stdout or stderr prefixed with the worker's rank, "[3]: ...", written
+// whole in one write(2), so lines of different workers never mix. A line
+// longer than 64 KiB is cut into 64 KiB lines.
+//
+// SIGINT and SIGTERM are forwarded to every worker; commrun then exits with
+// 128 + the signal. When a worker fails (a non-zero status or a signal),
+// commrun stops the others (SIGTERM, then SIGKILL after --term-grace),
+// names the failed rank, and exits with its status (128 + signal for a
+// signal), or, with --max-restarts K, starts the whole group again, at most
+// K times. Workers die with commrun even when it is SIGKILLed
+// (PR_SET_PDEATHSIG). Each worker runs in its own process group, and
+// signals go to the whole group, so what a worker started stops with it.
+// Bad arguments exit 2.
+//
+// With --nnodes > 1, run one commrun per node; each restarts its own
+// workers, and a failure anywhere takes every rank down (the backends report
+// failures to every peer), so the nodes restart together.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "libcomm/detail/socket.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::size_t kMaxLine = 64 << 10;
+
+struct Config {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int max_restarts = 0;
+  int rdzv_timeout = 900;
+  int term_grace = 5;
+  std::vector<std::string> command;
+};
+
+// One worker's output stream: bytes read so far that do not yet end a line.
+struct Stream {
+  int fd = -1;
+  int target = STDOUT_FILENO;
+  std::string pending;
+};
+
+struct Worker {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool exited = false;
+  int status = 0;
+  Stream out;
+  Stream err;
+};
+
+// How a generation of workers ended.
+struct Outcome {
+  int signal = 0;                  // SIGINT or SIGTERM received by commrun
+  const Worker* failed = nullptr;  // the first worker that failed
+  bool not_started = false;        // a worker could not be started
+};
+
+void write_all(int fd, const std::string& bytes) {
+  std::size_t done = 0;
+  // Bounded: every round writes bytes or gives up on an error other than
+  // EINTR.
+  while (done < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // nowhere to report it: our own output is gone
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+void say(const std::string& message) {
+  write_all(STDERR_FILENO, "commrun: " + message + "\n");
+}
+
+// Emits the complete lines of `stream` with the rank prefix; at EOF also the
+// unfinished last line.
+void emit_lines(Stream& stream, int rank, bool at_eof) {
+  const std::string prefix = "[" + std::to_string(rank) + "]: ";
+  std::string lines;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t newline = stream.pending.find('\n', start);
+    std::size_t end = newline;
+    if (newline == std::string::npos) {
+      const std::size_t rest = stream.pending.size() - start;
+      if (rest >= kMaxLine) {
+        end = start + kMaxLine;
+      } else if (at_eof && rest > 0) {
+        end = stream.pending.size();
+      } else {
+        break;
+      }
+    }
+    lines += prefix;
+    lines.append(stream.pending, start, end - start);
+    lines += '\n';
+    start = newline == end ? end + 1 : end;
+  }
+  stream.pending.erase(0, start);
+  if (!lines.empty()) write_all(stream.target, lines);
+}
+
+std::string describe_status(int status) {
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" +
+           strsignal(sig) + ")";
+  }
+  return "exited with status " + std::to_string(WEXITSTATUS(status));
+}
+
+int exit_code_of(int status) {
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+bool failed(int status) {
+  return !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+}
+
+[[noreturn]] void exec_worker(const Config& config, const Worker& worker,
+                              int port, int restart, pid_t parent, int out,
+                              int err, const sigset_t& blocked) {
+  // Its own process group, so that stopping a worker stops what it started
+  // too (a shell's children, say).
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);  // commrun died before prctl
+  sigprocmask(SIG_UNBLOCK, &blocked, nullptr);
+  dup2(out, STDOUT_FILENO);
+  dup2(err, STDERR_FILENO);
+  const int world = config.nproc_per_node * config.nnodes;
+  auto set = [](const char* name, const std::string& value) {
+    setenv(name, value.c_str(), 1);
+  };
+  set("RANK", std::to_string(worker.rank));
+  set("LOCAL_RANK", std::to_string(worker.local_rank));
+  set("WORLD_SIZE", std::to_string(world));
+  set("LOCAL_WORLD_SIZE", std::to_string(config.nproc_per_node));
+  set("GROUP_RANK", std::to_string(config.node_rank));
+  set("MASTER_ADDR", config.master_addr);
+  set("MASTER_PORT", std::to_string(port));
+  set("COMM_RESTART_COUNT", std::to_string(restart));
+  set("COMM_RDZV_TIMEOUT", std::to_string(config.rdzv_timeout));
+  std::vector<char*> argv;
+  for (const auto& arg : config.command)
+    argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  const std::string message = "commrun: cannot run '" + config.command[0] +
+                              "': " + std::strerror(errno) + "\n";
+  write_all(STDERR_FILENO, message);
+  _exit(127);
+}
+
+class Launcher {
+ public:
+  Launcher(const Config& config, int signal_fd, const sigset_t& blocked)
+      : config_(config), signal_fd_(signal_fd), blocked_(blocked) {}
+
+  // Runs one generation of workers to its end.
+  Outcome run_generation(int port, int restart) {
+    workers_.clear();
+    workers_.resize(static_cast<std::size_t>(config_.nproc_per_node));
+    for (int local = 0; local < config_.nproc_per_node; ++local) {
+      Worker& w = workers_[static_cast<std::size_t>(local)];
+      w.local_rank = local;
+      w.rank = config_.node_rank * config_.nproc_per_node + local;
+      if (!spawn(w, port, restart)) {
+        Outcome outcome;
+        outcome.not_started = true;
+        stop_all(SIGKILL);
+        wait_out(outcome);
+        return outcome;
+      }
+    }
+    Outcome outcome;
+    wait_out(outcome);
+    return outcome;
+  }
+
+ private:
+  bool spawn(Worker& w, int port, int restart) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) return spawn_failed("pipe");
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      close(out[1]);
+      return spawn_failed("pipe");
+    }
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid == 0)
+      exec_worker(config_, w, port, restart, parent, out[1], err[1], blocked_);
+    close(out[1]);
+    close(err[1]);
+    if (pid > 0) setpgid(pid, pid);  // whichever of the two runs first
+    if (pid < 0) {
+      close(out[0]);
+      close(err[0]);
+      return spawn_failed("fork");
+    }
+    w.pid = pid;
+    w.out = {out[0], STDOUT_FILENO, {}};
+    w.err = {err[0], STDERR_FILENO, {}};
+    return true;
+  }
+
+  bool spawn_failed(const char* what) {
+    say(std::string(what) + " failed: " + std::strerror(errno));
+    return false;
+  }
+
+  // Signals every worker still running, with whatever it started.
+  void stop_all(int sig) {
+    for (Worker& w : workers_) {
+      if (w.pid > 0 && !w.exited) kill(-w.pid, sig);
+    }
+  }
+
+  bool all_exited() const {
+    return std::all_of(workers_.begin(), workers_.end(),
+                       [](const Worker& w) { return w.pid <= 0 || w.exited; });
+  }
+
+  void reap(Outcome& outcome, std::optional<Clock::time_point>& kill_at) {
+    while (true) {
+      int status = 0;
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      for (Worker& w : workers_) {
+        if (w.pid != pid) continue;
+        w.exited = true;
+        w.status = status;
+        if (failed(status) && !outcome.failed && outcome.signal == 0) {
+          outcome.failed = &w;
+          // The others would only wait for this one until their timeouts.
+          stop_all(SIGTERM);
+          kill_at = Clock::now() + std::chrono::seconds(config_.term_grace);
+        }
+      }
+    }
+  }
+
+  // Relays output and reaps workers until every worker has exited and its
+  // output is drained.
+  void wait_out(Outcome& outcome) {
+    std::optional<Clock::time_point> kill_at;
+    std::optional<Clock::time_point> drain_until;
+    // Bounded: workers exit on their own, or are killed at kill_at; after
+    // the last one exits, output is drained for at most a second (a
+    // grandchild may hold a pipe open forever).
+    while (true) {
+      if (all_exited()) {
+        if (!drain_until) drain_until = Clock::now() + std::chrono::seconds(1);
+        if (Clock::now() >= *drain_until) break;
+      }
+      std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
+      std::vector<std::pair<Worker*, Stream*>> owners{{nullptr, nullptr}};
+      for (Worker& w : workers_) {
+        for (Stream* s : {&w.out, &w.err}) {
+          if (s->fd < 0) continue;
+          fds.push_back({s->fd, POLLIN, 0});
+          owners.push_back({&w, s});
+        }
+      }
+      if (fds.size() == 1 && all_exited()) break;
+      int timeout_ms = -1;
+      const auto deadline = kill_at ? kill_at : drain_until;
+      if (deadline) {
+        timeout_ms = static_cast<int>(std::max<long long>(
+            0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                   *deadline - Clock::now())
+                       .count() +
+                   1));
+      }
+      const int ready = poll(fds.data(), fds.size(), timeout_ms);
+      if (ready < 0 && errno != EINTR) {
+        say(std::string("poll failed: ") + std::strerror(errno));
+        stop_all(SIGKILL);
+        kill_at.reset();
+      }
+      if (kill_at && Clock::now() >= *kill_at) {
+        stop_all(SIGKILL);
+        kill_at.reset();
+      }
+      if (ready <= 0) continue;
+      if (fds[0].revents != 0) handle_signal(outcome, kill_at);
+      for (std::size_t k = 1; k < fds.size(); ++k) {
+        if (fds[k].revents == 0) continue;
+        auto [worker, stream] = owners[k];
+        char buffer[16384];
+        const ssize_t n = read(stream->fd, buffer, sizeof(buffer));
+        if (n > 0) {
+          stream->pending.append(buffer, static_cast<std::size_t>(n));
+          emit_lines(*stream, worker->rank, false);
+        } else if (n == 0 || errno != EINTR) {
+          emit_lines(*stream, worker->rank, true);
+          close(stream->fd);
+          stream->fd = -1;
+        }
+      }
+    }
+    for (Worker& w : workers_) {
+      for (Stream* s : {&w.out, &w.err}) {
+        if (s->fd < 0) continue;
+        emit_lines(*s, w.rank, true);
+        close(s->fd);
+        s->fd = -1;
+      }
+    }
+  }
+
+  void handle_signal(Outcome& outcome,
+                     std::optional<Clock::time_point>& kill_at) {
+    signalfd_siginfo info{};
+    while (read(signal_fd_, &info, sizeof(info)) ==
+           static_cast<ssize_t>(sizeof(info))) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) continue;  // reaped below, whichever child it was
+      if (outcome.signal == 0) {
+        say(std::string(strsignal(sig)) + " received; stopping the workers");
+        outcome.signal = sig;
+        kill_at = Clock::now() + std::chrono::seconds(config_.term_grace);
+      }
+      stop_all(sig);
+    }
+    reap(outcome, kill_at);
+  }
+
+  const Config& config_;
+  int signal_fd_;
+  const sigset_t& blocked_;
+  std::vector<Worker> workers_;
+};
+
+int parse(int argc, char** argv, Config& config) {
+  CLI::App app{"commrun: starts the ranks of a libcomm job, as torchrun does"};
+  app.add_option("--nproc-per-node,--nproc_per_node", config.nproc_per_node,
+                 "workers on this node")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--nnodes", config.nnodes, "nodes in the job")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  app.add_option("--node-rank,--node_rank", config.node_rank,
+                 "this node's rank, from 0")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--master-addr,--master_addr", config.master_addr,
+                 "the host of rank 0")
+      ->capture_default_str();
+  app.add_option("--master-port,--master_port", config.master_port,
+                 "rank 0's store port; 0 picks a free one (one node only)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", config.max_restarts,
+                 "times to restart the group after a failure")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("--rdzv-timeout,--rdzv_timeout", config.rdzv_timeout,
+                 "seconds the workers' rendezvous may take")
+      ->check(CLI::Range(1, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--term-grace", config.term_grace,
+                 "seconds between SIGTERM and SIGKILL when stopping workers")
+      ->check(CLI::Range(0, 3600))
+      ->capture_default_str();
+  // Everything from the first argument that is not an option on is the
+  // program and its arguments, untouched.
+  app.prefix_command();
+  app.footer("  PROGRAM [ARGS...]            what each worker runs");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  config.command = app.remaining();
+  std::string problem;
+  if (!config.command.empty() && config.command.front() == "--") {
+    config.command.erase(config.command.begin());
+  } else if (!config.command.empty() && config.command.front().size() > 1 &&
+             config.command.front()[0] == '-') {
+    problem = "unknown option " + config.command.front();
+  }
+  if (!problem.empty()) {
+  } else if (config.command.empty()) {
+    problem = "no program given";
+  } else if (config.node_rank >= config.nnodes) {
+    problem = "--node-rank " + std::to_string(config.node_rank) +
+              " is not below --nnodes " + std::to_string(config.nnodes);
+  } else if (config.master_port == 0 && config.nnodes > 1) {
+    problem =
+        "--master-port 0 picks a port on this node only; with --nnodes > 1 "
+        "give every node the same port";
+  }
+  if (!problem.empty()) {
+    std::fprintf(stderr, "commrun: %s\n%s", problem.c_str(),
+                 app.help().c_str());
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config config;
+  if (const int code = parse(argc, argv, config); code >= 0) return code;
+
+  // The signals arrive through signalfd, in the event loop; workers unblock
+  // them before exec.
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGINT);
+  sigaddset(&blocked, SIGTERM);
+  sigaddset(&blocked, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &blocked, nullptr);
+  const int signal_fd = signalfd(-1, &blocked, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (signal_fd < 0) {
+    say(std::string("signalfd failed: ") + std::strerror(errno));
+    return 1;
+  }
+
+  Launcher launcher(config, signal_fd, blocked);
+  for (int restart = 0;; ++restart) {
+    // A fresh port per generation when picking: a new rendezvous cannot
+    // meet an old one's leftovers.
+    const int port = config.master_port != 0
+                         ? config.master_port
+                         : comm::detail::free_loopback_port();
+    const Outcome outcome = launcher.run_generation(port, restart);
+    if (outcome.signal != 0) return 128 + outcome.signal;
+    if (outcome.not_started) return 1;
+    if (!outcome.failed) return 0;
+    const Worker& w = *outcome.failed;
+    say("rank " + std::to_string(w.rank) + " (local rank " +
+        std::to_string(w.local_rank) + ", pid " + std::to_string(w.pid) + ") " +
+        describe_status(w.status));
+    if (restart >= config.max_restarts) {
+      if (config.max_restarts > 0) {
+        say("giving up after " + std::to_string(config.max_restarts) +
+            " restart" + (config.max_restarts == 1 ? "" : "s"));
+      }
+      return exit_code_of(w.status);
+    }
+    say("restarting the group (restart " + std::to_string(restart + 1) +
+        " of " + std::to_string(config.max_restarts) + ")");
+  }
+}
