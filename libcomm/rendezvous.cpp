@@ -8,12 +8,14 @@
 #include <map>
 #include <optional>
 #include <string_view>
+#include <thread>
 
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/logging.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
 
 namespace comm {
 namespace {
@@ -288,7 +290,24 @@ RendezvousResult rendezvous(const std::string& init_method, int rank,
     options.timeout = timeout;
     result.store = std::make_shared<TCPStore>(options);
   }
-  join_ranks(*result.store, result.rank, result.world_size, timeout);
+  try {
+    join_ranks(*result.store, result.rank, result.world_size, timeout);
+  } catch (const Error&) {
+    // A failed rendezvous fails every rank, each reading why from the store.
+    // Rank 0 holds that store: it stays up until the others have read the
+    // news and hung up (bounded), rather than cutting off one still on
+    // its way in, who would learn only that the server went away.
+    if (auto* tcp = dynamic_cast<TCPStore*>(result.store.get());
+        tcp != nullptr && tcp->server() != nullptr) {
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (tcp->server()->connection_count() > 1 &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+    throw;
+  }
   return result;
 }
 
