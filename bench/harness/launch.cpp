@@ -208,9 +208,15 @@ Placement detect_placement(const Options& options) {
       job = *env("SLURM_JOB_ID") + "." + *env("SLURM_STEP_ID");
   }
   if (p.launcher != "single" && options.spawn > 0) {
-    throw UsageError("-np starts local ranks itself; under " + p.launcher +
-                     " the launcher already started " +
-                     std::to_string(p.world) + " ranks, so drop -np");
+    const std::string launcher =
+        p.launcher == "env"      ? "commrun or torchrun (RANK is set)"
+        : p.launcher == "mpirun" ? "mpirun (OMPI_COMM_WORLD_RANK is set)"
+                                 : "srun (SLURM_PROCID is set)";
+    throw UsageError(
+        "-np starts local ranks itself, but this process runs "
+        "under " +
+        launcher + ", which started " + std::to_string(p.world) +
+        " rank(s) already; drop -np");
   }
   if (options.spawn > 0) {
     p.launcher = "spawn";
