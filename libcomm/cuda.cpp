@@ -12,6 +12,39 @@
 
 namespace comm {
 
+namespace {
+
+// Streams are per thread and per device; 64 devices is more than a node has.
+constexpr int kMaxDevices = 64;
+thread_local CudaStream current_streams[kMaxDevices] = {};
+
+void check_device_index(int device) {
+  if (device < 0 || device >= kMaxDevices) {
+    throw InvalidArgument("CUDA device " + std::to_string(device) +
+                          " is outside [0, " + std::to_string(kMaxDevices) +
+                          ")");
+  }
+}
+
+}  // namespace
+
+CudaStream current_cuda_stream(int device) {
+  check_device_index(device);
+  return current_streams[device];
+}
+
+void set_current_cuda_stream(int device, CudaStream stream) {
+  check_device_index(device);
+  current_streams[device] = stream;
+}
+
+CudaStreamGuard::CudaStreamGuard(int device, CudaStream stream)
+    : device_(device), previous_(current_cuda_stream(device)) {
+  set_current_cuda_stream(device, stream);
+}
+
+CudaStreamGuard::~CudaStreamGuard() { current_streams[device_] = previous_; }
+
 #if COMM_WITH_CUDA
 
 namespace {
@@ -21,25 +54,6 @@ void check_cuda(cudaError_t status, const std::string& what) {
     throw BackendError(what + " failed: " + cudaGetErrorString(status));
   }
 }
-
-// Makes `ordinal` current for the lifetime of the guard, restoring the
-// caller's device afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int ordinal) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != ordinal) {
-      check_cuda(cudaSetDevice(ordinal),
-                 "cudaSetDevice(" + std::to_string(ordinal) + ")");
-    }
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 }  // namespace
 
@@ -54,10 +68,27 @@ int cuda_device_count() {
   return count;
 }
 
+void synchronize_cuda_stream(int device) {
+  detail::CudaDeviceGuard guard(device);
+  check_cuda(cudaStreamSynchronize(
+                 static_cast<cudaStream_t>(current_cuda_stream(device))),
+             "cudaStreamSynchronize on cuda:" + std::to_string(device));
+}
+
 namespace detail {
 
+CudaDeviceGuard::CudaDeviceGuard(int ordinal) {
+  check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != ordinal) {
+    check_cuda(cudaSetDevice(ordinal),
+               "cudaSetDevice(" + std::to_string(ordinal) + ")");
+  }
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() { cudaSetDevice(previous_); }
+
 void* cuda_malloc(std::size_t nbytes, int ordinal) {
-  DeviceGuard guard(ordinal);
+  CudaDeviceGuard guard(ordinal);
   void* data = nullptr;
   check_cuda(cudaMalloc(&data, nbytes),
              "cudaMalloc of " + std::to_string(nbytes) +
@@ -95,8 +126,11 @@ namespace {
 
 bool built_with_cuda() { return false; }
 int cuda_device_count() { return 0; }
+void synchronize_cuda_stream(int) { no_cuda("synchronizing a CUDA stream"); }
 
 namespace detail {
+CudaDeviceGuard::CudaDeviceGuard(int) { no_cuda("selecting a CUDA device"); }
+CudaDeviceGuard::~CudaDeviceGuard() = default;
 void* cuda_malloc(std::size_t, int) { no_cuda("allocating a CUDA tensor"); }
 void cuda_free(void*, int) noexcept {}
 void cuda_memcpy(void*, const void*, std::size_t) {

@@ -34,7 +34,12 @@ class COMM_API Work {
   // operation's error if it failed; throws TimeoutError naming the
   // operation if it is still running after `timeout` (the operation itself
   // goes on). Returns true.
-  bool wait(Duration timeout = kNoTimeout);
+  //
+  // A backend whose operations run on a device may override it: the NCCL
+  // backend's unbounded wait() makes the caller's current CUDA stream wait
+  // for the operation and returns without blocking the host, as c10d's
+  // does.
+  virtual bool wait(Duration timeout = kNoTimeout);
   bool is_completed() const;
   // Completed without error.
   bool is_success() const;

@@ -12,6 +12,19 @@ namespace comm::detail {
 void* cuda_malloc(std::size_t nbytes, int ordinal);
 void cuda_free(void* data, int ordinal) noexcept;
 
+// Makes CUDA device `ordinal` current for the guard's lifetime and restores
+// the caller's device afterwards. Throws BackendError when CUDA refuses.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int ordinal);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
 // A synchronous copy between any two of host and device memory (unified
 // addressing tells the directions apart).
 void cuda_memcpy(void* dst, const void* src, std::size_t nbytes);
