@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "libcomm/cuda.h"
 #include "libcomm/error.h"
 #include "libcomm/version.h"
 
@@ -47,8 +48,16 @@ const char* average_name(Average average) {
   return "?";
 }
 
-void wait_all(const std::vector<std::shared_ptr<Work>>& works) {
+// On a CUDA device, wait() may only order the current stream after the
+// operation (NCCL's does); the host then waits for the stream, as
+// nccl-tests does, so that times cover the operations themselves.
+void settle(const Case& c) {
+  if (c.device.is_cuda()) synchronize_cuda_stream(c.device.index);
+}
+
+void wait_all(const Case& c, const std::vector<std::shared_ptr<Work>>& works) {
   for (const auto& work : works) work->wait();
+  settle(c);
 }
 
 // This rank's seconds combined across ranks as -a asks.
@@ -87,7 +96,8 @@ void prepare_fresh(const Collective& collective, Case& c) {
 Measurement measure(const Collective& collective, Case& c,
                     const Options& options, ProcessGroup& group) {
   prepare_fresh(collective, c);
-  for (int i = 0; i < options.warmup; ++i) wait_all(collective.start(group, c));
+  for (int i = 0; i < options.warmup; ++i)
+    wait_all(c, collective.start(group, c));
   group.barrier()->wait();
   const auto start = std::chrono::steady_clock::now();
   std::deque<std::shared_ptr<Work>> in_flight;
@@ -95,6 +105,7 @@ Measurement measure(const Collective& collective, Case& c,
     for (auto& work : collective.start(group, c)) {
       if (options.blocking) {
         work->wait();
+        settle(c);
       } else {
         in_flight.push_back(std::move(work));
       }
@@ -105,6 +116,7 @@ Measurement measure(const Collective& collective, Case& c,
     }
   }
   for (auto& work : in_flight) work->wait();
+  settle(c);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count() /
@@ -119,7 +131,7 @@ Measurement measure(const Collective& collective, Case& c,
     std::int64_t wrong = 0;
     for (int i = 0; i < options.check; ++i) {
       prepare_fresh(collective, c);
-      wait_all(collective.start(group, c));
+      wait_all(c, collective.start(group, c));
       wrong += count_wrong(collective, c);
     }
     m.wrong = sum_over_ranks(group, wrong);

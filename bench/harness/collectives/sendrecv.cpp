@@ -27,9 +27,15 @@ class SendRecv final : public Collective {
     }
     const int next = (c.rank + 1) % c.world;
     const int previous = (c.rank + c.world - 1) % c.world;
+    // Even ranks send first and odd ranks receive first, so that a backend
+    // whose sends and receives each wait for their match (NCCL's, issued
+    // one by one) cannot deadlock around the ring.
+    if (c.rank % 2 == 0) {
+      auto sent = group.isend(c.inputs[0], next);
+      return {sent, group.irecv(c.outputs[0], previous)};
+    }
     auto received = group.irecv(c.outputs[0], previous);
-    auto sent = group.isend(c.inputs[0], next);
-    return {received, sent};
+    return {received, group.isend(c.inputs[0], next)};
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, (c.rank + c.world - 1) % c.world, index);
