@@ -4,7 +4,14 @@
 #include <mutex>
 
 #include "backends/tcp/tcp_backend.h"
+#include "libcomm/config.h"
+#include "libcomm/detail/device_router.h"
 #include "libcomm/error.h"
+#include "store/prefix_store.h"
+
+#if COMM_WITH_NCCL
+#include "backends/nccl/nccl_backend.h"
+#endif
 
 namespace comm {
 namespace {
@@ -18,6 +25,12 @@ struct Registry {
       return std::make_shared<TcpBackend>(context.store, context.rank,
                                           context.size, context.timeout);
     };
+#if COMM_WITH_NCCL
+    factories["nccl"] = [](const BackendContext& context) {
+      return std::make_shared<NcclBackend>(context.store, context.rank,
+                                           context.size, context.timeout);
+    };
+#endif
   }
 };
 
@@ -39,8 +52,26 @@ void register_backend(const std::string& name, BackendFactory factory) {
   }
 }
 
+// "cpu:tcp,cuda:nccl": one backend per kind of device, each in a scope of
+// the store of its own, behind a router.
+std::shared_ptr<Backend> create_routed_backend(const std::string& spec,
+                                               const BackendContext& context) {
+  std::shared_ptr<Backend> host, cuda;
+  for (const auto& [type, name] : detail::parse_backend_spec(spec)) {
+    BackendContext scoped = context;
+    const std::string scope = type == DeviceType::kCPU ? "cpu/" : "cuda/";
+    scoped.store = std::make_shared<PrefixStore>(scope, context.store);
+    (type == DeviceType::kCPU ? host : cuda) = create_backend(name, scoped);
+  }
+  return std::make_shared<detail::DeviceRouter>(context.rank, context.size,
+                                                spec, host, cuda);
+}
+
 std::shared_ptr<Backend> create_backend(const std::string& name,
                                         const BackendContext& context) {
+  if (name.find(':') != std::string::npos) {
+    return create_routed_backend(name, context);
+  }
   BackendFactory factory;
   {
     std::lock_guard<std::mutex> lock(registry().mutex);
@@ -54,9 +85,10 @@ std::shared_ptr<Backend> create_backend(const std::string& name,
     std::string hint;
     if (name == "nccl") {
       hint =
-          "; libcomm was built without NCCL (see the GPU support section of "
-          "the "
-          "meson summary)";
+          std::string("; this libcomm was built without the NCCL backend (") +
+          COMM_NCCL_STATUS +
+          "); install CUDA and NCCL under /usr/local/cuda (or pass "
+          "-Dgpu_root) and rebuild";
     }
     throw InvalidArgument("no backend named '" + name +
                           "'; registered: " + known + hint);

@@ -1,0 +1,903 @@
+#include "backends/nccl/nccl_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "libcomm/cuda.h"
+#include "libcomm/detail/cuda.h"
+#include "libcomm/detail/log.h"
+#include "libcomm/error.h"
+#include "libcomm/reduce_kernels.h"
+
+namespace comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often the watchdog looks at pending operations. Completion of a
+// waited-on operation is observed at this granularity on the host; the
+// device side (stream waits) is not delayed by it.
+constexpr auto kWatchdogPeriod = std::chrono::milliseconds(1);
+
+void check_cuda(cudaError_t status, const std::string& what) {
+  if (status != cudaSuccess) {
+    throw BackendError(what + " failed: " + cudaGetErrorString(status));
+  }
+}
+
+std::string nccl_message(ncclResult_t result, ncclComm_t comm) {
+  std::string text = ncclGetErrorString(result);
+  const char* last = comm ? ncclGetLastError(comm) : nullptr;
+  if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
+  return text;
+}
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF16: return ncclFloat16;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kF32: return ncclFloat32;
+    case DType::kF64: return ncclFloat64;
+    case DType::kI8: return ncclInt8;
+    case DType::kU8: return ncclUint8;
+    case DType::kI32: return ncclInt32;
+    case DType::kI64: return ncclInt64;
+    case DType::kBool: return ncclUint8;  // one byte holding 0 or 1
+  }
+  return ncclUint8;
+}
+
+// NCCL's op for `op` on `dtype`. Bool is a byte of 0 or 1, where or is max
+// and and is min. Throws InvalidArgument for what NCCL cannot do.
+ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
+  check_reduce_op(op, dtype);
+  const bool logical = dtype == DType::kBool;
+  switch (op) {
+    case ReduceOp::kSum: return logical ? ncclMax : ncclSum;
+    case ReduceOp::kProduct: return logical ? ncclMin : ncclProd;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: break;
+  }
+  throw InvalidArgument(std::string("reduce op ") + reduce_op_name(op) +
+                        " is bitwise, and NCCL has no bitwise reductions; "
+                        "use sum, avg, prod, min or max, or the tcp backend");
+}
+
+void check_tensor(const Tensor& tensor, const std::string& op) {
+  if (!tensor.defined()) throw InvalidArgument(op + " got an undefined tensor");
+  tensor.check_contiguous(op);
+}
+
+void check_root(const std::string& op, int root, int size) {
+  if (root < 0 || root >= size) {
+    throw InvalidArgument(op + ": root " + std::to_string(root) +
+                          " is outside the group of " + std::to_string(size) +
+                          " ranks");
+  }
+}
+
+void check_same(const std::string& op, const Tensor& a, const Tensor& b,
+                const char* role) {
+  check_tensor(b, op);
+  if (a.dtype() != b.dtype() || a.numel() != b.numel()) {
+    throw InvalidArgument(op + ": " + role + " " + b.describe() +
+                          " does not match " + a.describe());
+  }
+}
+
+}  // namespace
+
+// The group's communicator and the stream its operations run on.
+struct NcclBackend::Communicator {
+  int device = 0;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t input_ready = nullptr;  // recorded on the caller's stream
+  std::chrono::milliseconds timeout{0};
+
+  // NCCL runs this communicator non-blocking, so that neither set-up nor
+  // a call waits without bound: a call may answer ncclInProgress, and the
+  // communicator's state says when it is done.
+  void settle(ncclResult_t result, const std::string& what) {
+    const auto deadline = Clock::now() + timeout;
+    while (result == ncclInProgress) {
+      if (Clock::now() >= deadline) {
+        throw TimeoutError(what + " did not complete within " +
+                           format_duration(timeout));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (ncclCommGetAsyncError(comm, &result) != ncclSuccess) break;
+    }
+    if (result != ncclSuccess) {
+      throw BackendError(what + " failed: " + nccl_message(result, comm));
+    }
+  }
+};
+
+namespace {
+
+// The completion event of one operation, shared by its Work (for stream
+// waits) and the watchdog (which destroys it once the operation is over).
+struct CompletionEvent {
+  std::mutex mutex;
+  cudaEvent_t event = nullptr;
+  int device = 0;
+
+  void destroy() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (event != nullptr) {
+      detail::CudaDeviceGuard guard(device);
+      cudaEventDestroy(event);
+      event = nullptr;
+    }
+  }
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::string description, std::shared_ptr<CompletionEvent> done,
+           bool blocks_host)
+      : Work(std::move(description)),
+        done_(std::move(done)),
+        blocks_host_(blocks_host) {}
+
+  bool wait(Duration timeout) override {
+    if (timeout != kNoTimeout || blocks_host_) return Work::wait(timeout);
+    if (auto error = exception()) std::rethrow_exception(error);
+    // Order the caller's stream after the operation; the host goes on.
+    std::lock_guard<std::mutex> lock(done_->mutex);
+    if (done_->event != nullptr) {
+      detail::CudaDeviceGuard guard(done_->device);
+      check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(
+                                         current_cuda_stream(done_->device)),
+                                     done_->event, 0),
+                 "cudaStreamWaitEvent for " + description());
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<CompletionEvent> done_;
+  bool blocks_host_;
+};
+
+}  // namespace
+
+struct NcclBackend::Pending {
+  std::shared_ptr<NcclWork> work;
+  std::shared_ptr<CompletionEvent> done;
+  std::vector<Tensor> keep;  // alive until the operation completes
+  Clock::time_point deadline;
+  std::chrono::milliseconds timeout;
+};
+
+NcclBackend::NcclBackend(std::shared_ptr<Store> store, int rank, int size,
+                         std::chrono::milliseconds timeout)
+    : Backend(rank, size), store_(std::move(store)), timeout_(timeout) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw InvalidArgument("NcclBackend: rank " + std::to_string(rank) +
+                          " is outside [0, " + std::to_string(size) + ")");
+  }
+  watchdog_ = std::thread([this] { watch(); });
+}
+
+NcclBackend::~NcclBackend() { shutdown(); }
+
+int NcclBackend::device() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return device_.value_or(-1);
+}
+
+void NcclBackend::check_open_locked() const {
+  if (stopping_) {
+    throw BackendError("the process group was shut down; create a new one");
+  }
+  if (!aborted_.empty()) {
+    throw BackendError("the group's NCCL communicator was aborted (" +
+                       aborted_ + "); create a new group");
+  }
+}
+
+int NcclBackend::device_for(const Tensor& tensor, const std::string& op) {
+  if (!tensor.device().is_cuda()) {
+    throw InvalidArgument(op +
+                          ": the nccl backend works on CUDA tensors, "
+                          "and " +
+                          tensor.describe() +
+                          " is in host memory; use the tcp backend, or a "
+                          "group made with \"cpu:tcp,cuda:nccl\"");
+  }
+  const int device = tensor.device().index;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (device_ && *device_ != device) {
+    throw InvalidArgument(
+        op + ": " + tensor.describe() +
+        " is on cuda:" + std::to_string(device) +
+        ", but this group runs on cuda:" + std::to_string(*device_) +
+        "; move the tensor there or make a group per device");
+  }
+  return device;
+}
+
+std::string NcclBackend::describe(const char* op, const Tensor& tensor,
+                                  const std::string& extra) const {
+  return std::string(op) + " (" + dtype_name(tensor.dtype()) + " x " +
+         std::to_string(tensor.numel()) + (extra.empty() ? "" : ", " + extra) +
+         ")";
+}
+
+NcclBackend::Communicator& NcclBackend::communicator(int device) {
+  // With mutex_ held: every rank creates its communicator at its first
+  // operation, which is the same operation everywhere.
+  if (communicator_) return *communicator_;
+  detail::CudaDeviceGuard guard(device);
+  auto c = std::make_unique<Communicator>();
+  c->device = device;
+  c->timeout = timeout_;
+  ncclUniqueId id;
+  const std::string key = "nccl/unique_id";
+  if (rank() == 0) {
+    ncclResult_t result = ncclGetUniqueId(&id);
+    if (result != ncclSuccess) {
+      throw BackendError("ncclGetUniqueId failed: " +
+                         nccl_message(result, nullptr));
+    }
+    Bytes bytes(sizeof(id));
+    std::memcpy(bytes.data(), &id, sizeof(id));
+    store_->set(key, bytes);
+  } else {
+    const Bytes bytes = store_->get(key, timeout_);
+    if (bytes.size() != sizeof(id)) {
+      throw BackendError("the NCCL unique id in the store has " +
+                         std::to_string(bytes.size()) + " bytes, not " +
+                         std::to_string(sizeof(id)) +
+                         "; do all ranks run the same NCCL?");
+    }
+    std::memcpy(&id, bytes.data(), sizeof(id));
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const std::string what =
+      "creating the NCCL communicator of rank " + std::to_string(rank()) +
+      " of " + std::to_string(size()) + " on cuda:" + std::to_string(device);
+  ncclResult_t result =
+      ncclCommInitRankConfig(&c->comm, size(), id, rank(), &config);
+  try {
+    c->settle(result, what);
+  } catch (const TimeoutError& e) {
+    if (c->comm != nullptr) ncclCommAbort(c->comm);
+    throw TimeoutError(std::string(e.what()) +
+                       "; a rank that never joins holds every other rank "
+                       "here (is every rank using a GPU of its own? NCCL "
+                       "refuses two ranks on one GPU)");
+  } catch (...) {
+    if (c->comm != nullptr) ncclCommAbort(c->comm);
+    throw;
+  }
+  check_cuda(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags on cuda:" + std::to_string(device));
+  check_cuda(cudaEventCreateWithFlags(&c->input_ready, cudaEventDisableTiming),
+             "cudaEventCreateWithFlags");
+  COMM_LOG_INFO("nccl: rank {} of {} created its communicator on cuda:{}",
+                rank(), size(), device);
+  device_ = device;
+  communicator_ = std::move(c);
+  return *communicator_;
+}
+
+std::shared_ptr<Work> NcclBackend::issue(std::string description,
+                                         std::vector<Tensor> keep, int device,
+                                         OpTimeout timeout, Launch launch,
+                                         bool blocks_host) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  check_open_locked();
+  const std::uint64_t sequence = next_sequence_++;
+  // "all_reduce #12 (float32 x 1024, sum) on rank 3"
+  const auto space = description.find(' ');
+  description.insert(space == std::string::npos ? description.size() : space,
+                     " #" + std::to_string(sequence));
+  description += " on rank " + std::to_string(rank());
+
+  Communicator& c = communicator(device);
+  detail::CudaDeviceGuard guard(device);
+  auto caller = static_cast<cudaStream_t>(current_cuda_stream(device));
+  // The input is ready when the caller's stream gets here.
+  check_cuda(cudaEventRecord(c.input_ready, caller),
+             "cudaEventRecord before " + description);
+  check_cuda(cudaStreamWaitEvent(c.stream, c.input_ready, 0),
+             "cudaStreamWaitEvent before " + description);
+  try {
+    launch(c);
+  } catch (const Error& e) {
+    // A call NCCL refused may have left the communicator in any state.
+    abort_locked(description + " could not be issued: " + e.what(), false);
+    throw;
+  }
+  auto done = std::make_shared<CompletionEvent>();
+  done->device = device;
+  check_cuda(cudaEventCreateWithFlags(&done->event, cudaEventDisableTiming),
+             "cudaEventCreateWithFlags");
+  check_cuda(cudaEventRecord(done->event, c.stream),
+             "cudaEventRecord after " + description);
+
+  auto pending = std::make_shared<Pending>();
+  pending->work = std::make_shared<NcclWork>(description, done, blocks_host);
+  pending->done = done;
+  pending->keep = std::move(keep);
+  pending->timeout = timeout == kDefaultTimeout ? timeout_ : timeout;
+  pending->deadline = Clock::now() + pending->timeout;
+  pending_.push_back(pending);
+  watchdog_wake_.notify_one();
+  return pending->work;
+}
+
+void NcclBackend::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // Runs until shutdown; sleeps while nothing is pending, and between looks
+  // otherwise.
+  while (!stopping_) {
+    if (pending_.empty()) {
+      watchdog_wake_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+      continue;
+    }
+    watchdog_wake_.wait_for(lock, kWatchdogPeriod);
+    if (stopping_ || !communicator_ || communicator_->comm == nullptr) continue;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(communicator_->comm, &async) == ncclSuccess &&
+        async != ncclSuccess && async != ncclInProgress) {
+      abort_locked(
+          "NCCL reported an error: " + nccl_message(async, communicator_->comm),
+          false);
+      continue;
+    }
+    const auto now = Clock::now();
+    std::vector<std::shared_ptr<Pending>> finished;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      cudaError_t state;
+      {
+        std::lock_guard<std::mutex> event_lock((*it)->done->mutex);
+        detail::CudaDeviceGuard guard((*it)->done->device);
+        state = cudaEventQuery((*it)->done->event);
+      }
+      if (state == cudaSuccess) {
+        finished.push_back(*it);
+        it = pending_.erase(it);
+        continue;
+      }
+      if (state != cudaErrorNotReady) {
+        abort_locked(
+            std::string("CUDA reported an error: ") + cudaGetErrorString(state),
+            false);
+        break;
+      }
+      if (now >= (*it)->deadline) {
+        abort_locked((*it)->work->description() + " did not complete within " +
+                         format_duration((*it)->timeout),
+                     true);
+        break;
+      }
+      ++it;
+    }
+    lock.unlock();
+    for (auto& p : finished) {
+      p->done->destroy();
+      p->work->finish();
+    }
+    finished.clear();  // releases the tensors outside the lock
+    lock.lock();
+  }
+}
+
+void NcclBackend::abort_locked(const std::string& reason, bool timed_out) {
+  if (!aborted_.empty() || !communicator_) return;
+  aborted_ = reason;
+  COMM_LOG_ERROR("nccl: aborting the communicator of rank {}: {}", rank(),
+                 reason);
+  ncclCommAbort(communicator_->comm);
+  communicator_->comm = nullptr;
+  for (auto& p : pending_) {
+    const std::string message =
+        p->work->description() +
+        " failed: the NCCL communicator was aborted: " + reason;
+    p->done->destroy();
+    p->work->finish(timed_out ? std::make_exception_ptr(TimeoutError(message))
+                              : std::make_exception_ptr(BackendError(message)));
+  }
+  pending_.clear();
+}
+
+void NcclBackend::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abort_locked(reason, false);
+}
+
+void NcclBackend::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  watchdog_wake_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!communicator_) return;
+  Communicator& c = *communicator_;
+  if (!pending_.empty()) {
+    // Waiting for work in flight could take forever; abort instead.
+    abort_locked("the process group was shut down with operations pending",
+                 false);
+  } else if (c.comm != nullptr) {
+    detail::CudaDeviceGuard guard(c.device);
+    try {
+      c.settle(ncclCommFinalize(c.comm), "finalizing the NCCL communicator");
+      ncclCommDestroy(c.comm);
+    } catch (const Error& e) {
+      COMM_LOG_WARN("nccl: {}; aborting instead", e.what());
+      ncclCommAbort(c.comm);
+    }
+    c.comm = nullptr;
+  }
+  detail::CudaDeviceGuard guard(c.device);
+  if (c.input_ready != nullptr) cudaEventDestroy(c.input_ready);
+  if (c.stream != nullptr) cudaStreamDestroy(c.stream);
+  communicator_.reset();
+}
+
+// The operations. Each checks its arguments, then issues NCCL calls on the
+// group's stream; `c.settle` turns NCCL's answer into an exception.
+
+std::shared_ptr<Work> NcclBackend::broadcast(Tensor& tensor,
+                                             const BroadcastOptions& options) {
+  check_tensor(tensor, "broadcast");
+  check_root("broadcast", options.root, size());
+  const int device = device_for(tensor, "broadcast");
+  const std::string what =
+      describe("broadcast", tensor, "root " + std::to_string(options.root));
+  return issue(what, {tensor}, device, options.timeout,
+               [tensor, options, what](Communicator& c) {
+                 c.settle(
+                     ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
+                                   static_cast<std::size_t>(tensor.numel()),
+                                   nccl_type(tensor.dtype()), options.root,
+                                   c.comm, c.stream),
+                     what);
+               });
+}
+
+std::shared_ptr<Work> NcclBackend::reduce(Tensor& tensor,
+                                          const ReduceOptions& options) {
+  check_tensor(tensor, "reduce");
+  check_root("reduce", options.root, size());
+  const ncclRedOp_t op = nccl_op(options.op, tensor.dtype());
+  const int device = device_for(tensor, "reduce");
+  const std::string what =
+      describe("reduce", tensor,
+               std::string(reduce_op_name(options.op)) + ", root " +
+                   std::to_string(options.root));
+  return issue(what, {tensor}, device, options.timeout,
+               [tensor, options, op, what](Communicator& c) {
+                 c.settle(ncclReduce(tensor.data_ptr(), tensor.data_ptr(),
+                                     static_cast<std::size_t>(tensor.numel()),
+                                     nccl_type(tensor.dtype()), op,
+                                     options.root, c.comm, c.stream),
+                          what);
+               });
+}
+
+std::shared_ptr<Work> NcclBackend::all_reduce(Tensor& tensor,
+                                              const AllReduceOptions& options) {
+  check_tensor(tensor, "all_reduce");
+  const ncclRedOp_t op = nccl_op(options.op, tensor.dtype());
+  const int device = device_for(tensor, "all_reduce");
+  const std::string what =
+      describe("all_reduce", tensor, reduce_op_name(options.op));
+  return issue(
+      what, {tensor}, device, options.timeout,
+      [tensor, op, what](Communicator& c) {
+        c.settle(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
+                               static_cast<std::size_t>(tensor.numel()),
+                               nccl_type(tensor.dtype()), op, c.comm, c.stream),
+                 what);
+      });
+}
+
+std::shared_ptr<Work> NcclBackend::all_gather_into(
+    Tensor& output, const Tensor& input, const AllGatherOptions& options) {
+  check_tensor(input, "all_gather_into");
+  check_tensor(output, "all_gather_into");
+  if (output.dtype() != input.dtype() ||
+      output.numel() != input.numel() * size()) {
+    throw InvalidArgument("all_gather_into: output " + output.describe() +
+                          " must have the input's dtype and " +
+                          std::to_string(size()) + " times its " +
+                          std::to_string(input.numel()) + " elements");
+  }
+  const int device = device_for(input, "all_gather_into");
+  device_for(output, "all_gather_into");
+  const std::string what = describe("all_gather", input, "");
+  return issue(what, {output, input}, device, options.timeout,
+               [output, input, what](Communicator& c) {
+                 c.settle(
+                     ncclAllGather(input.data_ptr(), output.data_ptr(),
+                                   static_cast<std::size_t>(input.numel()),
+                                   nccl_type(input.dtype()), c.comm, c.stream),
+                     what);
+               });
+}
+
+std::shared_ptr<Work> NcclBackend::all_gather(std::vector<Tensor>& outputs,
+                                              const Tensor& input,
+                                              const AllGatherOptions& options) {
+  check_tensor(input, "all_gather");
+  if (outputs.size() != static_cast<std::size_t>(size())) {
+    throw InvalidArgument("all_gather needs one output tensor per rank (" +
+                          std::to_string(size()) + "), got " +
+                          std::to_string(outputs.size()));
+  }
+  const int device = device_for(input, "all_gather");
+  for (const Tensor& out : outputs) {
+    check_same("all_gather", input, out, "output");
+    device_for(out, "all_gather");
+  }
+  // Gathered into one flat buffer by NCCL, then copied out on the stream.
+  Tensor flat =
+      Tensor::empty({input.numel() * size()}, input.dtype(), input.device());
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(input);
+  keep.push_back(flat);
+  const std::string what = describe("all_gather", input, "");
+  return issue(
+      what, keep, device, options.timeout,
+      [outputs, input, flat, what](Communicator& c) {
+        c.settle(ncclAllGather(input.data_ptr(), flat.data_ptr(),
+                               static_cast<std::size_t>(input.numel()),
+                               nccl_type(input.dtype()), c.comm, c.stream),
+                 what);
+        const std::size_t bytes = input.nbytes();
+        for (std::size_t r = 0; r < outputs.size(); ++r) {
+          check_cuda(
+              cudaMemcpyAsync(
+                  outputs[r].data_ptr(),
+                  static_cast<std::uint8_t*>(flat.data_ptr()) + r * bytes,
+                  bytes, cudaMemcpyDeviceToDevice, c.stream),
+              "cudaMemcpyAsync in " + what);
+        }
+      });
+}
+
+std::shared_ptr<Work> NcclBackend::reduce_scatter(
+    Tensor& output, const std::vector<Tensor>& inputs,
+    const ReduceScatterOptions& options) {
+  check_tensor(output, "reduce_scatter");
+  const ncclRedOp_t op = nccl_op(options.op, output.dtype());
+  if (inputs.size() != static_cast<std::size_t>(size())) {
+    throw InvalidArgument("reduce_scatter needs one input tensor per rank (" +
+                          std::to_string(size()) + "), got " +
+                          std::to_string(inputs.size()));
+  }
+  const int device = device_for(output, "reduce_scatter");
+  for (const Tensor& in : inputs) {
+    check_same("reduce_scatter", output, in, "input");
+    device_for(in, "reduce_scatter");
+  }
+  // NCCL reads one flat buffer of every rank's block; the inputs are
+  // copied into it on the stream (which also makes in place safe).
+  Tensor flat =
+      Tensor::empty({output.numel() * size()}, output.dtype(), output.device());
+  std::vector<Tensor> keep = inputs;
+  keep.push_back(output);
+  keep.push_back(flat);
+  const std::string what =
+      describe("reduce_scatter", output, reduce_op_name(options.op));
+  return issue(what, keep, device, options.timeout,
+               [output, inputs, flat, op, what](Communicator& c) {
+                 const std::size_t bytes = output.nbytes();
+                 for (std::size_t r = 0; r < inputs.size(); ++r) {
+                   check_cuda(cudaMemcpyAsync(
+                                  static_cast<std::uint8_t*>(flat.data_ptr()) +
+                                      r * bytes,
+                                  inputs[r].data_ptr(), bytes,
+                                  cudaMemcpyDeviceToDevice, c.stream),
+                              "cudaMemcpyAsync in " + what);
+                 }
+                 c.settle(ncclReduceScatter(
+                              flat.data_ptr(), output.data_ptr(),
+                              static_cast<std::size_t>(output.numel()),
+                              nccl_type(output.dtype()), op, c.comm, c.stream),
+                          what);
+               });
+}
+
+std::shared_ptr<Work> NcclBackend::gather(std::vector<Tensor>& outputs,
+                                          const Tensor& input,
+                                          const GatherOptions& options) {
+  check_tensor(input, "gather");
+  check_root("gather", options.root, size());
+  const bool root = rank() == options.root;
+  const std::size_t expected = root ? static_cast<std::size_t>(size()) : 0;
+  if (outputs.size() != expected) {
+    throw InvalidArgument(root ? "gather needs one output tensor per rank (" +
+                                     std::to_string(size()) + ") on the root"
+                               : "gather: only the root passes output "
+                                 "tensors; this rank passed " +
+                                     std::to_string(outputs.size()));
+  }
+  const int device = device_for(input, "gather");
+  for (const Tensor& out : outputs) {
+    check_same("gather", input, out, "output");
+    device_for(out, "gather");
+  }
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(input);
+  const std::string what =
+      describe("gather", input, "root " + std::to_string(options.root));
+  const int me = rank();
+  const int n = size();
+  return issue(
+      what, keep, device, options.timeout,
+      [outputs, input, options, me, n, what](Communicator& c) {
+        const auto count = static_cast<std::size_t>(input.numel());
+        const ncclDataType_t type = nccl_type(input.dtype());
+        ncclGroupStart();
+        if (me == options.root) {
+          for (int r = 0; r < n; ++r) {
+            if (r == me) continue;
+            ncclRecv(outputs[r].data_ptr(), count, type, r, c.comm, c.stream);
+          }
+        } else {
+          ncclSend(input.data_ptr(), count, type, options.root, c.comm,
+                   c.stream);
+        }
+        c.settle(ncclGroupEnd(), what);
+        if (me == options.root && outputs[me].data_ptr() != input.data_ptr()) {
+          check_cuda(cudaMemcpyAsync(outputs[me].data_ptr(), input.data_ptr(),
+                                     input.nbytes(), cudaMemcpyDeviceToDevice,
+                                     c.stream),
+                     "cudaMemcpyAsync in " + what);
+        }
+      });
+}
+
+std::shared_ptr<Work> NcclBackend::scatter(Tensor& output,
+                                           const std::vector<Tensor>& inputs,
+                                           const ScatterOptions& options) {
+  check_tensor(output, "scatter");
+  check_root("scatter", options.root, size());
+  const bool root = rank() == options.root;
+  const std::size_t expected = root ? static_cast<std::size_t>(size()) : 0;
+  if (inputs.size() != expected) {
+    throw InvalidArgument(root ? "scatter needs one input tensor per rank (" +
+                                     std::to_string(size()) + ") on the root"
+                               : "scatter: only the root passes input "
+                                 "tensors; this rank passed " +
+                                     std::to_string(inputs.size()));
+  }
+  const int device = device_for(output, "scatter");
+  for (const Tensor& in : inputs) {
+    check_same("scatter", output, in, "input");
+    device_for(in, "scatter");
+  }
+  std::vector<Tensor> keep = inputs;
+  keep.push_back(output);
+  const std::string what =
+      describe("scatter", output, "root " + std::to_string(options.root));
+  const int me = rank();
+  const int n = size();
+  return issue(
+      what, keep, device, options.timeout,
+      [output, inputs, options, me, n, what](Communicator& c) {
+        const auto count = static_cast<std::size_t>(output.numel());
+        const ncclDataType_t type = nccl_type(output.dtype());
+        ncclGroupStart();
+        if (me == options.root) {
+          for (int r = 0; r < n; ++r) {
+            if (r == me) continue;
+            ncclSend(inputs[r].data_ptr(), count, type, r, c.comm, c.stream);
+          }
+        } else {
+          ncclRecv(output.data_ptr(), count, type, options.root, c.comm,
+                   c.stream);
+        }
+        c.settle(ncclGroupEnd(), what);
+        if (me == options.root && inputs[me].data_ptr() != output.data_ptr()) {
+          check_cuda(cudaMemcpyAsync(output.data_ptr(), inputs[me].data_ptr(),
+                                     output.nbytes(), cudaMemcpyDeviceToDevice,
+                                     c.stream),
+                     "cudaMemcpyAsync in " + what);
+        }
+      });
+}
+
+std::shared_ptr<Work> NcclBackend::all_to_all(Tensor& output,
+                                              const Tensor& input,
+                                              const AllToAllOptions& options) {
+  check_tensor(input, "all_to_all");
+  check_tensor(output, "all_to_all");
+  if (input.dtype() != output.dtype() || input.dim() == 0 ||
+      output.dim() == 0) {
+    throw InvalidArgument(
+        "all_to_all: input " + input.describe() + " and output " +
+        output.describe() +
+        " must share a dtype and have at least one dimension");
+  }
+  const int device = device_for(input, "all_to_all");
+  device_for(output, "all_to_all");
+  const auto n = static_cast<std::size_t>(size());
+  // Element offsets and counts per rank, from row split sizes.
+  auto splits = [&](const std::vector<std::int64_t>& given, const Tensor& t,
+                    const char* which) {
+    std::vector<std::int64_t> rows = given;
+    if (rows.empty()) {
+      if (t.size(0) % size() != 0) {
+        throw InvalidArgument(std::string("all_to_all: ") + which + " " +
+                              t.describe() + " has " +
+                              std::to_string(t.size(0)) +
+                              " rows, not divisible by the group size " +
+                              std::to_string(size()) + "; pass split sizes");
+      }
+      rows.assign(n, t.size(0) / size());
+    }
+    if (rows.size() != n ||
+        std::accumulate(rows.begin(), rows.end(), std::int64_t{0}) !=
+            t.size(0) ||
+        std::any_of(rows.begin(), rows.end(),
+                    [](std::int64_t r) { return r < 0; })) {
+      throw InvalidArgument(
+          std::string("all_to_all: ") + which +
+          " split sizes must be one non-negative row count per rank "
+          "adding up to " +
+          std::to_string(t.size(0)));
+    }
+    const std::size_t row = t.size(0) == 0
+                                ? 0
+                                : static_cast<std::size_t>(t.numel()) /
+                                      static_cast<std::size_t>(t.size(0));
+    std::vector<std::size_t> offsets(n), counts(n);
+    std::size_t at = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      offsets[p] = at;
+      counts[p] = static_cast<std::size_t>(rows[p]) * row;
+      at += counts[p];
+    }
+    return std::make_pair(offsets, counts);
+  };
+  auto [send_offsets, send_counts] =
+      splits(options.input_split_sizes, input, "input");
+  auto [recv_offsets, recv_counts] =
+      splits(options.output_split_sizes, output, "output");
+  const auto self = static_cast<std::size_t>(rank());
+  if (send_counts[self] != recv_counts[self]) {
+    throw InvalidArgument("all_to_all: this rank sends itself " +
+                          std::to_string(send_counts[self]) +
+                          " elements but expects " +
+                          std::to_string(recv_counts[self]) +
+                          " from itself; check the split sizes");
+  }
+  // In place, a block received early would overwrite one not yet sent:
+  // send from a copy, made on the stream.
+  const bool in_place = input.data_ptr() == output.data_ptr();
+  Tensor source =
+      in_place ? Tensor::empty(input.shape(), input.dtype(), input.device())
+               : input;
+  const std::string what = describe("all_to_all", input, "");
+  const int me = rank();
+  return issue(what, {output, input, source}, device, options.timeout,
+               [=](Communicator& c) {
+                 if (in_place) {
+                   check_cuda(
+                       cudaMemcpyAsync(source.data_ptr(), input.data_ptr(),
+                                       input.nbytes(), cudaMemcpyDeviceToDevice,
+                                       c.stream),
+                       "cudaMemcpyAsync in " + what);
+                 }
+                 const ncclDataType_t type = nccl_type(input.dtype());
+                 const std::size_t element = input.element_size();
+                 auto* in = static_cast<std::uint8_t*>(source.data_ptr());
+                 auto* out = static_cast<std::uint8_t*>(output.data_ptr());
+                 ncclGroupStart();
+                 for (std::size_t p = 0; p < n; ++p) {
+                   if (static_cast<int>(p) == me) continue;
+                   ncclSend(in + send_offsets[p] * element, send_counts[p],
+                            type, static_cast<int>(p), c.comm, c.stream);
+                   ncclRecv(out + recv_offsets[p] * element, recv_counts[p],
+                            type, static_cast<int>(p), c.comm, c.stream);
+                 }
+                 c.settle(ncclGroupEnd(), what);
+                 check_cuda(cudaMemcpyAsync(out + recv_offsets[self] * element,
+                                            in + send_offsets[self] * element,
+                                            send_counts[self] * element,
+                                            cudaMemcpyDeviceToDevice, c.stream),
+                            "cudaMemcpyAsync in " + what);
+               });
+}
+
+std::shared_ptr<Work> NcclBackend::barrier(const BarrierOptions& options) {
+  int device;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device_) {
+      device = *device_;
+    } else {
+      // No tensor has named a device yet: cuda:LOCAL_RANK, as torchrun
+      // and commrun set it, or the rank.
+      const int count = cuda_device_count();
+      if (count == 0) {
+        throw InvalidArgument(
+            "barrier: the nccl backend needs a CUDA device, and this "
+            "process sees none (check CUDA_VISIBLE_DEVICES and the driver)");
+      }
+      const char* local = std::getenv("LOCAL_RANK");
+      device = (local ? std::atoi(local) : rank()) % count;
+    }
+  }
+  // An all_reduce of one element: it completes on every rank only once
+  // every rank has reached it.
+  Tensor token = Tensor::zeros({1}, DType::kU8, Device::cuda(device));
+  const std::string what = "barrier";
+  return issue(
+      what, {token}, device, options.timeout,
+      [token, what](Communicator& c) {
+        c.settle(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclUint8,
+                               ncclSum, c.comm, c.stream),
+                 what);
+      },
+      /*blocks_host=*/true);
+}
+
+std::shared_ptr<Work> NcclBackend::send(const Tensor& tensor, int dst,
+                                        const SendOptions& options) {
+  check_tensor(tensor, "send");
+  if (dst < 0 || dst >= size() || dst == rank()) {
+    throw InvalidArgument("send: destination " + std::to_string(dst) +
+                          " is not another rank of the group of " +
+                          std::to_string(size()));
+  }
+  const int device = device_for(tensor, "send");
+  const std::string what =
+      describe("send", tensor, "to rank " + std::to_string(dst));
+  return issue(what, {tensor}, device, options.timeout,
+               [tensor, dst, what](Communicator& c) {
+                 c.settle(
+                     ncclSend(tensor.data_ptr(),
+                              static_cast<std::size_t>(tensor.numel()),
+                              nccl_type(tensor.dtype()), dst, c.comm, c.stream),
+                     what);
+               });
+}
+
+std::shared_ptr<Work> NcclBackend::recv(Tensor& tensor, int src,
+                                        const RecvOptions& options) {
+  check_tensor(tensor, "recv");
+  if (src == kAnySource) {
+    throw InvalidArgument(
+        "recv: NCCL cannot receive from any source; name the sending rank, "
+        "or use the tcp backend");
+  }
+  if (src < 0 || src >= size() || src == rank()) {
+    throw InvalidArgument("recv: source " + std::to_string(src) +
+                          " is not another rank of the group of " +
+                          std::to_string(size()));
+  }
+  const int device = device_for(tensor, "recv");
+  const std::string what =
+      describe("recv", tensor, "from rank " + std::to_string(src));
+  return issue(what, {tensor}, device, options.timeout,
+               [tensor, src, what](Communicator& c) {
+                 c.settle(
+                     ncclRecv(tensor.data_ptr(),
+                              static_cast<std::size_t>(tensor.numel()),
+                              nccl_type(tensor.dtype()), src, c.comm, c.stream),
+                     what);
+               });
+}
+
+}  // namespace comm

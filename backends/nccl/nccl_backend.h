@@ -1,0 +1,132 @@
+// comm::NcclBackend: collectives on CUDA tensors through NCCL.
+//
+// The group's NCCL communicator is created on first use, on the device of
+// the first tensor (or cuda:LOCAL_RANK for a barrier that comes first); its
+// ncclUniqueId travels through the group's Store. Every operation is issued
+// on the group's own CUDA stream, after an event recorded on the caller's
+// current stream (comm::current_cuda_stream), so the kernels that produced
+// the input run first; its completion is an event of that stream.
+//
+// Work::wait() without a timeout makes the caller's current stream wait for
+// that event and returns without blocking the host (barrier's waits on the
+// host); wait(timeout) blocks the host at most `timeout`. The tensors of an
+// operation stay referenced until it completes.
+//
+// A watchdog thread polls the events, NCCL's asynchronous error and each
+// operation's deadline. On an error or a timeout it aborts the
+// communicator (ncclCommAbort) and fails every pending Work with an error
+// naming the operation, its sequence number and NCCL's message; the group
+// then refuses new operations. shutdown() and the destructor abort a
+// communicator with work in flight instead of waiting for it, so they never
+// hang.
+//
+// NCCL has no bitwise reductions and no receive from any source; asking for
+// them is InvalidArgument. Tags of send and recv are accepted and ignored:
+// NCCL matches messages between two ranks in issue order.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "libcomm/backend.h"
+#include "libcomm/store.h"
+
+namespace comm {
+
+class COMM_API NcclBackend final : public Backend {
+ public:
+  // Creates no communicator yet: that needs a device, which the first
+  // operation's tensor gives.
+  NcclBackend(std::shared_ptr<Store> store, int rank, int size,
+              std::chrono::milliseconds timeout);
+  ~NcclBackend() override;
+
+  std::string name() const override { return "nccl"; }
+
+  std::shared_ptr<Work> broadcast(Tensor& tensor,
+                                  const BroadcastOptions& options) override;
+  std::shared_ptr<Work> reduce(Tensor& tensor,
+                               const ReduceOptions& options) override;
+  std::shared_ptr<Work> all_reduce(Tensor& tensor,
+                                   const AllReduceOptions& options) override;
+  std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs,
+                                   const Tensor& input,
+                                   const AllGatherOptions& options) override;
+  std::shared_ptr<Work> all_gather_into(
+      Tensor& output, const Tensor& input,
+      const AllGatherOptions& options) override;
+  std::shared_ptr<Work> gather(std::vector<Tensor>& outputs,
+                               const Tensor& input,
+                               const GatherOptions& options) override;
+  std::shared_ptr<Work> scatter(Tensor& output,
+                                const std::vector<Tensor>& inputs,
+                                const ScatterOptions& options) override;
+  std::shared_ptr<Work> reduce_scatter(
+      Tensor& output, const std::vector<Tensor>& inputs,
+      const ReduceScatterOptions& options) override;
+  std::shared_ptr<Work> all_to_all(Tensor& output, const Tensor& input,
+                                   const AllToAllOptions& options) override;
+  std::shared_ptr<Work> barrier(const BarrierOptions& options) override;
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst,
+                             const SendOptions& options) override;
+  std::shared_ptr<Work> recv(Tensor& tensor, int src,
+                             const RecvOptions& options) override;
+  void shutdown() override;
+
+  // Aborts the communicator now (ncclCommAbort) and fails every pending
+  // Work with an error quoting `reason`; later operations are refused.
+  // Does nothing when there is no communicator yet or it was aborted.
+  void abort(const std::string& reason);
+
+  // The device the group is bound to, or -1 before its first operation.
+  int device() const;
+
+  struct Communicator;
+  struct Pending;
+
+ private:
+  // What an issued operation runs on the group's stream: NCCL calls (the
+  // communicator and stream are passed in) and stream-ordered copies.
+  using Launch = std::function<void(Communicator&)>;
+
+  // Issues `launch` for the operation `description` on the tensors `keep`
+  // (kept alive until it completes), on `device`, with the given timeout.
+  // `blocks_host`: an unbounded wait() waits on the host (barrier).
+  std::shared_ptr<Work> issue(std::string description, std::vector<Tensor> keep,
+                              int device, OpTimeout timeout, Launch launch,
+                              bool blocks_host = false);
+  // The device of `tensor`, checked against the group's (binding the group
+  // on its first operation). Throws InvalidArgument for a host tensor or
+  // another device.
+  int device_for(const Tensor& tensor, const std::string& op);
+  Communicator& communicator(int device);
+  void watch();
+  // With mutex_ held.
+  void abort_locked(const std::string& reason, bool timed_out);
+  void check_open_locked() const;
+  std::string describe(const char* op, const Tensor& tensor,
+                       const std::string& extra) const;
+
+  std::shared_ptr<Store> store_;
+  std::chrono::milliseconds timeout_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable watchdog_wake_;
+  std::unique_ptr<Communicator> communicator_;
+  std::vector<std::shared_ptr<Pending>> pending_;
+  std::optional<int> device_;
+  std::uint64_t next_sequence_ = 0;
+  bool stopping_ = false;
+  std::string aborted_;  // why the communicator was aborted, if it was
+  std::thread watchdog_;
+};
+
+}  // namespace comm
