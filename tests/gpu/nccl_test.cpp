@@ -11,6 +11,7 @@
 
 #include "backends/nccl/nccl_backend.h"
 #include "libcomm/cuda.h"
+#include "libcomm/ddp/distributed_data_parallel.h"
 #include "libcomm/detail/dispatch.h"
 #include "libcomm/error.h"
 #include "libcomm/process_group.h"
@@ -233,4 +234,25 @@ TEST_CASE("\"cpu:tcp,cuda:nccl\" routes each call by its tensor's device",
   std::vector<Tensor> mixed{Tensor::zeros({8}, DType::kF32)};
   CHECK_THROWS_WITH(group->all_gather(mixed, gpu),
                     Catch::Contains("different kinds of device"));
+}
+
+TEST_CASE("DDP averages CUDA gradients over the NCCL backend",
+          "[gpu][nccl][ddp]") {
+  std::shared_ptr<ProcessGroup> group = nccl_group();
+  std::vector<comm::Parameter> params;
+  for (int p = 0; p < 3; ++p) {
+    params.push_back({"p" + std::to_string(p),
+                      Tensor::full({1000 + p}, p, DType::kF32, kGpu),
+                      Tensor::full({1000 + p}, 0.5, DType::kF32, kGpu)});
+  }
+  comm::DdpOptions options;
+  options.first_bucket_mb = 0.004;  // a bucket per parameter
+  options.bucket_cap_mb = 0.004;
+  comm::DistributedDataParallel ddp(group, params, {}, options);
+  CHECK(ddp.bucket_count() == 3);
+  for (std::size_t p = 3; p-- > 0;) ddp.mark_grad_ready(p);
+  ddp.finish();
+  comm::synchronize_cuda_stream(0);
+  for (std::size_t p = 0; p < 3; ++p)
+    CHECK(host_values(ddp.grad(p)) == std::vector<double>(1000 + p, 0.5));
 }
