@@ -466,3 +466,28 @@ TEST_CASE("DistributedSampler splits epochs evenly and reproducibly",
   CHECK(a.indices() != b.indices());  // a new shuffle per epoch
   CHECK_THROWS_AS(comm::DistributedSampler(10, 2, 2), comm::InvalidArgument);
 }
+
+TEST_CASE("buffers follow rank 0's each step", "[ddp][multiproc]") {
+  auto codes = run_world(3, [&](ProcessGroup& group) {
+    Mlp model(kShape, 1);
+    // A running statistic each rank updates on its own.
+    Tensor running = Tensor::full({5}, group.rank() * 10, comm::DType::kF32);
+    auto g = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    DistributedDataParallel ddp(g, parameters_of(model),
+                                {{"running", running}});
+    for (int step = 0; step < 3; ++step) {
+      if (running.data<float>()[0] != step * 1.0f)
+        throw std::runtime_error("buffer not rank 0's after step " +
+                                 std::to_string(step));
+      running.data<float>()[0] += 1 + group.rank();  // ranks drift apart
+      ddp.before_forward();                          // and are re-synced
+      if (running.data<float>()[0] != step + 1.0f)
+        throw std::runtime_error("buffer not broadcast");
+      model.forward_backward(batch_of(step, group.rank(), 3), 1.0,
+                             [&](std::size_t p) { ddp.mark_grad_ready(p); });
+      ddp.finish();
+      model.zero_grads();
+    }
+  });
+  CHECK(codes == std::vector<int>{0, 0, 0});
+}
