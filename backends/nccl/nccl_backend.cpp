@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <numeric>
 
 #include "libcomm/cuda.h"
+#include "libcomm/detail/collective_args.h"
 #include "libcomm/detail/cuda.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
@@ -17,6 +17,8 @@
 namespace comm {
 namespace {
 
+using detail::check_root;
+using detail::check_tensor;
 using Clock = std::chrono::steady_clock;
 
 // How often the watchdog looks at pending operations. Completion of a
@@ -70,28 +72,6 @@ ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
   throw InvalidArgument(std::string("reduce op ") + reduce_op_name(op) +
                         " is bitwise, and NCCL has no bitwise reductions; "
                         "use sum, avg, prod, min or max, or the tcp backend");
-}
-
-void check_tensor(const Tensor& tensor, const std::string& op) {
-  if (!tensor.defined()) throw InvalidArgument(op + " got an undefined tensor");
-  tensor.check_contiguous(op);
-}
-
-void check_root(const std::string& op, int root, int size) {
-  if (root < 0 || root >= size) {
-    throw InvalidArgument(op + ": root " + std::to_string(root) +
-                          " is outside the group of " + std::to_string(size) +
-                          " ranks");
-  }
-}
-
-void check_same(const std::string& op, const Tensor& a, const Tensor& b,
-                const char* role) {
-  check_tensor(b, op);
-  if (a.dtype() != b.dtype() || a.numel() != b.numel()) {
-    throw InvalidArgument(op + ": " + role + " " + b.describe() +
-                          " does not match " + a.describe());
-  }
 }
 
 }  // namespace
@@ -538,16 +518,10 @@ std::shared_ptr<Work> NcclBackend::all_gather(std::vector<Tensor>& outputs,
                                               const Tensor& input,
                                               const AllGatherOptions& options) {
   check_tensor(input, "all_gather");
-  if (outputs.size() != static_cast<std::size_t>(size())) {
-    throw InvalidArgument("all_gather needs one output tensor per rank (" +
-                          std::to_string(size()) + "), got " +
-                          std::to_string(outputs.size()));
-  }
+  detail::check_tensor_list("all_gather", outputs,
+                            static_cast<std::size_t>(size()), input, "output");
   const int device = device_for(input, "all_gather");
-  for (const Tensor& out : outputs) {
-    check_same("all_gather", input, out, "output");
-    device_for(out, "all_gather");
-  }
+  for (const Tensor& out : outputs) device_for(out, "all_gather");
   // Gathered into one flat buffer by NCCL, then copied out on the stream.
   Tensor flat =
       Tensor::empty({input.numel() * size()}, input.dtype(), input.device());
@@ -579,16 +553,10 @@ std::shared_ptr<Work> NcclBackend::reduce_scatter(
     const ReduceScatterOptions& options) {
   check_tensor(output, "reduce_scatter");
   const ncclRedOp_t op = nccl_op(options.op, output.dtype());
-  if (inputs.size() != static_cast<std::size_t>(size())) {
-    throw InvalidArgument("reduce_scatter needs one input tensor per rank (" +
-                          std::to_string(size()) + "), got " +
-                          std::to_string(inputs.size()));
-  }
+  detail::check_tensor_list("reduce_scatter", inputs,
+                            static_cast<std::size_t>(size()), output, "input");
   const int device = device_for(output, "reduce_scatter");
-  for (const Tensor& in : inputs) {
-    check_same("reduce_scatter", output, in, "input");
-    device_for(in, "reduce_scatter");
-  }
+  for (const Tensor& in : inputs) device_for(in, "reduce_scatter");
   // NCCL reads one flat buffer of every rank's block; the inputs are
   // copied into it on the stream (which also makes in place safe).
   Tensor flat =
@@ -622,20 +590,12 @@ std::shared_ptr<Work> NcclBackend::gather(std::vector<Tensor>& outputs,
                                           const GatherOptions& options) {
   check_tensor(input, "gather");
   check_root("gather", options.root, size());
-  const bool root = rank() == options.root;
-  const std::size_t expected = root ? static_cast<std::size_t>(size()) : 0;
-  if (outputs.size() != expected) {
-    throw InvalidArgument(root ? "gather needs one output tensor per rank (" +
-                                     std::to_string(size()) + ") on the root"
-                               : "gather: only the root passes output "
-                                 "tensors; this rank passed " +
-                                     std::to_string(outputs.size()));
-  }
+  detail::check_tensor_list(
+      "gather", outputs,
+      rank() == options.root ? static_cast<std::size_t>(size()) : 0, input,
+      "output");
   const int device = device_for(input, "gather");
-  for (const Tensor& out : outputs) {
-    check_same("gather", input, out, "output");
-    device_for(out, "gather");
-  }
+  for (const Tensor& out : outputs) device_for(out, "gather");
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
   const std::string what =
@@ -672,20 +632,12 @@ std::shared_ptr<Work> NcclBackend::scatter(Tensor& output,
                                            const ScatterOptions& options) {
   check_tensor(output, "scatter");
   check_root("scatter", options.root, size());
-  const bool root = rank() == options.root;
-  const std::size_t expected = root ? static_cast<std::size_t>(size()) : 0;
-  if (inputs.size() != expected) {
-    throw InvalidArgument(root ? "scatter needs one input tensor per rank (" +
-                                     std::to_string(size()) + ") on the root"
-                               : "scatter: only the root passes input "
-                                 "tensors; this rank passed " +
-                                     std::to_string(inputs.size()));
-  }
+  detail::check_tensor_list(
+      "scatter", inputs,
+      rank() == options.root ? static_cast<std::size_t>(size()) : 0, output,
+      "input");
   const int device = device_for(output, "scatter");
-  for (const Tensor& in : inputs) {
-    check_same("scatter", output, in, "input");
-    device_for(in, "scatter");
-  }
+  for (const Tensor& in : inputs) device_for(in, "scatter");
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
   const std::string what =
@@ -732,48 +684,14 @@ std::shared_ptr<Work> NcclBackend::all_to_all(Tensor& output,
   const int device = device_for(input, "all_to_all");
   device_for(output, "all_to_all");
   const auto n = static_cast<std::size_t>(size());
-  // Element offsets and counts per rank, from row split sizes.
-  auto splits = [&](const std::vector<std::int64_t>& given, const Tensor& t,
-                    const char* which) {
-    std::vector<std::int64_t> rows = given;
-    if (rows.empty()) {
-      if (t.size(0) % size() != 0) {
-        throw InvalidArgument(std::string("all_to_all: ") + which + " " +
-                              t.describe() + " has " +
-                              std::to_string(t.size(0)) +
-                              " rows, not divisible by the group size " +
-                              std::to_string(size()) + "; pass split sizes");
-      }
-      rows.assign(n, t.size(0) / size());
-    }
-    if (rows.size() != n ||
-        std::accumulate(rows.begin(), rows.end(), std::int64_t{0}) !=
-            t.size(0) ||
-        std::any_of(rows.begin(), rows.end(),
-                    [](std::int64_t r) { return r < 0; })) {
-      throw InvalidArgument(
-          std::string("all_to_all: ") + which +
-          " split sizes must be one non-negative row count per rank "
-          "adding up to " +
-          std::to_string(t.size(0)));
-    }
-    const std::size_t row = t.size(0) == 0
-                                ? 0
-                                : static_cast<std::size_t>(t.numel()) /
-                                      static_cast<std::size_t>(t.size(0));
-    std::vector<std::size_t> offsets(n), counts(n);
-    std::size_t at = 0;
-    for (std::size_t p = 0; p < n; ++p) {
-      offsets[p] = at;
-      counts[p] = static_cast<std::size_t>(rows[p]) * row;
-      at += counts[p];
-    }
-    return std::make_pair(offsets, counts);
-  };
-  auto [send_offsets, send_counts] =
-      splits(options.input_split_sizes, input, "input");
-  auto [recv_offsets, recv_counts] =
-      splits(options.output_split_sizes, output, "output");
+  const detail::Splits sends = detail::all_to_all_splits(
+      options.input_split_sizes, input, size(), "input");
+  const detail::Splits receives = detail::all_to_all_splits(
+      options.output_split_sizes, output, size(), "output");
+  const auto& send_offsets = sends.offsets;
+  const auto& send_counts = sends.counts;
+  const auto& recv_offsets = receives.offsets;
+  const auto& recv_counts = receives.counts;
   const auto self = static_cast<std::size_t>(rank());
   if (send_counts[self] != recv_counts[self]) {
     throw InvalidArgument("all_to_all: this rank sends itself " +

@@ -15,12 +15,16 @@
 #include "backends/tcp/collective_context.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/point_to_point.h"
+#include "libcomm/detail/collective_args.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"
 
 namespace comm {
 
+using detail::check_root;
+using detail::check_tensor;
+using detail::check_tensor_list;
 using tcp::CallInfo;
 using tcp::Collective;
 using tcp::CollectiveContext;
@@ -105,43 +109,6 @@ struct TcpBackend::Scheduler {
 };
 
 namespace {
-
-void check_tensor(const Tensor& tensor, const std::string& what) {
-  if (!tensor.defined())
-    throw InvalidArgument(what + " got an undefined tensor");
-  tensor.check_contiguous(what);
-}
-
-// `list` must hold `expected` contiguous tensors matching `like` in dtype
-// and number of elements (the per-rank tensors of gather, scatter, ...).
-void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
-                       std::size_t expected, const Tensor& like,
-                       const char* role) {
-  if (list.size() != expected) {
-    throw InvalidArgument(
-        expected == 0
-            ? op + ": only the root passes " + role +
-                  " tensors; this rank passed " + std::to_string(list.size())
-            : op + " needs one " + role + " tensor per rank (" +
-                  std::to_string(expected) + "), got " +
-                  std::to_string(list.size()));
-  }
-  for (const Tensor& t : list) {
-    check_tensor(t, op);
-    if (t.dtype() != like.dtype() || t.numel() != like.numel()) {
-      throw InvalidArgument(op + ": " + role + " " + t.describe() +
-                            " does not match " + like.describe());
-    }
-  }
-}
-
-void check_root(const std::string& op, int root, int size) {
-  if (root < 0 || root >= size) {
-    throw InvalidArgument(op + ": root " + std::to_string(root) +
-                          " is outside the group of " + std::to_string(size) +
-                          " ranks");
-  }
-}
 
 // The host memory a call works on: the tensor itself, or a host copy of a
 // CUDA tensor (with its contents when `copy_in`).
@@ -563,46 +530,24 @@ std::shared_ptr<Work> TcpBackend::all_to_all(Tensor& output,
         output.describe() +
         " must share a dtype and have at least one dimension");
   }
-  const auto n = static_cast<std::size_t>(size());
-  auto splits = [&](const std::vector<std::int64_t>& given, const Tensor& t,
-                    const char* which) {
-    std::vector<std::int64_t> rows = given;
-    if (rows.empty()) {
-      if (t.size(0) % size() != 0) {
-        throw InvalidArgument(std::string("all_to_all: ") + which + " " +
-                              t.describe() + " has " +
-                              std::to_string(t.size(0)) +
-                              " rows, not divisible by the group size " +
-                              std::to_string(size()) + "; pass split sizes");
-      }
-      rows.assign(n, t.size(0) / size());
-    }
-    if (rows.size() != n ||
-        std::accumulate(rows.begin(), rows.end(), std::int64_t{0}) !=
-            t.size(0) ||
-        std::any_of(rows.begin(), rows.end(),
-                    [](std::int64_t r) { return r < 0; })) {
-      throw InvalidArgument(
-          std::string("all_to_all: ") + which +
-          " split sizes must be one non-negative row count per rank "
-          "adding up to " +
-          std::to_string(t.size(0)));
-    }
-    const std::size_t row_bytes =
-        t.size(0) == 0 ? 0 : t.nbytes() / static_cast<std::size_t>(t.size(0));
-    std::vector<std::size_t> offsets(n), bytes(n);
-    std::size_t at = 0;
-    for (std::size_t p = 0; p < n; ++p) {
-      offsets[p] = at;
-      bytes[p] = static_cast<std::size_t>(rows[p]) * row_bytes;
-      at += bytes[p];
-    }
-    return std::make_pair(offsets, bytes);
+  // The TCP algorithm works in bytes.
+  auto in_bytes = [](detail::Splits s, const Tensor& t) {
+    for (auto& v : s.offsets) v *= t.element_size();
+    for (auto& v : s.counts) v *= t.element_size();
+    return s;
   };
-  auto [send_offsets, send_bytes] =
-      splits(options.input_split_sizes, input, "input");
-  auto [recv_offsets, recv_bytes] =
-      splits(options.output_split_sizes, output, "output");
+  const detail::Splits sends =
+      in_bytes(detail::all_to_all_splits(options.input_split_sizes, input,
+                                         size(), "input"),
+               input);
+  const detail::Splits receives =
+      in_bytes(detail::all_to_all_splits(options.output_split_sizes, output,
+                                         size(), "output"),
+               output);
+  const auto& send_offsets = sends.offsets;
+  const auto& send_bytes = sends.counts;
+  const auto& recv_offsets = receives.offsets;
+  const auto& recv_bytes = receives.counts;
   CallInfo call{Collective::kAllToAll, 0, input.dtype(), 0, ReduceOp::kSum, -1};
   return enqueue(call, options.timeout,
                  [output, input, send_offsets, send_bytes, recv_offsets,

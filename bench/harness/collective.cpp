@@ -171,6 +171,22 @@ std::vector<double> values_of(const Tensor& t) {
   return values;
 }
 
+void prepare_in_place_api(Case& c,
+                          const std::function<double(std::size_t)>& value) {
+  Tensor input = filled(c.count, c.dtype, c.device, value);
+  c.inputs = {input};
+  if (c.in_place) {
+    c.outputs = {input};
+  } else {
+    c.source = input;
+    c.outputs = {Tensor::zeros(input.shape(), c.dtype, c.device)};
+  }
+}
+
+void refill_output(Case& c) {
+  if (c.source.defined()) c.outputs[0].copy_(c.source);
+}
+
 std::int64_t count_wrong(const Collective& collective, const Case& c) {
   std::int64_t wrong = 0;
   std::size_t index = 0;

@@ -103,6 +103,14 @@ Tensor filled(std::size_t count, DType dtype, Device device,
 // The elements of `t` (any device) as doubles.
 std::vector<double> values_of(const Tensor& t);
 
+// prepare() for the calls whose API works in place (all_reduce, broadcast,
+// reduce): one input of c.count elements holding value(i). In place it is
+// the output too; out of place it becomes c.source, and the output a zeroed
+// tensor that refill_output() fills from it before each run.
+void prepare_in_place_api(Case& c,
+                          const std::function<double(std::size_t)>& value);
+void refill_output(Case& c);
+
 // Counts the elements of c.outputs that differ from expected(): exactly for
 // integers, within two units in the last place for floating types.
 std::int64_t count_wrong(const Collective& collective, const Case& c);

@@ -14,20 +14,13 @@ class AllReduce final : public Collective {
     return 2.0 * (world - 1) / world;
   }
   void prepare(Case& c) const override {
-    Tensor input = filled(c.count, c.dtype, c.device, [&](std::size_t i) {
+    prepare_in_place_api(c, [&](std::size_t i) {
       return input_value(c.dtype, c.op, c.rank, i);
     });
-    c.inputs = {input};
-    if (c.in_place) {
-      c.outputs = {input};
-    } else {
-      c.source = input;
-      c.outputs = {Tensor::zeros(input.shape(), c.dtype, c.device)};
-    }
   }
   std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
                                            Case& c) const override {
-    if (c.source.defined()) c.outputs[0].copy_(c.source);
+    refill_output(c);
     return {group.all_reduce(c.outputs[0], {.op = c.op})};
   }
   double expected(const Case& c, std::size_t index) const override {

@@ -15,21 +15,13 @@ class Broadcast final : public Collective {
   void prepare(Case& c) const override {
     // Non-roots start from zeros, so that a rank the data never reached
     // shows up as wrong.
-    const bool root = c.rank == c.root;
-    Tensor input = filled(c.count, c.dtype, c.device, [&](std::size_t i) {
-      return root ? input_value(c.dtype, c.op, c.root, i) : 0.0;
+    prepare_in_place_api(c, [&](std::size_t i) {
+      return c.rank == c.root ? input_value(c.dtype, c.op, c.root, i) : 0.0;
     });
-    c.inputs = {input};
-    if (c.in_place) {
-      c.outputs = {input};
-    } else {
-      c.source = input;
-      c.outputs = {Tensor::zeros(input.shape(), c.dtype, c.device)};
-    }
   }
   std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
                                            Case& c) const override {
-    if (c.source.defined()) c.outputs[0].copy_(c.source);
+    refill_output(c);
     return {group.broadcast(c.outputs[0], {.root = c.root})};
   }
   double expected(const Case& c, std::size_t index) const override {

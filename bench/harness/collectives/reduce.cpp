@@ -15,20 +15,13 @@ class Reduce final : public Collective {
   bool uses_root() const override { return true; }
   double bus_factor(int) const override { return 1.0; }
   void prepare(Case& c) const override {
-    Tensor input = filled(c.count, c.dtype, c.device, [&](std::size_t i) {
+    prepare_in_place_api(c, [&](std::size_t i) {
       return input_value(c.dtype, c.op, c.rank, i);
     });
-    c.inputs = {input};
-    if (c.in_place) {
-      c.outputs = {input};
-    } else {
-      c.source = input;
-      c.outputs = {Tensor::zeros(input.shape(), c.dtype, c.device)};
-    }
   }
   std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
                                            Case& c) const override {
-    if (c.source.defined()) c.outputs[0].copy_(c.source);
+    refill_output(c);
     return {group.reduce(c.outputs[0], {.root = c.root, .op = c.op})};
   }
   double expected(const Case& c, std::size_t index) const override {

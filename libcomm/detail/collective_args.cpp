@@ -1,0 +1,80 @@
+#include "libcomm/detail/collective_args.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "libcomm/error.h"
+
+namespace comm::detail {
+
+void check_tensor(const Tensor& tensor, const std::string& op) {
+  if (!tensor.defined()) throw InvalidArgument(op + " got an undefined tensor");
+  tensor.check_contiguous(op);
+}
+
+void check_root(const std::string& op, int root, int size) {
+  if (root < 0 || root >= size) {
+    throw InvalidArgument(op + ": root " + std::to_string(root) +
+                          " is outside the group of " + std::to_string(size) +
+                          " ranks");
+  }
+}
+
+void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
+                       std::size_t expected, const Tensor& like,
+                       const char* role) {
+  if (list.size() != expected) {
+    throw InvalidArgument(
+        expected == 0
+            ? op + ": only the root passes " + role +
+                  " tensors; this rank passed " + std::to_string(list.size())
+            : op + " needs one " + role + " tensor per rank (" +
+                  std::to_string(expected) + "), got " +
+                  std::to_string(list.size()));
+  }
+  for (const Tensor& t : list) {
+    check_tensor(t, op);
+    if (t.dtype() != like.dtype() || t.numel() != like.numel()) {
+      throw InvalidArgument(op + ": " + role + " " + t.describe() +
+                            " does not match " + like.describe());
+    }
+  }
+}
+
+Splits all_to_all_splits(const std::vector<std::int64_t>& given,
+                         const Tensor& t, int size, const char* which) {
+  const auto n = static_cast<std::size_t>(size);
+  std::vector<std::int64_t> rows = given;
+  if (rows.empty()) {
+    if (t.size(0) % size != 0) {
+      throw InvalidArgument(std::string("all_to_all: ") + which + " " +
+                            t.describe() + " has " + std::to_string(t.size(0)) +
+                            " rows, not divisible by the group size " +
+                            std::to_string(size) + "; pass split sizes");
+    }
+    rows.assign(n, t.size(0) / size);
+  }
+  if (rows.size() != n ||
+      std::accumulate(rows.begin(), rows.end(), std::int64_t{0}) != t.size(0) ||
+      std::any_of(rows.begin(), rows.end(),
+                  [](std::int64_t r) { return r < 0; })) {
+    throw InvalidArgument(std::string("all_to_all: ") + which +
+                          " split sizes must be one non-negative row count "
+                          "per rank adding up to " +
+                          std::to_string(t.size(0)));
+  }
+  const std::size_t row = t.size(0) == 0
+                              ? 0
+                              : static_cast<std::size_t>(t.numel()) /
+                                    static_cast<std::size_t>(t.size(0));
+  Splits splits;
+  std::size_t at = 0;
+  for (std::size_t p = 0; p < n; ++p) {
+    splits.offsets.push_back(at);
+    splits.counts.push_back(static_cast<std::size_t>(rows[p]) * row);
+    at += splits.counts.back();
+  }
+  return splits;
+}
+
+}  // namespace comm::detail

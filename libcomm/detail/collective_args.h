@@ -1,0 +1,41 @@
+// The argument checks every backend makes before it starts an operation, so
+// that the same mistake gets the same message whichever backend runs it.
+// Each throws InvalidArgument naming the operation and what was wrong.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "libcomm/tensor.h"
+
+namespace comm::detail {
+
+// Defined and contiguous.
+void check_tensor(const Tensor& tensor, const std::string& op);
+
+// `root` is a rank of a group of `size`.
+void check_root(const std::string& op, int root, int size);
+
+// `list` holds `expected` tensors (0: this rank passes none, not being the
+// root), each passing check_tensor and matching `like` in dtype and number
+// of elements; `role` is "input" or "output".
+void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
+                       std::size_t expected, const Tensor& like,
+                       const char* role);
+
+// Where each rank's block of an all_to_all buffer lies, in elements.
+struct Splits {
+  std::vector<std::size_t> offsets;
+  std::vector<std::size_t> counts;
+};
+
+// The blocks of `t` (split along dimension 0) for `size` ranks: the row
+// counts `rows` (one per rank, adding up to t.size(0)), or equal blocks
+// when `rows` is empty (t.size(0) must then divide by `size`). `which` is
+// "input" or "output".
+Splits all_to_all_splits(const std::vector<std::int64_t>& rows, const Tensor& t,
+                         int size, const char* which);
+
+}  // namespace comm::detail
