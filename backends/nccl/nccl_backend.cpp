@@ -672,22 +672,14 @@ std::shared_ptr<Work> NcclBackend::scatter(Tensor& output,
 std::shared_ptr<Work> NcclBackend::all_to_all(Tensor& output,
                                               const Tensor& input,
                                               const AllToAllOptions& options) {
-  check_tensor(input, "all_to_all");
-  check_tensor(output, "all_to_all");
-  if (input.dtype() != output.dtype() || input.dim() == 0 ||
-      output.dim() == 0) {
-    throw InvalidArgument(
-        "all_to_all: input " + input.describe() + " and output " +
-        output.describe() +
-        " must share a dtype and have at least one dimension");
-  }
+  const detail::AllToAllLayout layout =
+      detail::all_to_all_layout(output, input, options.input_split_sizes,
+                                options.output_split_sizes, size());
   const int device = device_for(input, "all_to_all");
   device_for(output, "all_to_all");
   const auto n = static_cast<std::size_t>(size());
-  const detail::Splits sends = detail::all_to_all_splits(
-      options.input_split_sizes, input, size(), "input");
-  const detail::Splits receives = detail::all_to_all_splits(
-      options.output_split_sizes, output, size(), "output");
+  const detail::Splits& sends = layout.sends;
+  const detail::Splits& receives = layout.receives;
   const auto& send_offsets = sends.offsets;
   const auto& send_counts = sends.counts;
   const auto& recv_offsets = receives.offsets;

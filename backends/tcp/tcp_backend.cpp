@@ -521,29 +521,16 @@ std::shared_ptr<Work> TcpBackend::reduce_scatter(
 std::shared_ptr<Work> TcpBackend::all_to_all(Tensor& output,
                                              const Tensor& input,
                                              const AllToAllOptions& options) {
-  check_tensor(input, "all_to_all");
-  check_tensor(output, "all_to_all");
-  if (input.dtype() != output.dtype() || input.dim() == 0 ||
-      output.dim() == 0) {
-    throw InvalidArgument(
-        "all_to_all: input " + input.describe() + " and output " +
-        output.describe() +
-        " must share a dtype and have at least one dimension");
-  }
   // The TCP algorithm works in bytes.
-  auto in_bytes = [](detail::Splits s, const Tensor& t) {
-    for (auto& v : s.offsets) v *= t.element_size();
-    for (auto& v : s.counts) v *= t.element_size();
-    return s;
-  };
-  const detail::Splits sends =
-      in_bytes(detail::all_to_all_splits(options.input_split_sizes, input,
-                                         size(), "input"),
-               input);
-  const detail::Splits receives =
-      in_bytes(detail::all_to_all_splits(options.output_split_sizes, output,
-                                         size(), "output"),
-               output);
+  detail::AllToAllLayout layout =
+      detail::all_to_all_layout(output, input, options.input_split_sizes,
+                                options.output_split_sizes, size());
+  for (detail::Splits* s : {&layout.sends, &layout.receives}) {
+    for (auto& v : s->offsets) v *= input.element_size();
+    for (auto& v : s->counts) v *= input.element_size();
+  }
+  const detail::Splits& sends = layout.sends;
+  const detail::Splits& receives = layout.receives;
   const auto& send_offsets = sends.offsets;
   const auto& send_bytes = sends.counts;
   const auto& recv_offsets = receives.offsets;

@@ -41,6 +41,8 @@ void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
   }
 }
 
+namespace {
+
 Splits all_to_all_splits(const std::vector<std::int64_t>& given,
                          const Tensor& t, int size, const char* which) {
   const auto n = static_cast<std::size_t>(size);
@@ -75,6 +77,25 @@ Splits all_to_all_splits(const std::vector<std::int64_t>& given,
     at += splits.counts.back();
   }
   return splits;
+}
+
+}  // namespace
+
+AllToAllLayout all_to_all_layout(const Tensor& output, const Tensor& input,
+                                 const std::vector<std::int64_t>& input_rows,
+                                 const std::vector<std::int64_t>& output_rows,
+                                 int size) {
+  check_tensor(input, "all_to_all");
+  check_tensor(output, "all_to_all");
+  if (input.dtype() != output.dtype() || input.dim() == 0 ||
+      output.dim() == 0) {
+    throw InvalidArgument(
+        "all_to_all: input " + input.describe() + " and output " +
+        output.describe() +
+        " must share a dtype and have at least one dimension");
+  }
+  return {all_to_all_splits(input_rows, input, size, "input"),
+          all_to_all_splits(output_rows, output, size, "output")};
 }
 
 }  // namespace comm::detail

@@ -31,11 +31,18 @@ struct Splits {
   std::vector<std::size_t> counts;
 };
 
-// The blocks of `t` (split along dimension 0) for `size` ranks: the row
-// counts `rows` (one per rank, adding up to t.size(0)), or equal blocks
-// when `rows` is empty (t.size(0) must then divide by `size`). `which` is
-// "input" or "output".
-Splits all_to_all_splits(const std::vector<std::int64_t>& rows, const Tensor& t,
-                         int size, const char* which);
+struct AllToAllLayout {
+  Splits sends;     // blocks of the input, per destination rank
+  Splits receives;  // blocks of the output, per source rank
+};
+
+// Checks an all_to_all's tensors (defined, contiguous, one dtype, at least
+// one dimension) and returns its blocks along dimension 0 for `size`
+// ranks: the row counts given (one per rank, adding up to size(0)), or
+// equal blocks when none are given (size(0) must then divide by `size`).
+AllToAllLayout all_to_all_layout(const Tensor& output, const Tensor& input,
+                                 const std::vector<std::int64_t>& input_rows,
+                                 const std::vector<std::int64_t>& output_rows,
+                                 int size);
 
 }  // namespace comm::detail
