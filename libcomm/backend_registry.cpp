@@ -82,16 +82,16 @@ std::shared_ptr<Backend> create_backend(const std::string& name,
     std::string known;
     for (const std::string& n : registered_backends())
       known += (known.empty() ? "" : ", ") + n;
-    std::string hint;
+    const std::string message =
+        "no backend named '" + name + "'; registered: " + known;
     if (name == "nccl") {
-      hint =
-          std::string("; this libcomm was built without the NCCL backend (") +
+      throw UnsupportedError(
+          message + "; this libcomm was built without the NCCL backend (" +
           COMM_NCCL_STATUS +
           "); install CUDA and NCCL under /usr/local/cuda (or pass "
-          "-Dgpu_root) and rebuild";
+          "-Dgpu_root) and rebuild");
     }
-    throw InvalidArgument("no backend named '" + name +
-                          "'; registered: " + known + hint);
+    throw InvalidArgument(message);
   }
   return factory(context);
 }

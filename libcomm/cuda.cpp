@@ -116,10 +116,10 @@ void cuda_memcpy(void* dst, const void* src, std::size_t nbytes) {
 namespace {
 
 [[noreturn]] void no_cuda(const char* what) {
-  throw InvalidArgument(std::string(what) +
-                        " needs CUDA, but libcomm was built without it; "
-                        "reconfigure with -Dcuda=enabled (and -Dgpu_root "
-                        "if CUDA is not under /usr/local/cuda)");
+  throw UnsupportedError(std::string(what) +
+                         " needs CUDA, but libcomm was built without it; "
+                         "reconfigure with -Dcuda=enabled (and -Dgpu_root "
+                         "if CUDA is not under /usr/local/cuda)");
 }
 
 }  // namespace

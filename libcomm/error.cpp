@@ -14,6 +14,12 @@ ErrorKind InvalidArgument::kind() const noexcept {
   return ErrorKind::kInvalidArgument;
 }
 
+UnsupportedError::UnsupportedError(const std::string& message)
+    : InvalidArgument(message) {}
+ErrorKind UnsupportedError::kind() const noexcept {
+  return ErrorKind::kUnsupported;
+}
+
 TimeoutError::TimeoutError(const std::string& message)
     : Error(with_log_hint(message)) {}
 ErrorKind TimeoutError::kind() const noexcept { return ErrorKind::kTimeout; }

@@ -22,6 +22,7 @@ enum class ErrorKind {
   kMismatch,
   kBackend,
   kSystem,
+  kUnsupported,
 };
 
 class COMM_API Error : public std::runtime_error {
@@ -37,6 +38,16 @@ class COMM_API Error : public std::runtime_error {
 class COMM_API InvalidArgument : public Error {
  public:
   explicit InvalidArgument(const std::string& message);
+  ErrorKind kind() const noexcept override;
+};
+
+// The call is well formed, but this build or this backend cannot do it: a
+// backend or CUDA that was not built in, a reduction NCCL lacks. It is an
+// InvalidArgument too, so code that catches those still catches it; the C
+// API reports it as its own code.
+class COMM_API UnsupportedError : public InvalidArgument {
+ public:
+  explicit UnsupportedError(const std::string& message);
   ErrorKind kind() const noexcept override;
 };
 

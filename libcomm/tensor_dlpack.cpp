@@ -3,6 +3,7 @@
 #include <dlpack/dlpack.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "libcomm/error.h"
@@ -111,11 +112,9 @@ DLManagedTensor* to_dlpack(const Tensor& tensor) {
   return &context->managed;
 }
 
-Tensor from_dlpack(DLManagedTensor* managed) {
-  if (managed == nullptr) {
-    throw InvalidArgument("from_dlpack: the DLManagedTensor is null");
-  }
-  const DLTensor& dl = managed->dl_tensor;
+namespace {
+
+Tensor import_dlpack(const DLTensor& dl, Storage::Deleter deleter) {
   const DType dtype = from_dl_dtype(dl.dtype);
   const Device device = from_dl_device(dl.device);
   if (dl.ndim < 0 || (dl.ndim > 0 && dl.shape == nullptr)) {
@@ -134,13 +133,25 @@ Tensor from_dlpack(DLManagedTensor* managed) {
     }
   }
   void* data = static_cast<std::byte*>(dl.data) + dl.byte_offset;
-  // Everything from_blob could reject was checked above: from here on the
-  // tensor owns `managed`.
+  // Everything from_blob could reject was checked above, so the deleter is
+  // the tensor's from here on.
   return Tensor::from_blob(data, shape, strides, dtype, device,
-                           [managed](void*) {
-                             if (managed->deleter != nullptr)
-                               managed->deleter(managed);
-                           });
+                           std::move(deleter));
+}
+
+}  // namespace
+
+Tensor from_dlpack(DLManagedTensor* managed) {
+  if (managed == nullptr) {
+    throw InvalidArgument("from_dlpack: the DLManagedTensor is null");
+  }
+  return import_dlpack(managed->dl_tensor, [managed](void*) {
+    if (managed->deleter != nullptr) managed->deleter(managed);
+  });
+}
+
+Tensor view_dlpack(const DLManagedTensor& managed) {
+  return import_dlpack(managed.dl_tensor, {});
 }
 
 }  // namespace comm

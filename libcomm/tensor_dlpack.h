@@ -25,4 +25,10 @@ COMM_API DLManagedTensor* to_dlpack(const Tensor& tensor);
 // throws InvalidArgument and `managed` still belongs to the caller.
 COMM_API Tensor from_dlpack(DLManagedTensor* managed);
 
+// A view of the memory `managed` describes, for callers that keep the
+// producer's tensor alive themselves (the C API borrows tensors this way).
+// Nothing is owned: its deleter is never called. Throws InvalidArgument as
+// from_dlpack does.
+COMM_API Tensor view_dlpack(const DLManagedTensor& managed);
+
 }  // namespace comm

@@ -69,9 +69,9 @@ ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
     case ReduceOp::kBor:
     case ReduceOp::kBxor: break;
   }
-  throw InvalidArgument(std::string("reduce op ") + reduce_op_name(op) +
-                        " is bitwise, and NCCL has no bitwise reductions; "
-                        "use sum, avg, prod, min or max, or the tcp backend");
+  throw UnsupportedError(std::string("reduce op ") + reduce_op_name(op) +
+                         " is bitwise, and NCCL has no bitwise reductions; "
+                         "use sum, avg, prod, min or max, or the tcp backend");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@ TEST_CASE("each error class reports its kind", "[error]") {
   CHECK(comm::TimeoutError("x").kind() == comm::ErrorKind::kTimeout);
   CHECK(comm::MismatchError("x").kind() == comm::ErrorKind::kMismatch);
   CHECK(comm::BackendError("x").kind() == comm::ErrorKind::kBackend);
+  CHECK(comm::UnsupportedError("x").kind() == comm::ErrorKind::kUnsupported);
   comm::PeerError peer(5, "rank 5 closed its connection");
   CHECK(peer.kind() == comm::ErrorKind::kPeer);
   CHECK(peer.peer_rank() == 5);
@@ -24,6 +25,8 @@ TEST_CASE("all of them are caught as comm::Error and std::exception",
           "[error]") {
   CHECK_THROWS_AS(throw comm::PeerError(1, "gone"), comm::Error);
   CHECK_THROWS_AS(throw comm::TimeoutError("late"), std::runtime_error);
+  // Code written before UnsupportedError existed still catches it.
+  CHECK_THROWS_AS(throw comm::UnsupportedError("no"), comm::InvalidArgument);
 }
 
 TEST_CASE("errors from other processes or timing name COMM_LOG_LEVEL",
