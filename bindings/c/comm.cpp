@@ -1,0 +1,1006 @@
+// The C API: extern "C" over the C++ API. Each entry point checks its
+// handles against the table of live ones, turns its arguments into Tensors
+// that view the caller's memory, calls the ProcessGroup, and turns every
+// exception into a comm_result_t and a thread-local message.
+#include "comm/comm.h"
+
+#include <dlpack/dlpack.h>
+
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "libcomm/cuda.h"
+#include "libcomm/error.h"
+#include "libcomm/process_group.h"
+#include "libcomm/tensor.h"
+#include "libcomm/tensor_dlpack.h"
+#include "libcomm/version.h"
+#include "libcomm/work.h"
+#include "store/file_store.h"
+#include "store/hash_store.h"
+#include "store/prefix_store.h"
+#include "store/tcp_store.h"
+
+struct comm_store {
+  std::shared_ptr<comm::Store> store;
+};
+
+struct comm_group {
+  std::shared_ptr<comm::ProcessGroup> group;
+};
+
+struct comm_work {
+  std::shared_ptr<comm::Work> work;
+  // The CUDA stream the operation was issued on, which comm_work_wait makes
+  // current again; device -1 for host buffers or the current stream.
+  int device = -1;
+  void* stream = nullptr;
+};
+
+namespace {
+
+using comm::Device;
+using comm::DType;
+using comm::InvalidArgument;
+using comm::ReduceOp;
+using comm::Tensor;
+using Millis = std::chrono::milliseconds;
+
+thread_local std::string last_error;
+
+// The handles alive now, with their kind. Checking a handle is a lookup
+// here, never a read through the pointer, so a freed handle is reported
+// instead of being dereferenced.
+enum class HandleKind { kStore, kGroup, kWork };
+
+struct HandleTable {
+  std::mutex mutex;
+  std::unordered_map<const void*, HandleKind> live;
+};
+
+HandleTable& handles() {
+  static auto* table = new HandleTable;  // never destroyed: atexit-safe
+  return *table;
+}
+
+template <typename H>
+constexpr HandleKind kind_of();
+template <>
+constexpr HandleKind kind_of<comm_store>() {
+  return HandleKind::kStore;
+}
+template <>
+constexpr HandleKind kind_of<comm_group>() {
+  return HandleKind::kGroup;
+}
+template <>
+constexpr HandleKind kind_of<comm_work>() {
+  return HandleKind::kWork;
+}
+
+template <typename H>
+constexpr const char* type_name() {
+  if constexpr (kind_of<H>() == HandleKind::kStore) return "comm_store_t";
+  if constexpr (kind_of<H>() == HandleKind::kGroup) return "comm_group_t";
+  return "comm_work_t";
+}
+
+template <typename H>
+H* adopt(std::unique_ptr<H> handle) {
+  std::lock_guard lock(handles().mutex);
+  handles().live.emplace(handle.get(), kind_of<H>());
+  return handle.release();
+}
+
+template <typename H>
+H& live(H* handle, const char* argument) {
+  if (handle == nullptr) {
+    throw InvalidArgument(std::string("`") + argument + "` is NULL; pass a " +
+                          type_name<H>() + " that a create call returned");
+  }
+  std::lock_guard lock(handles().mutex);
+  auto it = handles().live.find(handle);
+  if (it == handles().live.end() || it->second != kind_of<H>()) {
+    throw InvalidArgument(std::string("`") + argument + "` is not a live " +
+                          type_name<H>() +
+                          ": it was freed already, or is another kind of "
+                          "handle, or was never created");
+  }
+  return *handle;
+}
+
+template <typename H>
+void release(H* handle, const char* argument) {
+  live(handle, argument);
+  {
+    std::lock_guard lock(handles().mutex);
+    handles().live.erase(handle);
+  }
+  delete handle;
+}
+
+comm_result_t result_of(comm::ErrorKind kind) {
+  switch (kind) {
+    case comm::ErrorKind::kInvalidArgument: return COMM_INVALID_ARGUMENT;
+    case comm::ErrorKind::kTimeout: return COMM_TIMEOUT;
+    case comm::ErrorKind::kPeer: return COMM_PEER_ERROR;
+    case comm::ErrorKind::kMismatch: return COMM_MISMATCH;
+    case comm::ErrorKind::kBackend: return COMM_BACKEND_ERROR;
+    case comm::ErrorKind::kSystem: return COMM_SYSTEM_ERROR;
+    case comm::ErrorKind::kUnsupported: return COMM_UNSUPPORTED;
+  }
+  return COMM_INTERNAL_ERROR;
+}
+
+comm_result_t fail(comm_result_t result, const char* function,
+                   const char* message) {
+  last_error = std::string(function) + ": " + message;
+  return result;
+}
+
+// Runs `body`, which reports failure by throwing, and converts what it
+// throws. Nothing escapes: this is the boundary the header promises.
+template <typename Body>
+comm_result_t guarded(const char* function, Body&& body) noexcept {
+  try {
+    body();
+    return COMM_SUCCESS;
+  } catch (const comm::Error& e) {
+    return fail(result_of(e.kind()), function, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(COMM_SYSTEM_ERROR, function, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(COMM_INTERNAL_ERROR, function, e.what());
+  } catch (...) {
+    return fail(COMM_INTERNAL_ERROR, function, "an unknown exception");
+  }
+}
+
+void require_out(const void* out, const char* argument) {
+  if (out == nullptr) {
+    throw InvalidArgument(std::string("the output argument `") + argument +
+                          "` is NULL");
+  }
+}
+
+std::string require_text(const char* text, const char* argument) {
+  if (text == nullptr) {
+    throw InvalidArgument(std::string("`") + argument + "` is NULL");
+  }
+  return text;
+}
+
+Millis timeout_of(std::int64_t timeout_ms, Millis fallback) {
+  if (timeout_ms == COMM_DEFAULT_TIMEOUT) return fallback;
+  if (timeout_ms < 0) {
+    throw InvalidArgument("timeout " + std::to_string(timeout_ms) +
+                          " ms is negative; pass milliseconds, or "
+                          "COMM_DEFAULT_TIMEOUT (-1) for the default");
+  }
+  return Millis(timeout_ms);
+}
+
+DType dtype_of(comm_dtype_t dtype) {
+  const auto value = static_cast<int>(dtype);
+  if (value < 0 || value >= static_cast<int>(comm::kAllDTypes.size())) {
+    throw InvalidArgument("dtype " + std::to_string(value) +
+                          " is not a comm_dtype_t (COMM_FLOAT16 = 0 to "
+                          "COMM_BOOL = 8)");
+  }
+  return comm::kAllDTypes[value];
+}
+
+ReduceOp op_of(comm_reduce_op_t op) {
+  const auto value = static_cast<int>(op);
+  if (value < 0 || value >= static_cast<int>(comm::kAllReduceOps.size())) {
+    throw InvalidArgument("op " + std::to_string(value) +
+                          " is not a comm_reduce_op_t (COMM_SUM = 0 to "
+                          "COMM_BXOR = 7)");
+  }
+  return comm::kAllReduceOps[value];
+}
+
+// The end of every collective: hand out the Work, or wait for it. An
+// unbounded wait on the NCCL backend orders the current stream after the
+// operation instead of blocking, as ncclAllReduce does.
+void finish(std::shared_ptr<comm::Work> started, comm_work_t* work,
+            int* source = nullptr, int device = -1, void* stream = nullptr) {
+  if (work != nullptr) {
+    *work = adopt(std::make_unique<comm_work>(
+        comm_work{std::move(started), stream ? device : -1, stream}));
+    return;
+  }
+  started->wait();
+  if (source != nullptr) *source = started->source_rank();
+}
+
+// Where the buffers of one call live, and the stream it is ordered on for
+// its duration (see the header: the caller's stream becomes the current
+// one, which is what the backends order themselves after).
+class Placement {
+ public:
+  Placement(int device, void* stream) {
+    if (device < COMM_CPU) {
+      throw InvalidArgument("device " + std::to_string(device) +
+                            " is neither COMM_CPU (-1) nor a CUDA ordinal");
+    }
+    if (device == COMM_CPU) {
+      if (stream != nullptr) {
+        throw InvalidArgument(
+            "a CUDA stream was given for host buffers (device COMM_CPU); "
+            "pass NULL, or the buffers' CUDA device");
+      }
+      return;
+    }
+    device_ = Device::cuda(device);
+    stream_ = stream;
+    if (stream != nullptr) guard_.emplace(device, stream);
+  }
+
+  Device device() const { return device_; }
+
+  void finish(std::shared_ptr<comm::Work> started, comm_work_t* work,
+              int* source = nullptr) const {
+    ::finish(std::move(started), work, source, device_.index,
+             guard_ ? stream_ : nullptr);
+  }
+
+  // A view of `count` elements at `data`. NULL is allowed for no elements.
+  Tensor view(const void* data, std::size_t count, DType dtype,
+              const char* argument) const {
+    if (count > static_cast<std::size_t>(
+                    std::numeric_limits<std::int64_t>::max() / 8)) {
+      throw InvalidArgument(std::string("the count of `") + argument +
+                            "` is too large: " + std::to_string(count));
+    }
+    if (data == nullptr && count > 0) {
+      throw InvalidArgument(std::string("`") + argument + "` is NULL but " +
+                            std::to_string(count) + " elements were asked");
+    }
+    // An empty view still needs an address; it is never read or written.
+    static std::byte nowhere[8];
+    void* address = data != nullptr ? const_cast<void*>(data) : nowhere;
+    return Tensor::from_blob(address, {static_cast<std::int64_t>(count)}, dtype,
+                             device_);
+  }
+
+  // Before a host-side copy from a CUDA buffer, the work the caller queued
+  // on its stream (which may still be writing that buffer) must be done.
+  void settle() const {
+    if (device_.is_cuda()) comm::synchronize_cuda_stream(device_.index);
+  }
+
+ private:
+  Device device_ = Device::cpu();
+  void* stream_ = nullptr;
+  std::optional<comm::CudaStreamGuard> guard_;
+};
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const std::byte*>(a.data_ptr());
+  const auto* b0 = static_cast<const std::byte*>(b.data_ptr());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// Copies `from` into `into` unless they are the same memory.
+void copy_unless_same(Tensor& into, const Tensor& from,
+                      const Placement& placement) {
+  if (into.data_ptr() == from.data_ptr() || into.numel() == 0) return;
+  placement.settle();
+  into.copy_(from);
+}
+
+// `count` blocks of `size` elements each, viewing `flat`.
+std::vector<Tensor> blocks(const Tensor& flat, int count, std::size_t size) {
+  std::vector<Tensor> out;
+  out.reserve(count);
+  for (int r = 0; r < count; ++r) {
+    const auto begin = static_cast<std::int64_t>(r * size);
+    out.push_back(flat.slice(begin, begin + static_cast<std::int64_t>(size)));
+  }
+  return out;
+}
+
+comm::ProcessGroup& group_of(comm_group_t group) {
+  return *live(group, "group").group;
+}
+
+std::size_t world(comm::ProcessGroup& group) {
+  return static_cast<std::size_t>(group.size());
+}
+
+// A borrowed view of a DLPack tensor: no deleter runs, as the header says.
+Tensor view_dlpack(DLManagedTensor* managed, const char* argument) {
+  if (managed == nullptr) {
+    throw InvalidArgument(std::string("`") + argument + "` is NULL");
+  }
+  Tensor tensor = comm::view_dlpack(*managed);
+  tensor.check_contiguous(argument);
+  return tensor;
+}
+
+// The device argument that describes where `tensor` lives.
+int device_arg(const Tensor& tensor) {
+  return tensor.device().is_cuda() ? tensor.device().index : COMM_CPU;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* comm_result_string(comm_result_t result) {
+  switch (result) {
+    case COMM_SUCCESS: return "success";
+    case COMM_INVALID_ARGUMENT: return "invalid argument";
+    case COMM_TIMEOUT: return "timeout";
+    case COMM_PEER_ERROR: return "peer error";
+    case COMM_MISMATCH: return "mismatched collective calls";
+    case COMM_BACKEND_ERROR: return "backend error";
+    case COMM_SYSTEM_ERROR: return "system error";
+    case COMM_UNSUPPORTED: return "unsupported";
+    case COMM_INTERNAL_ERROR: return "internal error";
+  }
+  return "unknown result code";
+}
+
+const char* comm_last_error(void) { return last_error.c_str(); }
+
+int comm_version(void) { return COMM_VERSION_CODE; }
+
+// ---- Stores ---------------------------------------------------------------
+
+static comm_result_t create_tcp(const char* function, const char* host,
+                                int port, std::int64_t timeout_ms,
+                                bool is_server, comm_store_t* store) {
+  return guarded(function, [&] {
+    require_out(store, "store");
+    if (port < 0 || port > 65535 || (port == 0 && !is_server)) {
+      throw InvalidArgument("port " + std::to_string(port) +
+                            " is outside 1-65535" +
+                            (is_server ? " (or 0 to pick one)" : ""));
+    }
+    comm::TCPStoreOptions options;
+    options.host = require_text(host, "host");
+    options.port = static_cast<std::uint16_t>(port);
+    options.is_server = is_server;
+    options.timeout = timeout_of(timeout_ms, comm::Store::kDefaultTimeout);
+    *store = adopt(std::make_unique<comm_store>(
+        comm_store{std::make_shared<comm::TCPStore>(options)}));
+  });
+}
+
+comm_result_t comm_store_create_tcp(const char* host, int port,
+                                    int64_t timeout_ms, comm_store_t* store) {
+  return create_tcp(__func__, host, port, timeout_ms, true, store);
+}
+
+comm_result_t comm_store_connect_tcp(const char* host, int port,
+                                     int64_t timeout_ms, comm_store_t* store) {
+  return create_tcp(__func__, host, port, timeout_ms, false, store);
+}
+
+comm_result_t comm_store_create_file(const char* path, int64_t timeout_ms,
+                                     comm_store_t* store) {
+  return guarded(__func__, [&] {
+    require_out(store, "store");
+    *store = adopt(std::make_unique<comm_store>(
+        comm_store{std::make_shared<comm::FileStore>(
+            require_text(path, "path"),
+            timeout_of(timeout_ms, comm::Store::kDefaultTimeout))}));
+  });
+}
+
+comm_result_t comm_store_create_hash(int64_t timeout_ms, comm_store_t* store) {
+  return guarded(__func__, [&] {
+    require_out(store, "store");
+    *store = adopt(std::make_unique<comm_store>(
+        comm_store{std::make_shared<comm::HashStore>(
+            timeout_of(timeout_ms, comm::Store::kDefaultTimeout))}));
+  });
+}
+
+comm_result_t comm_store_create_prefix(const char* prefix, comm_store_t base,
+                                       comm_store_t* store) {
+  return guarded(__func__, [&] {
+    require_out(store, "store");
+    auto inner = live(base, "base").store;
+    *store = adopt(std::make_unique<comm_store>(
+        comm_store{std::make_shared<comm::PrefixStore>(
+            require_text(prefix, "prefix"), std::move(inner))}));
+  });
+}
+
+comm_result_t comm_store_port(comm_store_t store, int* port) {
+  return guarded(__func__, [&] {
+    require_out(port, "port");
+    auto* tcp = dynamic_cast<comm::TCPStore*>(live(store, "store").store.get());
+    if (tcp == nullptr) {
+      throw InvalidArgument("`store` is not a TCP store, so it has no port");
+    }
+    *port = tcp->port();
+  });
+}
+
+comm_result_t comm_store_set(comm_store_t store, const char* key,
+                             const void* value, size_t size) {
+  return guarded(__func__, [&] {
+    comm::Store& s = *live(store, "store").store;
+    if (value == nullptr && size > 0) {
+      throw InvalidArgument("`value` is NULL but size is " +
+                            std::to_string(size));
+    }
+    const auto* bytes = static_cast<const std::uint8_t*>(value);
+    s.set(require_text(key, "key"),
+          size == 0 ? comm::Bytes{} : comm::Bytes(bytes, bytes + size));
+  });
+}
+
+comm_result_t comm_store_get(comm_store_t store, const char* key, void* buffer,
+                             size_t capacity, size_t* size,
+                             int64_t timeout_ms) {
+  return guarded(__func__, [&] {
+    comm::Store& s = *live(store, "store").store;
+    require_out(size, "size");
+    const std::string name = require_text(key, "key");
+    const comm::Bytes value = s.get(name, timeout_of(timeout_ms, s.timeout()));
+    *size = value.size();
+    if (value.size() > capacity) {
+      throw InvalidArgument(
+          "the value of key '" + name + "' is " + std::to_string(value.size()) +
+          " bytes and the buffer holds " + std::to_string(capacity) +
+          "; *size says how much to allocate");
+    }
+    if (!value.empty()) {
+      if (buffer == nullptr) throw InvalidArgument("`buffer` is NULL");
+      std::memcpy(buffer, value.data(), value.size());
+    }
+  });
+}
+
+comm_result_t comm_store_add(comm_store_t store, const char* key, int64_t delta,
+                             int64_t* value) {
+  return guarded(__func__, [&] {
+    comm::Store& s = *live(store, "store").store;
+    const std::int64_t sum = s.add(require_text(key, "key"), delta);
+    if (value != nullptr) *value = sum;
+  });
+}
+
+comm_result_t comm_store_wait(comm_store_t store, const char* const* keys,
+                              size_t count, int64_t timeout_ms) {
+  return guarded(__func__, [&] {
+    comm::Store& s = *live(store, "store").store;
+    if (keys == nullptr && count > 0) throw InvalidArgument("`keys` is NULL");
+    std::vector<std::string> names;
+    names.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      names.push_back(
+          require_text(keys[i], ("keys[" + std::to_string(i) + "]").c_str()));
+    }
+    s.wait(names, timeout_of(timeout_ms, s.timeout()));
+  });
+}
+
+comm_result_t comm_store_delete(comm_store_t store, const char* key,
+                                int* deleted) {
+  return guarded(__func__, [&] {
+    comm::Store& s = *live(store, "store").store;
+    const bool was_there = s.delete_key(require_text(key, "key"));
+    if (deleted != nullptr) *deleted = was_there ? 1 : 0;
+  });
+}
+
+comm_result_t comm_store_free(comm_store_t store) {
+  return guarded(__func__, [&] { release(store, "store"); });
+}
+
+// ---- Groups ---------------------------------------------------------------
+
+comm_result_t comm_init(const char* backend, const char* init_method, int rank,
+                        int world_size, int64_t timeout_ms,
+                        comm_group_t* group) {
+  return guarded(__func__, [&] {
+    require_out(group, "group");
+    auto created = comm::init_process_group(
+        require_text(backend, "backend"),
+        init_method == nullptr ? "env://" : init_method, rank, world_size,
+        timeout_of(timeout_ms, comm::Store::kDefaultTimeout));
+    *group = adopt(std::make_unique<comm_group>(comm_group{created}));
+  });
+}
+
+comm_result_t comm_group_create(comm_store_t store, int rank, int size,
+                                const char* backend, int64_t timeout_ms,
+                                comm_group_t* group) {
+  return guarded(__func__, [&] {
+    require_out(group, "group");
+    auto created = std::make_shared<comm::ProcessGroup>(
+        live(store, "store").store, rank, size,
+        require_text(backend, "backend"),
+        timeout_of(timeout_ms, comm::Store::kDefaultTimeout));
+    *group = adopt(std::make_unique<comm_group>(comm_group{created}));
+  });
+}
+
+comm_result_t comm_group_rank(comm_group_t group, int* rank) {
+  return guarded(__func__, [&] {
+    require_out(rank, "rank");
+    *rank = group_of(group).rank();
+  });
+}
+
+comm_result_t comm_group_size(comm_group_t group, int* size) {
+  return guarded(__func__, [&] {
+    require_out(size, "size");
+    *size = group_of(group).size();
+  });
+}
+
+comm_result_t comm_group_new(comm_group_t group, const int* ranks, int count,
+                             comm_group_t* subgroup) {
+  return guarded(__func__, [&] {
+    require_out(subgroup, "subgroup");
+    comm::ProcessGroup& parent = group_of(group);
+    if (count < 0 || (ranks == nullptr && count > 0)) {
+      throw InvalidArgument("`ranks` must hold `count` >= 0 ranks");
+    }
+    auto created = parent.new_group(std::vector<int>(ranks, ranks + count));
+    *subgroup = created == nullptr ? nullptr
+                                   : adopt(std::make_unique<comm_group>(
+                                         comm_group{std::move(created)}));
+  });
+}
+
+comm_result_t comm_group_free(comm_group_t group) {
+  return guarded(__func__, [&] {
+    group_of(group).shutdown();
+    release(group, "group");
+  });
+}
+
+// ---- Collectives on buffers -----------------------------------------------
+
+comm_result_t comm_all_reduce(const void* sendbuf, void* recvbuf, size_t count,
+                              comm_dtype_t dtype, comm_reduce_op_t op,
+                              comm_group_t group, int device, void* stream,
+                              comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    comm::AllReduceOptions options;
+    options.op = op_of(op);
+    Placement at(device, stream);
+    Tensor send = at.view(sendbuf, count, type, "sendbuf");
+    Tensor recv = at.view(recvbuf, count, type, "recvbuf");
+    copy_unless_same(recv, send, at);
+    at.finish(g.all_reduce(recv, options), work);
+  });
+}
+
+comm_result_t comm_broadcast(const void* sendbuf, void* recvbuf, size_t count,
+                             comm_dtype_t dtype, int root, comm_group_t group,
+                             int device, void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    Placement at(device, stream);
+    Tensor recv = at.view(recvbuf, count, type, "recvbuf");
+    if (g.rank() == root) {
+      copy_unless_same(recv, at.view(sendbuf, count, type, "sendbuf"), at);
+    }
+    comm::BroadcastOptions options;
+    options.root = root;
+    at.finish(g.broadcast(recv, options), work);
+  });
+}
+
+comm_result_t comm_reduce(const void* sendbuf, void* recvbuf, size_t count,
+                          comm_dtype_t dtype, comm_reduce_op_t op, int root,
+                          comm_group_t group, int device, void* stream,
+                          comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    comm::ReduceOptions options;
+    options.op = op_of(op);
+    options.root = root;
+    Placement at(device, stream);
+    const Tensor send = at.view(sendbuf, count, type, "sendbuf");
+    // The tree reduces into each rank's buffer on its way to the root, so
+    // it works on recvbuf, or on a scratch copy where there is none.
+    Tensor target;
+    if (recvbuf != nullptr || g.rank() == root) {
+      target = at.view(recvbuf, count, type, "recvbuf");
+      copy_unless_same(target, send, at);
+    } else {
+      at.settle();
+      target = send.clone();
+    }
+    at.finish(g.reduce(target, options), work);
+  });
+}
+
+comm_result_t comm_all_gather(const void* sendbuf, void* recvbuf,
+                              size_t sendcount, comm_dtype_t dtype,
+                              comm_group_t group, int device, void* stream,
+                              comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    Placement at(device, stream);
+    Tensor send = at.view(sendbuf, sendcount, type, "sendbuf");
+    Tensor recv = at.view(recvbuf, sendcount * world(g), type, "recvbuf");
+    if (overlaps(send, recv)) {  // in place: send is this rank's block
+      at.settle();
+      send = send.clone();
+    }
+    at.finish(g.all_gather_into(recv, send), work);
+  });
+}
+
+comm_result_t comm_reduce_scatter(const void* sendbuf, void* recvbuf,
+                                  size_t recvcount, comm_dtype_t dtype,
+                                  comm_reduce_op_t op, comm_group_t group,
+                                  int device, void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    comm::ReduceScatterOptions options;
+    options.op = op_of(op);
+    Placement at(device, stream);
+    Tensor send = at.view(sendbuf, recvcount * world(g), type, "sendbuf");
+    Tensor recv = at.view(recvbuf, recvcount, type, "recvbuf");
+    if (overlaps(send, recv)) {
+      at.settle();
+      send = send.clone();
+    }
+    at.finish(
+        g.reduce_scatter(recv, blocks(send, g.size(), recvcount), options),
+        work);
+  });
+}
+
+comm_result_t comm_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
+                          comm_dtype_t dtype, int root, comm_group_t group,
+                          int device, void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    Placement at(device, stream);
+    Tensor send = at.view(sendbuf, sendcount, type, "sendbuf");
+    std::vector<Tensor> outputs;
+    if (g.rank() == root) {
+      Tensor recv = at.view(recvbuf, sendcount * world(g), type, "recvbuf");
+      if (overlaps(send, recv)) {
+        at.settle();
+        send = send.clone();
+      }
+      outputs = blocks(recv, g.size(), sendcount);
+    }
+    comm::GatherOptions options;
+    options.root = root;
+    at.finish(g.gather(outputs, send, options), work);
+  });
+}
+
+comm_result_t comm_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
+                           comm_dtype_t dtype, int root, comm_group_t group,
+                           int device, void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    Placement at(device, stream);
+    Tensor recv = at.view(recvbuf, recvcount, type, "recvbuf");
+    std::vector<Tensor> inputs;
+    if (g.rank() == root) {
+      Tensor send = at.view(sendbuf, recvcount * world(g), type, "sendbuf");
+      if (overlaps(send, recv)) {
+        at.settle();
+        send = send.clone();
+      }
+      inputs = blocks(send, g.size(), recvcount);
+    }
+    comm::ScatterOptions options;
+    options.root = root;
+    at.finish(g.scatter(recv, inputs, options), work);
+  });
+}
+
+comm_result_t comm_all_to_all(const void* sendbuf, void* recvbuf, size_t count,
+                              comm_dtype_t dtype, comm_group_t group,
+                              int device, void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    Placement at(device, stream);
+    const std::size_t total = count * world(g);
+    Tensor send = at.view(sendbuf, total, type, "sendbuf");
+    Tensor recv = at.view(recvbuf, total, type, "recvbuf");
+    // The backends take output == input (in place) but not a partial
+    // overlap.
+    if (overlaps(send, recv) && send.data_ptr() != recv.data_ptr()) {
+      at.settle();
+      send = send.clone();
+    }
+    at.finish(g.all_to_all(recv, send), work);
+  });
+}
+
+comm_result_t comm_all_to_allv(const void* sendbuf, const size_t* sendcounts,
+                               void* recvbuf, const size_t* recvcounts,
+                               comm_dtype_t dtype, comm_group_t group,
+                               int device, void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    const DType type = dtype_of(dtype);
+    if (sendcounts == nullptr || recvcounts == nullptr) {
+      throw InvalidArgument(
+          "`sendcounts` and `recvcounts` must each hold one count per rank");
+    }
+    comm::AllToAllOptions options;
+    std::size_t send_total = 0;
+    std::size_t recv_total = 0;
+    for (int r = 0; r < g.size(); ++r) {
+      send_total += sendcounts[r];
+      recv_total += recvcounts[r];
+      options.input_split_sizes.push_back(
+          static_cast<std::int64_t>(sendcounts[r]));
+      options.output_split_sizes.push_back(
+          static_cast<std::int64_t>(recvcounts[r]));
+    }
+    Placement at(device, stream);
+    Tensor send = at.view(sendbuf, send_total, type, "sendbuf");
+    Tensor recv = at.view(recvbuf, recv_total, type, "recvbuf");
+    if (overlaps(send, recv) && send.data_ptr() != recv.data_ptr()) {
+      at.settle();
+      send = send.clone();
+    }
+    at.finish(g.all_to_all(recv, send, options), work);
+  });
+}
+
+comm_result_t comm_barrier(comm_group_t group, comm_work_t* work) {
+  return guarded(__func__, [&] { finish(group_of(group).barrier(), work); });
+}
+
+comm_result_t comm_send(const void* buf, size_t count, comm_dtype_t dtype,
+                        int peer, int tag, comm_group_t group, int device,
+                        void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Placement at(device, stream);
+    comm::SendOptions options;
+    options.tag = tag;
+    at.finish(
+        g.isend(at.view(buf, count, dtype_of(dtype), "buf"), peer, options),
+        work);
+  });
+}
+
+comm_result_t comm_recv(void* buf, size_t count, comm_dtype_t dtype, int peer,
+                        int tag, comm_group_t group, int device, void* stream,
+                        int* source, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Placement at(device, stream);
+    Tensor tensor = at.view(buf, count, dtype_of(dtype), "buf");
+    comm::RecvOptions options;
+    options.tag = tag;
+    at.finish(g.irecv(tensor, peer, options), work, source);
+  });
+}
+
+// ---- Collectives on DLPack tensors ----------------------------------------
+
+comm_result_t comm_all_reduce_dlpack(DLManagedTensor* tensor,
+                                     comm_reduce_op_t op, comm_group_t group,
+                                     void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor t = view_dlpack(tensor, "tensor");
+    Placement at(device_arg(t), stream);
+    comm::AllReduceOptions options;
+    options.op = op_of(op);
+    at.finish(g.all_reduce(t, options), work);
+  });
+}
+
+comm_result_t comm_broadcast_dlpack(DLManagedTensor* tensor, int root,
+                                    comm_group_t group, void* stream,
+                                    comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor t = view_dlpack(tensor, "tensor");
+    Placement at(device_arg(t), stream);
+    comm::BroadcastOptions options;
+    options.root = root;
+    at.finish(g.broadcast(t, options), work);
+  });
+}
+
+comm_result_t comm_reduce_dlpack(DLManagedTensor* tensor, comm_reduce_op_t op,
+                                 int root, comm_group_t group, void* stream,
+                                 comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor t = view_dlpack(tensor, "tensor");
+    Placement at(device_arg(t), stream);
+    comm::ReduceOptions options;
+    options.op = op_of(op);
+    options.root = root;
+    at.finish(g.reduce(t, options), work);
+  });
+}
+
+comm_result_t comm_all_gather_dlpack(DLManagedTensor* output,
+                                     DLManagedTensor* input, comm_group_t group,
+                                     void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor out = view_dlpack(output, "output");
+    Tensor in = view_dlpack(input, "input");
+    Placement at(device_arg(out), stream);
+    at.finish(g.all_gather_into(out, in), work);
+  });
+}
+
+comm_result_t comm_reduce_scatter_dlpack(DLManagedTensor* output,
+                                         DLManagedTensor* input,
+                                         comm_reduce_op_t op,
+                                         comm_group_t group, void* stream,
+                                         comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor out = view_dlpack(output, "output");
+    Tensor in = view_dlpack(input, "input").flatten();
+    Placement at(device_arg(out), stream);
+    if (in.numel() != out.numel() * g.size()) {
+      throw InvalidArgument("reduce_scatter: input " + in.describe() +
+                            " must hold group size (" +
+                            std::to_string(g.size()) + ") times output's " +
+                            out.describe() + " elements");
+    }
+    comm::ReduceScatterOptions options;
+    options.op = op_of(op);
+    std::vector<Tensor> inputs = blocks(in, g.size(), out.numel());
+    for (Tensor& block : inputs) block = block.view(out.shape());
+    at.finish(g.reduce_scatter(out, inputs, options), work);
+  });
+}
+
+// Block r of `flat` along dimension 0, as tensors shaped like `like`.
+static std::vector<Tensor> rows_like(const Tensor& flat, int size,
+                                     const Tensor& like, const char* what) {
+  if (flat.numel() != like.numel() * size) {
+    throw InvalidArgument(std::string(what) + ": " + flat.describe() +
+                          " must hold group size (" + std::to_string(size) +
+                          ") times " + like.describe() + " elements");
+  }
+  std::vector<Tensor> out =
+      blocks(flat.flatten(), size, static_cast<std::size_t>(like.numel()));
+  for (Tensor& block : out) block = block.view(like.shape());
+  return out;
+}
+
+comm_result_t comm_gather_dlpack(DLManagedTensor* output,
+                                 DLManagedTensor* input, int root,
+                                 comm_group_t group, void* stream,
+                                 comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor in = view_dlpack(input, "input");
+    Placement at(device_arg(in), stream);
+    std::vector<Tensor> outputs;
+    if (g.rank() == root) {
+      outputs = rows_like(view_dlpack(output, "output"), g.size(), in,
+                          "gather: output");
+    }
+    comm::GatherOptions options;
+    options.root = root;
+    at.finish(g.gather(outputs, in, options), work);
+  });
+}
+
+comm_result_t comm_scatter_dlpack(DLManagedTensor* output,
+                                  DLManagedTensor* input, int root,
+                                  comm_group_t group, void* stream,
+                                  comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor out = view_dlpack(output, "output");
+    Placement at(device_arg(out), stream);
+    std::vector<Tensor> inputs;
+    if (g.rank() == root) {
+      inputs = rows_like(view_dlpack(input, "input"), g.size(), out,
+                         "scatter: input");
+    }
+    comm::ScatterOptions options;
+    options.root = root;
+    at.finish(g.scatter(out, inputs, options), work);
+  });
+}
+
+comm_result_t comm_all_to_all_dlpack(DLManagedTensor* output,
+                                     DLManagedTensor* input, comm_group_t group,
+                                     void* stream, comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor out = view_dlpack(output, "output");
+    Tensor in = view_dlpack(input, "input");
+    Placement at(device_arg(out), stream);
+    at.finish(g.all_to_all(out, in), work);
+  });
+}
+
+comm_result_t comm_send_dlpack(DLManagedTensor* tensor, int peer, int tag,
+                               comm_group_t group, void* stream,
+                               comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor t = view_dlpack(tensor, "tensor");
+    Placement at(device_arg(t), stream);
+    comm::SendOptions options;
+    options.tag = tag;
+    at.finish(g.isend(t, peer, options), work);
+  });
+}
+
+comm_result_t comm_recv_dlpack(DLManagedTensor* tensor, int peer, int tag,
+                               comm_group_t group, void* stream, int* source,
+                               comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor t = view_dlpack(tensor, "tensor");
+    Placement at(device_arg(t), stream);
+    comm::RecvOptions options;
+    options.tag = tag;
+    at.finish(g.irecv(t, peer, options), work, source);
+  });
+}
+
+// ---- Work handles ---------------------------------------------------------
+
+comm_result_t comm_work_wait(comm_work_t work, int64_t timeout_ms) {
+  return guarded(__func__, [&] {
+    comm_work& handle = live(work, "work");
+    comm::Work& w = *handle.work;
+    std::optional<comm::CudaStreamGuard> guard;
+    if (handle.stream != nullptr) guard.emplace(handle.device, handle.stream);
+    if (timeout_ms == COMM_DEFAULT_TIMEOUT) {
+      w.wait();
+    } else {
+      w.wait(timeout_of(timeout_ms, Millis(0)));
+    }
+  });
+}
+
+comm_result_t comm_work_test(comm_work_t work, int* done) {
+  return guarded(__func__, [&] {
+    require_out(done, "done");
+    comm::Work& w = *live(work, "work").work;
+    *done = w.is_completed() ? 1 : 0;
+    if (auto error = w.exception()) std::rethrow_exception(error);
+  });
+}
+
+comm_result_t comm_work_source(comm_work_t work, int* source) {
+  return guarded(__func__, [&] {
+    require_out(source, "source");
+    *source = live(work, "work").work->source_rank();
+  });
+}
+
+comm_result_t comm_work_free(comm_work_t work) {
+  return guarded(__func__, [&] { release(work, "work"); });
+}
+
+}  // extern "C"
