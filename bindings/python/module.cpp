@@ -112,9 +112,10 @@ Tensor from_buffer(py::handle object, bool writes, const std::string& what) {
     if (writes && PyObject_GetBuffer(object.ptr(), view.get(), flags) == 0) {
       PyBuffer_Release(view.get());
       throw InvalidArgument(
-          what + " is read-only, and this call writes into it; pass a "
-                 "writable array (numpy: a.copy(), or set "
-                 "a.flags.writeable = True when you own the memory)");
+          what +
+          " is read-only, and this call writes into it; pass a "
+          "writable array (numpy: a.copy(), or set "
+          "a.flags.writeable = True when you own the memory)");
     }
     throw InvalidArgument(what + " (" + type_name(object) +
                           ") does not expose a strided buffer");
@@ -122,20 +123,21 @@ Tensor from_buffer(py::handle object, bool writes, const std::string& what) {
   Py_buffer* raw = view.get();
   auto release = [raw](void*) { release_buffer(raw); };
   // From here the view belongs to `guard` until a tensor takes it.
-  std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> guard(
-      view.release(), [](Py_buffer* v) {
-        PyBuffer_Release(v);
-        delete v;
-      });
-  const DType dtype = dtype_of_format(raw->format ? raw->format : "B",
-                                      raw->itemsize, what);
+  std::unique_ptr<Py_buffer, void (*)(Py_buffer*)> guard(view.release(),
+                                                         [](Py_buffer* v) {
+                                                           PyBuffer_Release(v);
+                                                           delete v;
+                                                         });
+  const DType dtype =
+      dtype_of_format(raw->format ? raw->format : "B", raw->itemsize, what);
   comm::Shape shape(raw->shape, raw->shape + raw->ndim);
   comm::Strides strides;
   for (int d = 0; d < raw->ndim; ++d) {
     if (raw->strides[d] < 0 || raw->strides[d] % raw->itemsize != 0) {
-      throw InvalidArgument(what + " has byte strides that are negative or "
-                                   "not a multiple of its element size; "
-                                   "pass np.ascontiguousarray(a)");
+      throw InvalidArgument(what +
+                            " has byte strides that are negative or "
+                            "not a multiple of its element size; "
+                            "pass np.ascontiguousarray(a)");
     }
     strides.push_back(raw->strides[d] / raw->itemsize);
   }
@@ -148,8 +150,9 @@ Tensor from_buffer(py::handle object, bool writes, const std::string& what) {
 bool is_torch_tensor(py::handle object) {
   py::handle type = py::type::handle_of(object);
   return py::hasattr(type, "__module__") &&
-         py::str(type.attr("__module__")).cast<std::string>().rfind(
-             "torch", 0) == 0 &&
+         py::str(type.attr("__module__"))
+                 .cast<std::string>()
+                 .rfind("torch", 0) == 0 &&
          py::hasattr(object, "__dlpack__");
 }
 
@@ -166,15 +169,16 @@ Tensor from_torch(py::handle object, const std::string& what) {
       PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
   if (managed == nullptr) {
     PyErr_Clear();
-    throw InvalidArgument(what + ": torch returned a DLPack capsule that "
-                                 "was already consumed");
+    throw InvalidArgument(what +
+                          ": torch returned a DLPack capsule that "
+                          "was already consumed");
   }
   Tensor result = comm::from_dlpack(managed);  // owns `managed` on success
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");
   if (is_bool) {
-    result = Tensor::from_blob(result.data_ptr(), result.shape(),
-                               result.strides(), DType::kBool,
-                               result.device(), [result](void*) {});
+    result =
+        Tensor::from_blob(result.data_ptr(), result.shape(), result.strides(),
+                          DType::kBool, result.device(), [result](void*) {});
   }
   return result;
 }
@@ -182,8 +186,9 @@ Tensor from_torch(py::handle object, const std::string& what) {
 // A Tensor viewing `object`'s memory. `writes`: the call writes into it.
 Tensor to_tensor(py::handle object, bool writes, const std::string& what) {
   if (object.is_none()) {
-    throw InvalidArgument(what + " is None; pass a numpy array or a torch "
-                                 "tensor");
+    throw InvalidArgument(what +
+                          " is None; pass a numpy array or a torch "
+                          "tensor");
   }
   Tensor tensor;
   if (PyObject_CheckBuffer(object.ptr())) {
@@ -300,16 +305,18 @@ py::object python_exception(std::exception_ptr error) {
   }
 }
 
-// ---- Process groups ----------------------------------------------------------
+// ---- Process groups
+// ----------------------------------------------------------
 
 using Group = comm::ProcessGroup;
 using GroupPtr = std::shared_ptr<comm::ProcessGroup>;
 
 Millis millis(double seconds) {
   if (!(seconds > 0)) {
-    throw InvalidArgument("timeout must be a positive number of seconds (or "
-                          "a datetime.timedelta), got " +
-                          std::to_string(seconds));
+    throw InvalidArgument(
+        "timeout must be a positive number of seconds (or "
+        "a datetime.timedelta), got " +
+        std::to_string(seconds));
   }
   return Millis(static_cast<std::int64_t>(seconds * 1e3));
 }
@@ -333,10 +340,11 @@ PyWorkPtr all_to_all_lists(Group& g, const py::sequence& outputs,
   std::vector<Tensor> in = to_tensors(inputs, false, "input_tensor_list");
   if (static_cast<int>(out.size()) != g.size() ||
       static_cast<int>(in.size()) != g.size()) {
-    throw InvalidArgument("all_to_all: both lists must hold one tensor per "
-                          "rank (" + std::to_string(g.size()) + "), got " +
-                          std::to_string(out.size()) + " outputs and " +
-                          std::to_string(in.size()) + " inputs");
+    throw InvalidArgument(
+        "all_to_all: both lists must hold one tensor per "
+        "rank (" +
+        std::to_string(g.size()) + "), got " + std::to_string(out.size()) +
+        " outputs and " + std::to_string(in.size()) + " inputs");
   }
   // One flat staging tensor each way; the backend's splits are element
   // counts of the flattened 1-D tensors.
@@ -345,9 +353,10 @@ PyWorkPtr all_to_all_lists(Group& g, const py::sequence& outputs,
   std::int64_t out_total = 0;
   for (int r = 0; r < g.size(); ++r) {
     if (in[r].dtype() != in[0].dtype() || out[r].dtype() != in[0].dtype()) {
-      throw InvalidArgument("all_to_all: every tensor must have the dtype of "
-                            "input_tensor_list[0], " +
-                            std::string(comm::dtype_name(in[0].dtype())));
+      throw InvalidArgument(
+          "all_to_all: every tensor must have the dtype of "
+          "input_tensor_list[0], " +
+          std::string(comm::dtype_name(in[0].dtype())));
     }
     options.input_split_sizes.push_back(in[r].numel());
     options.output_split_sizes.push_back(out[r].numel());
@@ -372,7 +381,8 @@ PyWorkPtr all_to_all_lists(Group& g, const py::sequence& outputs,
                });
 }
 
-// ---- DDP for torch modules -----------------------------------------------------
+// ---- DDP for torch modules
+// -----------------------------------------------------
 
 // The reducer behind commdist.DistributedDataParallel: comm's DDP over the
 // module's parameters and the gradient tensors the Python side keeps in
@@ -385,9 +395,9 @@ class Reducer {
           const py::sequence& buffers, comm::DdpOptions options) {
     std::vector<comm::Parameter> parameters;
     for (std::size_t i = 0; i < names.size(); ++i) {
-      parameters.push_back({names[i],
-                            to_tensor(params[i], true, "parameter " + names[i]),
-                            to_tensor(grads[i], true, "gradient of " + names[i])});
+      parameters.push_back(
+          {names[i], to_tensor(params[i], true, "parameter " + names[i]),
+           to_tensor(grads[i], true, "gradient of " + names[i])});
     }
     std::vector<comm::Buffer> buffer_list;
     for (std::size_t i = 0; i < buffer_names.size(); ++i) {
@@ -511,17 +521,18 @@ PYBIND11_MODULE(_C, m) {
              return py::bytes(reinterpret_cast<const char*>(value.data()),
                               value.size());
            })
-      .def("wait",
-           [](comm::Store& s, const std::vector<std::string>& keys,
-              std::optional<double> timeout) {
-             py::gil_scoped_release no_gil;
-             if (timeout) {
-               s.wait(keys, millis(*timeout));
-             } else {
-               s.wait(keys);
-             }
-           },
-           py::arg("keys"), py::arg("timeout") = py::none())
+      .def(
+          "wait",
+          [](comm::Store& s, const std::vector<std::string>& keys,
+             std::optional<double> timeout) {
+            py::gil_scoped_release no_gil;
+            if (timeout) {
+              s.wait(keys, millis(*timeout));
+            } else {
+              s.wait(keys);
+            }
+          },
+          py::arg("keys"), py::arg("timeout") = py::none())
       .def("check", &comm::Store::check,
            py::call_guard<py::gil_scoped_release>())
       .def("delete_key", &comm::Store::delete_key,
@@ -529,7 +540,9 @@ PYBIND11_MODULE(_C, m) {
       .def("num_keys", &comm::Store::num_keys,
            py::call_guard<py::gil_scoped_release>())
       .def("set_timeout",
-           [](comm::Store& s, double seconds) { s.set_timeout(millis(seconds)); })
+           [](comm::Store& s, double seconds) {
+             s.set_timeout(millis(seconds));
+           })
       .def_property_readonly("timeout", [](const comm::Store& s) {
         return std::chrono::duration<double>(s.timeout()).count();
       });
@@ -630,13 +643,13 @@ PYBIND11_MODULE(_C, m) {
              Tensor t = to_tensor(tensor, true, "tensor");
              return issue([&] { return g.all_reduce(t, {.op = op}); });
            })
-      .def("reduce",
-           [](Group& g, py::handle tensor, int root, comm::ReduceOp op) {
-             // The tree reduces into non-root tensors too, as in c10d.
-             Tensor t = to_tensor(tensor, true, "tensor");
-             return issue(
-                 [&] { return g.reduce(t, {.root = root, .op = op}); });
-           })
+      .def(
+          "reduce",
+          [](Group& g, py::handle tensor, int root, comm::ReduceOp op) {
+            // The tree reduces into non-root tensors too, as in c10d.
+            Tensor t = to_tensor(tensor, true, "tensor");
+            return issue([&] { return g.reduce(t, {.root = root, .op = op}); });
+          })
       .def("all_gather",
            [](Group& g, const py::sequence& outputs, py::handle input) {
              std::vector<Tensor> out = to_tensors(outputs, true, "tensor_list");
@@ -665,13 +678,14 @@ PYBIND11_MODULE(_C, m) {
              if (inputs) in = to_tensors(*inputs, false, "scatter_list");
              return issue([&] { return g.scatter(out, in, {.root = root}); });
            })
-      .def("reduce_scatter",
-           [](Group& g, py::handle output, const py::sequence& inputs,
-              comm::ReduceOp op) {
-             Tensor out = to_tensor(output, true, "output");
-             std::vector<Tensor> in = to_tensors(inputs, false, "input_list");
-             return issue([&] { return g.reduce_scatter(out, in, {.op = op}); });
-           })
+      .def(
+          "reduce_scatter",
+          [](Group& g, py::handle output, const py::sequence& inputs,
+             comm::ReduceOp op) {
+            Tensor out = to_tensor(output, true, "output");
+            std::vector<Tensor> in = to_tensors(inputs, false, "input_list");
+            return issue([&] { return g.reduce_scatter(out, in, {.op = op}); });
+          })
       .def("all_to_all_single",
            [](Group& g, py::handle output, py::handle input,
               std::vector<std::int64_t> output_split_sizes,
@@ -715,28 +729,28 @@ PYBIND11_MODULE(_C, m) {
       .value("BF16_COMPRESS", comm::CommHook::kBf16Compress);
 
   py::class_<Reducer>(m, "Reducer")
-      .def(py::init([](GroupPtr group, std::vector<std::string> names,
-                       py::sequence params, py::sequence grads,
-                       std::vector<std::string> buffer_names,
-                       py::sequence buffers, double bucket_cap_mb,
-                       bool gradient_as_bucket_view,
-                       bool find_unused_parameters, bool broadcast_buffers,
-                       comm::CommHook comm_hook) {
-             comm::DdpOptions options;
-             options.bucket_cap_mb = bucket_cap_mb;
-             options.gradient_as_bucket_view = gradient_as_bucket_view;
-             options.find_unused_parameters = find_unused_parameters;
-             options.broadcast_buffers = broadcast_buffers;
-             options.comm_hook = comm_hook;
-             return std::make_unique<Reducer>(std::move(group), names, params,
-                                              grads, buffer_names, buffers,
-                                              options);
-           }),
-           py::arg("group"), py::arg("names"), py::arg("params"),
-           py::arg("grads"), py::arg("buffer_names"), py::arg("buffers"),
-           py::arg("bucket_cap_mb"), py::arg("gradient_as_bucket_view"),
-           py::arg("find_unused_parameters"), py::arg("broadcast_buffers"),
-           py::arg("comm_hook"))
+      .def(
+          py::init([](GroupPtr group, std::vector<std::string> names,
+                      py::sequence params, py::sequence grads,
+                      std::vector<std::string> buffer_names,
+                      py::sequence buffers, double bucket_cap_mb,
+                      bool gradient_as_bucket_view, bool find_unused_parameters,
+                      bool broadcast_buffers, comm::CommHook comm_hook) {
+            comm::DdpOptions options;
+            options.bucket_cap_mb = bucket_cap_mb;
+            options.gradient_as_bucket_view = gradient_as_bucket_view;
+            options.find_unused_parameters = find_unused_parameters;
+            options.broadcast_buffers = broadcast_buffers;
+            options.comm_hook = comm_hook;
+            return std::make_unique<Reducer>(std::move(group), names, params,
+                                             grads, buffer_names, buffers,
+                                             options);
+          }),
+          py::arg("group"), py::arg("names"), py::arg("params"),
+          py::arg("grads"), py::arg("buffer_names"), py::arg("buffers"),
+          py::arg("bucket_cap_mb"), py::arg("gradient_as_bucket_view"),
+          py::arg("find_unused_parameters"), py::arg("broadcast_buffers"),
+          py::arg("comm_hook"))
       .def("before_forward", &Reducer::before_forward)
       .def("mark_grad_ready", &Reducer::mark_grad_ready)
       .def("finish", &Reducer::finish)

@@ -251,7 +251,69 @@ def dead_peer(_):
     os._exit(0)  # the group is broken; skip the final barrier
 
 
+def ddp_features(_):
+    """no_sync accumulation, gradient_as_bucket_view and unused
+    parameters, with torch's autograd."""
+    import torch
+    from torch import nn
+
+    def batch(rank, step):
+        g = torch.Generator().manual_seed(100 * rank + step)
+        return torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+
+    def grads_alone(model, steps):
+        """Every rank's gradients summed over `steps`, averaged over ranks,
+        computed here on a copy."""
+        import copy
+        alone = copy.deepcopy(model)
+        alone.zero_grad()
+        for r in range(WORLD):
+            for step in steps:
+                x, y = batch(r, step)
+                (nn.functional.mse_loss(alone(x), y) / WORLD).backward()
+        return [p.grad.clone() for p in alone.parameters()]
+
+    for bucket_view in (False, True):
+        torch.manual_seed(RANK)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        ddp = dist.DistributedDataParallel(
+            model, bucket_cap_mb=0.0002, gradient_as_bucket_view=bucket_view)
+        with ddp.no_sync():
+            x, y = batch(RANK, 0)
+            nn.functional.mse_loss(ddp(x), y).backward()
+        x, y = batch(RANK, 1)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        for got, expected in zip((p.grad for p in model.parameters()),
+                                 grads_alone(model, [0, 1])):
+            assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7), \
+                f"bucket_view={bucket_view}: {got} != {expected}"
+
+    class WithUnused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = nn.Linear(6, 3)
+            self.spare = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    ddp = dist.DistributedDataParallel(WithUnused())
+    x, y = batch(RANK, 0)
+    try:
+        nn.functional.mse_loss(ddp(x), y).backward()
+    except Exception as e:  # torch re-raises callback errors as its own
+        assert "spare.weight" in str(e) and "spare.bias" in str(e), str(e)
+    else:
+        raise AssertionError("an unused parameter went unreported")
+    tolerant = dist.DistributedDataParallel(WithUnused(),
+                                            find_unused_parameters=True)
+    nn.functional.mse_loss(tolerant(x), y).backward()
+    assert torch.count_nonzero(tolerant.module.spare.weight.grad) == 0
+    dist.barrier()
+
+
 SCENARIOS = {
+    "ddp_features": ddp_features,
     "collectives": collectives,
     "point_to_point": point_to_point,
     "subgroups": subgroups,

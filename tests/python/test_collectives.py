@@ -60,3 +60,7 @@ def test_subgroups_take_default_group_ranks(tmp_path, flavour):
 def test_a_dead_peer_is_a_peer_error_naming_it(tmp_path):
     outputs = run_ranks(tmp_path, "dead_peer", "numpy", 3)
     assert "PeerError" in outputs[0] and "PeerError" in outputs[1]
+
+
+def test_ddp_no_sync_bucket_views_and_unused_parameters(tmp_path):
+    run_ranks(tmp_path, "ddp_features", "torch", 3)
