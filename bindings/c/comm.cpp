@@ -188,8 +188,19 @@ Millis timeout_of(std::int64_t timeout_ms, Millis fallback) {
   return Millis(timeout_ms);
 }
 
-DType dtype_of(comm_dtype_t dtype) {
-  const auto value = static_cast<int>(dtype);
+// The integer a C caller passed for an enum. C lets an enum object hold any
+// int, while in C++ reading one outside the enumerators' range is undefined,
+// so the bytes are read as an int and never loaded as the enum.
+template <typename Enum>
+int raw_value(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int));
+  int raw = 0;
+  std::memcpy(&raw, &value, sizeof raw);
+  return raw;
+}
+
+DType dtype_of(const comm_dtype_t& dtype) {
+  const int value = raw_value(dtype);
   if (value < 0 || value >= static_cast<int>(comm::kAllDTypes.size())) {
     throw InvalidArgument("dtype " + std::to_string(value) +
                           " is not a comm_dtype_t (COMM_FLOAT16 = 0 to "
@@ -198,8 +209,8 @@ DType dtype_of(comm_dtype_t dtype) {
   return comm::kAllDTypes[value];
 }
 
-ReduceOp op_of(comm_reduce_op_t op) {
-  const auto value = static_cast<int>(op);
+ReduceOp op_of(const comm_reduce_op_t& op) {
+  const int value = raw_value(op);
   if (value < 0 || value >= static_cast<int>(comm::kAllReduceOps.size())) {
     throw InvalidArgument("op " + std::to_string(value) +
                           " is not a comm_reduce_op_t (COMM_SUM = 0 to "
@@ -289,6 +300,22 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   const auto* a0 = static_cast<const std::byte*>(a.data_ptr());
   const auto* b0 = static_cast<const std::byte*>(b.data_ptr());
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// `input`, or a copy of it when it overlaps `output`: the backends read an
+// input while writing their output and take no partial overlap (the
+// in-place all_gather and reduce_scatter of NCCL's API overlap partly).
+// With `whole_ok`, input == output (the same memory exactly) is passed
+// through, for the calls whose backends work in place.
+Tensor apart_from(const Tensor& input, const Tensor& output,
+                  const Placement& placement, bool whole_ok = false) {
+  if (!overlaps(input, output)) return input;
+  if (whole_ok && input.data_ptr() == output.data_ptr() &&
+      input.nbytes() == output.nbytes()) {
+    return input;
+  }
+  placement.settle();
+  return input.clone();
 }
 
 // Copies `from` into `into` unless they are the same memory.
@@ -639,10 +666,7 @@ comm_result_t comm_all_gather(const void* sendbuf, void* recvbuf,
     Placement at(device, stream);
     Tensor send = at.view(sendbuf, sendcount, type, "sendbuf");
     Tensor recv = at.view(recvbuf, sendcount * world(g), type, "recvbuf");
-    if (overlaps(send, recv)) {  // in place: send is this rank's block
-      at.settle();
-      send = send.clone();
-    }
+    send = apart_from(send, recv, at);
     at.finish(g.all_gather_into(recv, send), work);
   });
 }
@@ -659,10 +683,7 @@ comm_result_t comm_reduce_scatter(const void* sendbuf, void* recvbuf,
     Placement at(device, stream);
     Tensor send = at.view(sendbuf, recvcount * world(g), type, "sendbuf");
     Tensor recv = at.view(recvbuf, recvcount, type, "recvbuf");
-    if (overlaps(send, recv)) {
-      at.settle();
-      send = send.clone();
-    }
+    send = apart_from(send, recv, at);
     at.finish(
         g.reduce_scatter(recv, blocks(send, g.size(), recvcount), options),
         work);
@@ -680,10 +701,7 @@ comm_result_t comm_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
     std::vector<Tensor> outputs;
     if (g.rank() == root) {
       Tensor recv = at.view(recvbuf, sendcount * world(g), type, "recvbuf");
-      if (overlaps(send, recv)) {
-        at.settle();
-        send = send.clone();
-      }
+      send = apart_from(send, recv, at);
       outputs = blocks(recv, g.size(), sendcount);
     }
     comm::GatherOptions options;
@@ -703,10 +721,7 @@ comm_result_t comm_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
     std::vector<Tensor> inputs;
     if (g.rank() == root) {
       Tensor send = at.view(sendbuf, recvcount * world(g), type, "sendbuf");
-      if (overlaps(send, recv)) {
-        at.settle();
-        send = send.clone();
-      }
+      send = apart_from(send, recv, at);
       inputs = blocks(send, g.size(), recvcount);
     }
     comm::ScatterOptions options;
@@ -725,12 +740,7 @@ comm_result_t comm_all_to_all(const void* sendbuf, void* recvbuf, size_t count,
     const std::size_t total = count * world(g);
     Tensor send = at.view(sendbuf, total, type, "sendbuf");
     Tensor recv = at.view(recvbuf, total, type, "recvbuf");
-    // The backends take output == input (in place) but not a partial
-    // overlap.
-    if (overlaps(send, recv) && send.data_ptr() != recv.data_ptr()) {
-      at.settle();
-      send = send.clone();
-    }
+    send = apart_from(send, recv, at, /*whole_ok=*/true);
     at.finish(g.all_to_all(recv, send), work);
   });
 }
@@ -760,10 +770,7 @@ comm_result_t comm_all_to_allv(const void* sendbuf, const size_t* sendcounts,
     Placement at(device, stream);
     Tensor send = at.view(sendbuf, send_total, type, "sendbuf");
     Tensor recv = at.view(recvbuf, recv_total, type, "recvbuf");
-    if (overlaps(send, recv) && send.data_ptr() != recv.data_ptr()) {
-      at.settle();
-      send = send.clone();
-    }
+    send = apart_from(send, recv, at, /*whole_ok=*/true);
     at.finish(g.all_to_all(recv, send, options), work);
   });
 }

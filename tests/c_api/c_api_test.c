@@ -262,6 +262,14 @@ static void test_collectives(comm_group_t group, int rank, int size) {
     CHECK(recv[i] == expected);
   }
 
+  /* In place, as NCCL allows: recvbuf is this rank's block of sendbuf. */
+  float in_place[kCount * 8];
+  memcpy(in_place, blocks, sizeof blocks);
+  OK(comm_reduce_scatter(in_place, in_place + rank * kCount, kCount,
+                         COMM_FLOAT32, COMM_SUM, group, COMM_CPU, NULL, NULL));
+  for (int i = 0; i < kCount; ++i)
+    CHECK(in_place[rank * kCount + i] == recv[i]);
+
   /* gather to the root, scatter from it. */
   memset(recv, 0, sizeof recv);
   OK(comm_gather(send, rank == root ? recv : NULL, kCount, COMM_FLOAT32, root,
