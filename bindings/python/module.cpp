@@ -487,12 +487,13 @@ PYBIND11_MODULE(_C, m) {
 
   // ---- Stores
   py::class_<comm::Store, std::shared_ptr<comm::Store>>(m, "Store")
-      .def("set",
-           [](comm::Store& s, const std::string& key, py::bytes value) {
-             std::string bytes = value;
-             py::gil_scoped_release no_gil;
-             s.set(key, comm::to_bytes(bytes));
-           })
+      .def(
+          "set",
+          // str or bytes, as torch's Store.set takes (str as UTF-8).
+          [](comm::Store& s, const std::string& key, const std::string& value) {
+            py::gil_scoped_release no_gil;
+            s.set(key, comm::to_bytes(value));
+          })
       .def("get",
            [](comm::Store& s, const std::string& key) {
              comm::Bytes value;
@@ -509,14 +510,13 @@ PYBIND11_MODULE(_C, m) {
              return s.add(key, delta);
            })
       .def("compare_set",
-           [](comm::Store& s, const std::string& key, py::bytes expected,
-              py::bytes desired) {
-             std::string e = expected;
-             std::string d = desired;
+           [](comm::Store& s, const std::string& key,
+              const std::string& expected, const std::string& desired) {
              comm::Bytes value;
              {
                py::gil_scoped_release no_gil;
-               value = s.compare_set(key, comm::to_bytes(e), comm::to_bytes(d));
+               value = s.compare_set(key, comm::to_bytes(expected),
+                                     comm::to_bytes(desired));
              }
              return py::bytes(reinterpret_cast<const char*>(value.data()),
                               value.size());

@@ -112,6 +112,10 @@ def test_tcp_store_and_prefix_store():
     client = dist.TCPStore("127.0.0.1", server.port, timeout=10)
     server.set("key", b"value")
     assert client.get("key") == b"value"
+    client.set("text", "as torch takes it")  # str is stored as UTF-8
+    assert server.get("text") == b"as torch takes it"
+    assert server.compare_set("text", "as torch takes it", b"swapped") == \
+        b"swapped"
     assert client.add("n", 2) == 2 and server.add("n", 3) == 5
     client.wait(["key", "n"])
     with pytest.raises(dist.TimeoutError, match="absent"):

@@ -161,8 +161,8 @@ def new_group(ranks=None, timeout=None, backend=None):
     """A subgroup of `ranks` (ranks of the default group; all when None).
     Every rank of the default group must call it, in the same order.
     Ranks outside it get GroupMember.NON_GROUP_MEMBER. The subgroup uses the
-    default group's backend and timeout; `timeout` and `backend` must be
-    None or the same."""
+    default group's backend (`backend` must be None or that one) and its
+    timeout (`timeout` is accepted for torch's signature and not used)."""
     world = _group(None)
     if backend is not None and backend not in (world.backend_name(), "gloo"):
         raise UnsupportedError(
