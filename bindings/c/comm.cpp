@@ -860,30 +860,6 @@ comm_result_t comm_all_gather_dlpack(DLManagedTensor* output,
   });
 }
 
-comm_result_t comm_reduce_scatter_dlpack(DLManagedTensor* output,
-                                         DLManagedTensor* input,
-                                         comm_reduce_op_t op,
-                                         comm_group_t group, void* stream,
-                                         comm_work_t* work) {
-  return guarded(__func__, [&] {
-    comm::ProcessGroup& g = group_of(group);
-    Tensor out = view_dlpack(output, "output");
-    Tensor in = view_dlpack(input, "input").flatten();
-    Placement at(device_arg(out), stream);
-    if (in.numel() != out.numel() * g.size()) {
-      throw InvalidArgument("reduce_scatter: input " + in.describe() +
-                            " must hold group size (" +
-                            std::to_string(g.size()) + ") times output's " +
-                            out.describe() + " elements");
-    }
-    comm::ReduceScatterOptions options;
-    options.op = op_of(op);
-    std::vector<Tensor> inputs = blocks(in, g.size(), out.numel());
-    for (Tensor& block : inputs) block = block.view(out.shape());
-    at.finish(g.reduce_scatter(out, inputs, options), work);
-  });
-}
-
 // Block r of `flat` along dimension 0, as tensors shaped like `like`.
 static std::vector<Tensor> rows_like(const Tensor& flat, int size,
                                      const Tensor& like, const char* what) {
@@ -896,6 +872,23 @@ static std::vector<Tensor> rows_like(const Tensor& flat, int size,
       blocks(flat.flatten(), size, static_cast<std::size_t>(like.numel()));
   for (Tensor& block : out) block = block.view(like.shape());
   return out;
+}
+
+comm_result_t comm_reduce_scatter_dlpack(DLManagedTensor* output,
+                                         DLManagedTensor* input,
+                                         comm_reduce_op_t op,
+                                         comm_group_t group, void* stream,
+                                         comm_work_t* work) {
+  return guarded(__func__, [&] {
+    comm::ProcessGroup& g = group_of(group);
+    Tensor out = view_dlpack(output, "output");
+    Placement at(device_arg(out), stream);
+    std::vector<Tensor> inputs = rows_like(
+        view_dlpack(input, "input"), g.size(), out, "reduce_scatter: input");
+    comm::ReduceScatterOptions options;
+    options.op = op_of(op);
+    at.finish(g.reduce_scatter(out, inputs, options), work);
+  });
 }
 
 comm_result_t comm_gather_dlpack(DLManagedTensor* output,
