@@ -369,7 +369,9 @@ static void test_async(comm_group_t group, int rank, int size) {
   if (size < 2) return;
   /* A receive nobody has sent to yet: the bounded wait times out, test says
    * not done, and the handle can be freed while the receive is pending. */
-  int32_t late = 0;
+  /* Static: the receive completes after this function returns, and its
+   * buffer must outlive it even though the handle is freed first. */
+  static int32_t late = 0;
   comm_work_t pending = NULL;
   OK(comm_recv(&late, 1, COMM_INT32, (rank + 1) % size, 77, group, COMM_CPU,
                NULL, NULL, &pending));

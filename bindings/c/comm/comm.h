@@ -366,7 +366,8 @@ COMM_C_API comm_result_t comm_work_test(comm_work_t work, int* done);
 /* The sender of a completed receive from COMM_ANY_SOURCE, else -1. */
 COMM_C_API comm_result_t comm_work_source(comm_work_t work, int* source);
 /* Releases the handle. An operation still running goes on to completion
- * (its group keeps it); only the handle is gone. */
+ * (its group keeps it); only the handle is gone, so the operation's buffers
+ * must stay valid until it completes all the same. */
 COMM_C_API comm_result_t comm_work_free(comm_work_t work);
 
 #ifdef __cplusplus
