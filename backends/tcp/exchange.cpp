@@ -1,6 +1,7 @@
 #include "backends/tcp/exchange.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -38,6 +39,17 @@ std::size_t chunk_bytes() {
       if (parsed >= 64) bytes = static_cast<std::size_t>(parsed);
     }
     return bytes / 64 * 64;
+  }();
+  return value;
+}
+
+std::chrono::microseconds spin_budget() {
+  static const std::chrono::microseconds value = [] {
+    long long micros = 50;
+    if (const char* env = std::getenv("COMM_TCP_SPIN_US")) {
+      micros = std::clamp(std::atoll(env), 0LL, 10000LL);
+    }
+    return std::chrono::microseconds(micros);
   }();
   return value;
 }
@@ -107,8 +119,10 @@ void Exchange::run() {
   }
   std::vector<pollfd> fds;
   std::vector<int> owner;  // per pollfd: transfer index, or -1 - peer (control)
+  const auto spin_until = detail::Clock::now() + spin_budget();
+  bool spinning = spin_budget().count() > 0;
   // Bounded by the deadline: every round waits in poll until a socket is
-  // ready, then moves what it can.
+  // ready (without sleeping until spin_until), then moves what it can.
   while (true) {
     fds.clear();
     owner.clear();
@@ -128,13 +142,16 @@ void Exchange::run() {
       fds.push_back({wake_fd_, POLLIN, 0});
       owner.push_back(INT32_MIN);
     }
-    const int ready = ::poll(fds.data(), fds.size(), remaining_ms(deadline_));
+    spinning = spinning && detail::Clock::now() < spin_until;
+    const int ready =
+        ::poll(fds.data(), fds.size(), spinning ? 0 : remaining_ms(deadline_));
     if (ready < 0) {
       if (errno == EINTR) continue;
       throw SystemError(errno, "poll");
     }
     if (ready == 0) {
       if (detail::Clock::now() >= deadline_) time_out({});
+      if (spinning) sched_yield();
       continue;
     }
     for (std::size_t k = 0; k < fds.size(); ++k) {

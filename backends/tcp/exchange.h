@@ -8,6 +8,17 @@
 // and reduces each chunk into its destination while the kernel keeps
 // receiving the next one, so scratch memory is O(chunk), not O(message).
 //
+// A step that must wait first polls its sockets without sleeping for a
+// short, bounded time (spin_budget()), yielding the processor between
+// polls, and only then sleeps in poll(). Waking a sleeping thread costs
+// more than a whole small message on a loopback mesh (about 10 us on a
+// virtual machine, where a halted virtual CPU must be resumed by its
+// host); a partner that is a few microseconds behind is met while still
+// polling. The yield hands the core to any runnable rank that shares it,
+// so ranks that outnumber the cores keep making progress, and a rank whose
+// peer is truly absent costs one budget of polling per step before it
+// sleeps.
+//
 // While waiting, run() also watches every peer's control channel and the
 // backend's wake-up descriptor, so that a failure elsewhere in the group or
 // a shutdown ends the wait at once.
@@ -30,6 +41,10 @@ namespace comm::tcp {
 // The bytes of scratch a reducing receive uses: COMM_TCP_CHUNK_BYTES, or
 // 256 KiB; always a multiple of 64.
 std::size_t chunk_bytes();
+
+// How long a waiting step polls before it sleeps: COMM_TCP_SPIN_US
+// microseconds, or 50; 0 sleeps at once.
+std::chrono::microseconds spin_budget();
 
 // A control message telling peers that this rank's call failed: what kind
 // of error, which rank it blames (or -1), and the message.
