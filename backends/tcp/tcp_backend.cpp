@@ -81,12 +81,21 @@ struct TcpBackend::Scheduler {
   // Runs a task; set by the backend, never called once `stopping` is set.
   std::function<void(Task&)> execute;
 
-  // Makes sure the worker looks at the queue within kCallerGrace. Called
-  // with `mutex` held.
-  void wake_worker_later() {
-    if (timer_armed) return;
-    arm_timer(timer_fd, kCallerGrace);
+  // Whether the caller, which holds `mutex`, must arm the timer: true for
+  // the first to find it idle. The caller arms it after letting go of the
+  // mutex, so that no system call runs inside the critical section that
+  // callers and the worker share (a waiter that finds the mutex taken
+  // sleeps, and waking it costs more than a small collective).
+  bool claim_timer() {
+    if (timer_armed) return false;
     timer_armed = true;
+    return true;
+  }
+
+  // Makes sure the worker looks at the queue within kCallerGrace. Called
+  // with `mutex` held, off the hot path.
+  void wake_worker_later() {
+    if (claim_timer()) arm_timer(timer_fd, kCallerGrace);
   }
 
   // Runs queued tasks on the calling thread until `target` completes,
@@ -202,23 +211,28 @@ std::chrono::milliseconds TcpBackend::resolve(OpTimeout timeout) const {
 
 std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
                                           Body body) {
-  std::lock_guard<std::mutex> lock(scheduler_->mutex);
-  check_open();
-  call.sequence = scheduler_->next_sequence++;
-  auto task = std::make_unique<Task>();
-  task->call = call;
-  task->timeout = resolve(timeout);
-  task->body = std::move(body);
-  task->queued_at = detail::Clock::now();
-  task->work = std::make_shared<Work>(call.describe() + " on rank " +
-                                      std::to_string(rank()));
-  std::weak_ptr<Scheduler> scheduler = scheduler_;
-  task->work->set_progress_hook([scheduler](Work& work) {
-    if (auto alive = scheduler.lock()) alive->help(work);
-  });
-  auto work = task->work;
-  scheduler_->queue.push_back(std::move(task));
-  scheduler_->wake_worker_later();
+  std::shared_ptr<Work> work;
+  bool arm = false;
+  {
+    std::lock_guard<std::mutex> lock(scheduler_->mutex);
+    check_open();
+    call.sequence = scheduler_->next_sequence++;
+    auto task = std::make_unique<Task>();
+    task->call = call;
+    task->timeout = resolve(timeout);
+    task->body = std::move(body);
+    task->queued_at = detail::Clock::now();
+    task->work = std::make_shared<Work>(call.describe() + " on rank " +
+                                        std::to_string(rank()));
+    std::weak_ptr<Scheduler> scheduler = scheduler_;
+    task->work->set_progress_hook([scheduler](Work& work) {
+      if (auto alive = scheduler.lock()) alive->help(work);
+    });
+    work = task->work;
+    scheduler_->queue.push_back(std::move(task));
+    arm = scheduler_->claim_timer();
+  }
+  if (arm) arm_timer(scheduler_->timer_fd, kCallerGrace);
   return work;
 }
 
@@ -234,11 +248,13 @@ void TcpBackend::run_worker() {
     (void)!read(s.timer_fd, &expirations, sizeof(expirations));
     std::unique_lock<std::mutex> lock(s.mutex);
     s.timer_armed = false;
+    std::chrono::nanoseconds rearm{0};
     while (!s.stopping && !s.running && !s.queue.empty()) {
       const auto due = s.queue.front()->queued_at + kCallerGrace;
       const auto now = detail::Clock::now();
       if (now < due) {
-        arm_timer(s.timer_fd, due - now);
+        // Armed below, outside the mutex; nobody else arms it meanwhile.
+        rearm = due - now;
         s.timer_armed = true;
         break;
       }
@@ -252,6 +268,8 @@ void TcpBackend::run_worker() {
       s.changed.notify_all();
     }
     if (s.stopping) return;
+    lock.unlock();
+    if (rearm.count() > 0) arm_timer(s.timer_fd, rearm);
   }
 }
 
