@@ -5,24 +5,29 @@
 
 namespace comm {
 
-Work::Work(std::string description) : description_(std::move(description)) {}
+Work::Work(std::string description)
+    : description_(std::move(description)), described_(true) {}
 Work::~Work() = default;
 
-void Work::set_progress_hook(std::function<void(Work&)> hook) {
-  progress_hook_ = std::move(hook);
+std::string Work::describe() const { return "operation"; }
+
+const std::string& Work::description() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!described_) {
+    description_ = describe();
+    described_ = true;
+  }
+  return description_;
 }
 
 bool Work::wait(Duration timeout) {
-  // Running the operation here could outlast a bounded wait, so only an
-  // unbounded wait lends its thread.
-  if (progress_hook_ && timeout == kNoTimeout && !is_completed()) {
-    progress_hook_(*this);
-  }
+  if (timeout == kNoTimeout && !is_completed()) progress();
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
     done_.wait(lock, [&] { return completed_; });
   } else if (!done_.wait_for(lock, timeout, [&] { return completed_; })) {
-    throw TimeoutError(description_ + " did not complete within " +
+    lock.unlock();
+    throw TimeoutError(description() + " did not complete within " +
                        format_duration(timeout) + " of wait()");
   }
   if (error_) std::rethrow_exception(error_);

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <string>
 
@@ -49,22 +48,34 @@ class COMM_API Work {
   // receive completed; -1 otherwise.
   int source_rank() const;
 
-  const std::string& description() const { return description_; }
+  // The operation's name, as given or, for a backend that names its
+  // operations lazily, as describe() gives it the first time it is asked.
+  const std::string& description() const;
 
   // Called by the backend exactly once: completes the operation, with an
   // error or without, and wakes every waiter.
   void finish(std::exception_ptr error = nullptr, int source_rank = -1);
 
-  // Set by a backend, before handing the Work out, when the thread that
-  // waits can run the operation itself: wait() without a timeout calls the
-  // hook first, which saves two thread hand-offs for a call the caller
-  // waits on anyway.
-  void set_progress_hook(std::function<void(Work&)> hook);
+ protected:
+  // For a backend that names its operations only when a name is needed (an
+  // error, a log line): formatting one for every call that succeeds would
+  // cost a good part of a small collective.
+  Work() = default;
+  // The name description() returns; called at most once, with the Work's
+  // mutex held, so it must not call the Work's other members.
+  virtual std::string describe() const;
+
+  // Called by wait() without a timeout, on the waiting thread, before it
+  // blocks: a backend whose caller can run the operation itself does so
+  // here, which saves two thread hand-offs for a call the caller waits on
+  // anyway. Running it could outlast a bounded wait, so only an unbounded
+  // one lends its thread. The default does nothing.
+  virtual void progress() {}
 
  private:
-  const std::string description_;
-  std::function<void(Work&)> progress_hook_;
   mutable std::mutex mutex_;
+  mutable std::string description_;  // under mutex_
+  mutable bool described_ = false;   // under mutex_
   std::condition_variable done_;
   bool completed_ = false;
   std::exception_ptr error_;

@@ -29,14 +29,6 @@ using tcp::CallInfo;
 using tcp::Collective;
 using tcp::CollectiveContext;
 
-struct TcpBackend::Task {
-  CallInfo call;
-  std::chrono::milliseconds timeout;
-  Body body;
-  std::shared_ptr<Work> work;
-  detail::Clock::time_point queued_at;
-};
-
 namespace {
 
 // How long the worker leaves a new task to the caller: a caller that waits
@@ -58,6 +50,42 @@ void arm_timer(int timer, std::chrono::nanoseconds delay) {
 
 }  // namespace
 
+// A queued collective and its Work in one allocation: named only when a
+// name is needed, and run by a caller that waits on it (Scheduler::help).
+class TcpBackend::Task final : public Work {
+ public:
+  Task(const CallInfo& call, std::chrono::milliseconds timeout, Body body,
+       int rank, std::weak_ptr<Scheduler> scheduler)
+      : call(call),
+        timeout(timeout),
+        queued_at(detail::Clock::now()),
+        body_(std::move(body)),
+        rank_(rank),
+        scheduler_(std::move(scheduler)) {}
+
+  // Hands the body over, once: it holds the call's tensors, which the Work
+  // (that the caller may keep long after) must not keep alive.
+  Body take_body() {
+    Body body = std::move(body_);
+    body_ = nullptr;
+    return body;
+  }
+
+  const CallInfo call;
+  const std::chrono::milliseconds timeout;
+  const detail::Clock::time_point queued_at;
+
+ private:
+  std::string describe() const override {
+    return call.describe() + " on rank " + std::to_string(rank_);
+  }
+  void progress() override;
+
+  Body body_;
+  const int rank_;
+  std::weak_ptr<Scheduler> scheduler_;
+};
+
 // The collective queue and the turn to run it. One thread at a time holds
 // the turn (`running`), so tasks run one after another in issue order,
 // whether the worker or a waiting caller runs them.
@@ -73,7 +101,7 @@ struct TcpBackend::Scheduler {
   std::condition_variable changed;  // `running` went false
   int timer_fd = -1;
   bool timer_armed = false;  // set until the worker has seen it fire
-  std::deque<std::unique_ptr<Task>> queue;
+  std::deque<std::shared_ptr<Task>> queue;
   std::uint64_t next_sequence = 0;
   bool running = false;
   bool stopping = false;
@@ -103,7 +131,7 @@ struct TcpBackend::Scheduler {
   void help(Work& target) {
     std::unique_lock<std::mutex> lock(mutex);
     while (!target.is_completed() && !stopping && !running && !queue.empty()) {
-      std::unique_ptr<Task> task = std::move(queue.front());
+      std::shared_ptr<Task> task = std::move(queue.front());
       queue.pop_front();
       running = true;
       lock.unlock();
@@ -116,6 +144,10 @@ struct TcpBackend::Scheduler {
     if (!stopping && !queue.empty()) wake_worker_later();
   }
 };
+
+void TcpBackend::Task::progress() {
+  if (auto alive = scheduler_.lock()) alive->help(*this);
+}
 
 namespace {
 
@@ -174,7 +206,7 @@ TcpBackend::~TcpBackend() {
 }
 
 void TcpBackend::shutdown() {
-  std::deque<std::unique_ptr<Task>> abandoned;
+  std::deque<std::shared_ptr<Task>> abandoned;
   {
     std::lock_guard<std::mutex> lock(scheduler_->mutex);
     if (scheduler_->stopping) return;
@@ -183,7 +215,10 @@ void TcpBackend::shutdown() {
   }
   const auto error = std::make_exception_ptr(BackendError(
       "the process group was shut down before this operation ran"));
-  for (auto& task : abandoned) task->work->finish(error);
+  for (auto& task : abandoned) {
+    task->take_body();
+    task->finish(error);
+  }
   // Interrupt a collective in progress (on the worker or a waiting
   // caller), wait until its thread gives the turn back, then stop.
   const std::uint64_t one = 1;
@@ -211,29 +246,19 @@ std::chrono::milliseconds TcpBackend::resolve(OpTimeout timeout) const {
 
 std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
                                           Body body) {
-  std::shared_ptr<Work> work;
+  std::shared_ptr<Task> task;
   bool arm = false;
   {
     std::lock_guard<std::mutex> lock(scheduler_->mutex);
     check_open();
     call.sequence = scheduler_->next_sequence++;
-    auto task = std::make_unique<Task>();
-    task->call = call;
-    task->timeout = resolve(timeout);
-    task->body = std::move(body);
-    task->queued_at = detail::Clock::now();
-    task->work = std::make_shared<Work>(call.describe() + " on rank " +
-                                        std::to_string(rank()));
-    std::weak_ptr<Scheduler> scheduler = scheduler_;
-    task->work->set_progress_hook([scheduler](Work& work) {
-      if (auto alive = scheduler.lock()) alive->help(work);
-    });
-    work = task->work;
-    scheduler_->queue.push_back(std::move(task));
+    task = std::make_shared<Task>(call, resolve(timeout), std::move(body),
+                                  rank(), scheduler_);
+    scheduler_->queue.push_back(task);
     arm = scheduler_->claim_timer();
   }
   if (arm) arm_timer(scheduler_->timer_fd, kCallerGrace);
-  return work;
+  return task;
 }
 
 void TcpBackend::run_worker() {
@@ -258,7 +283,7 @@ void TcpBackend::run_worker() {
         s.timer_armed = true;
         break;
       }
-      std::unique_ptr<Task> task = std::move(s.queue.front());
+      std::shared_ptr<Task> task = std::move(s.queue.front());
       s.queue.pop_front();
       s.running = true;
       lock.unlock();
@@ -274,6 +299,7 @@ void TcpBackend::run_worker() {
 }
 
 void TcpBackend::execute(Task& task) {
+  const Body body = task.take_body();
   std::exception_ptr broken;
   {
     std::lock_guard<std::mutex> lock(scheduler_->mutex);
@@ -283,7 +309,7 @@ void TcpBackend::execute(Task& task) {
     try {
       std::rethrow_exception(broken);
     } catch (const std::exception& e) {
-      task.work->finish(std::make_exception_ptr(BackendError(
+      task.finish(std::make_exception_ptr(BackendError(
           task.call.describe() +
           " cannot run: the process group failed earlier: " + e.what())));
     }
@@ -292,8 +318,8 @@ void TcpBackend::execute(Task& task) {
   CollectiveContext ctx{*mesh_, task.call, detail::deadline_after(task.timeout),
                         wake_fd_};
   try {
-    task.body(ctx);
-    task.work->finish();
+    body(ctx);
+    task.finish();
   } catch (...) {
     const auto error = std::current_exception();
     if (!ctx.relayed) {
@@ -323,7 +349,7 @@ void TcpBackend::execute(Task& task) {
       std::lock_guard<std::mutex> lock(scheduler_->mutex);
       if (!scheduler_->broken) scheduler_->broken = error;
     }
-    task.work->finish(error);
+    task.finish(error);
   }
 }
 
