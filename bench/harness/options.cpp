@@ -88,7 +88,7 @@ Options parse_options(const std::string& program,
   std::string min_bytes = "32M", max_bytes = "32M", step_bytes = "1M";
   std::string step_factor, iterations = "20", warmup = "5", check = "1";
   std::string dtype = "float", op = "sum", root = "0", average = "1";
-  std::string blocking = "0", spawn, timeout = "300";
+  std::string blocking = "0", spawn, timeout = "300", binding = "auto";
   app.add_option("-b,--minbytes", min_bytes, "smallest size (default 32M)");
   app.add_option("-e,--maxbytes", max_bytes, "largest size (default 32M)");
   app.add_option("-i,--stepbytes", step_bytes,
@@ -120,6 +120,9 @@ Options parse_options(const std::string& program,
                  "cpu or cuda (default: cuda for nccl, cpu otherwise)");
   app.add_option("--np", spawn,
                  "start this many local ranks (spelled -np, as in mpirun)");
+  app.add_option("--bind-to", binding,
+                 "-np ranks: core (rank r on the r-th usable CPU), none, or "
+                 "auto (core when the ranks fit the CPUs, as mpirun; default)");
   app.add_option("--timeout", timeout,
                  "seconds each operation may take (default 300)");
 
@@ -187,6 +190,14 @@ Options parse_options(const std::string& program,
   if (!spawn.empty()) options.spawn = parse_int("-np", spawn, 1, 1024);
   options.timeout =
       std::chrono::seconds(parse_int("--timeout", timeout, 1, 7 * 24 * 3600));
+  if (const std::string bind = lower(binding); bind == "core") {
+    options.binding = Options::Binding::kCore;
+  } else if (bind == "none") {
+    options.binding = Options::Binding::kNone;
+  } else if (bind != "auto") {
+    throw UsageError("--bind-to takes core, none or auto, not '" + binding +
+                     "'");
+  }
   if (options.device.empty()) {
     options.device = options.backend == "nccl" ? "cuda" : "cpu";
   }

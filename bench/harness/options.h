@@ -38,6 +38,10 @@ struct Options {
   std::string backend = "tcp";                // --backend
   std::string device;  // --device; empty: cuda for nccl, cpu otherwise
   int spawn = 0;       // -np: local ranks to start; 0: see launch.h
+  // --bind-to, for -np ranks: kCore pins rank r to the r-th CPU this
+  // process may use; kAuto does so when the ranks fit the CPUs, as mpirun
+  // does by default.
+  enum class Binding { kAuto, kCore, kNone } binding = Binding::kAuto;
   std::chrono::seconds timeout{300};  // --timeout, per operation
 
   // The sizes to run, from min_bytes to max_bytes.

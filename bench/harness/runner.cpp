@@ -1,5 +1,7 @@
 #include "bench/harness/runner.h"
 
+#include <sched.h>
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -163,16 +165,37 @@ void print_measurement(std::FILE* out, const std::optional<Measurement>& m) {
   }
 }
 
+// The CPUs this process may run on, as a list: "0-1", "3".
+std::string usable_cpus() {
+  cpu_set_t usable;
+  CPU_ZERO(&usable);
+  if (sched_getaffinity(0, sizeof(usable), &usable) != 0) return "?";
+  std::string list;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &usable)) continue;
+    int last = cpu;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &usable)) ++last;
+    list += (list.empty() ? "" : ",") + std::to_string(cpu) +
+            (last > cpu ? "-" + std::to_string(last) : "");
+    cpu = last;
+  }
+  return list;
+}
+
 void print_header(std::FILE* out, const Collective& collective,
                   const Options& options, ProcessGroup& group, Device device) {
   // Who runs where: every rank's host, pid and device, as nccl-tests lists
   // them.
   constexpr std::int64_t kHostBytes = 64;
-  constexpr std::int64_t kEntry = kHostBytes + 16;
+  constexpr std::int64_t kCpuBytes = 32;
+  constexpr std::int64_t kEntry = kHostBytes + 16 + kCpuBytes;
   Tensor mine = Tensor::zeros({kEntry}, DType::kU8);
   gethostname(static_cast<char*>(mine.data_ptr()), kHostBytes - 1);
   const std::int64_t ids[2] = {getpid(), device.is_cpu() ? -1 : device.index};
   std::memcpy(mine.data<std::uint8_t>() + kHostBytes, ids, sizeof(ids));
+  const std::string cpus = usable_cpus().substr(0, kCpuBytes - 1);
+  std::memcpy(mine.data<std::uint8_t>() + kHostBytes + 16, cpus.data(),
+              cpus.size());
   Tensor all = Tensor::zeros({kEntry * group.size()}, DType::kU8);
   group.all_gather_into(all, mine)->wait();
   if (!out) return;
@@ -200,9 +223,10 @@ void print_header(std::FILE* out, const Collective& collective,
     std::memcpy(rank_ids, base + kHostBytes, sizeof(rank_ids));
     const std::string where =
         rank_ids[1] < 0 ? "cpu" : "cuda:" + std::to_string(rank_ids[1]);
-    std::fprintf(out, "#  Rank %2d Pid %7lld on %10s device %s\n", r,
+    std::fprintf(out, "#  Rank %2d Pid %7lld on %10s device %s cpus %s\n", r,
                  static_cast<long long>(rank_ids[0]),
-                 reinterpret_cast<const char*>(base), where.c_str());
+                 reinterpret_cast<const char*>(base), where.c_str(),
+                 reinterpret_cast<const char*>(base + kHostBytes + 16));
   }
   std::fprintf(out, "#\n");
   std::fprintf(

@@ -1,7 +1,10 @@
 // commrun, the launcher: what it exports, how it relays output, and how it
 // ends a job (a failing worker, restarts, signals, bad arguments). Workers
-// are small shell scripts; one test runs a real libcomm job under it.
+// are small shell scripts; one test runs a real libcomm job under it. The
+// bench binaries' own launcher (-np) is checked here too, for how it
+// places its ranks on CPUs.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -59,9 +62,10 @@ struct ScratchDir {
 };
 
 // commrun with `args`, its stdout and stderr going to files in `dir`.
-std::unique_ptr<ChildProcess> start_commrun(const ScratchDir& dir,
+// Runs `binary` with `args`, its stdout and stderr going to files in `dir`.
+std::unique_ptr<ChildProcess> start_program(const ScratchDir& dir,
+                                            const std::string& binary,
                                             std::vector<std::string> args) {
-  const std::string binary = from_env("COMMRUN_BIN");
   const std::string out = dir / "stdout";
   const std::string err = dir / "stderr";
   return std::make_unique<ChildProcess>([=]() {
@@ -75,6 +79,11 @@ std::unique_ptr<ChildProcess> start_commrun(const ScratchDir& dir,
     execv(binary.c_str(), argv.data());
     return 98;
   });
+}
+
+std::unique_ptr<ChildProcess> start_commrun(const ScratchDir& dir,
+                                            std::vector<std::string> args) {
+  return start_program(dir, from_env("COMMRUN_BIN"), std::move(args));
 }
 
 // Waits (bounded, sleeping) until `count` files named pid.* exist in `dir`
@@ -269,4 +278,57 @@ TEST_CASE("a libcomm job runs under commrun", "[commrun]") {
   CHECK_THAT(out, Catch::Contains("[0]: # libcomm") &&
                       Catch::Contains("all_reduce_perf: 3 ranks") &&
                       Catch::Contains("[0]: # Out of bounds values : 0 OK"));
+}
+
+// The CPUs each rank of an all_reduce_perf -np run reported in its header
+// ("#  Rank  1 Pid 123 on host device cpu cpus 0-1"), by rank.
+std::vector<std::string> bench_rank_cpus(const std::string& bind, int ranks) {
+  ScratchDir dir;
+  auto bench = start_program(dir, from_env("ALL_REDUCE_PERF_BIN"),
+                             {"-np", std::to_string(ranks), "-b", "1K", "-e",
+                              "1K", "-n", "2", "-w", "0", "--bind-to", bind});
+  REQUIRE(bench->wait(120s) == 0);
+  const std::regex row(R"(#  Rank +(\d+) Pid .* cpus (\S+))");
+  std::vector<std::string> cpus(static_cast<std::size_t>(ranks));
+  for (const std::string& line : lines_of(read_file(dir / "stdout"))) {
+    std::smatch match;
+    if (std::regex_search(line, match, row)) {
+      cpus.at(std::stoul(match[1].str())) = match[2].str();
+    }
+  }
+  return cpus;
+}
+
+TEST_CASE("all_reduce_perf -np places its ranks as --bind-to asks", "[bench]") {
+  cpu_set_t usable;
+  CPU_ZERO(&usable);
+  REQUIRE(sched_getaffinity(0, sizeof(usable), &usable) == 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &usable)) cpus.push_back(cpu);
+  }
+  const int count = static_cast<int>(cpus.size());
+
+  SECTION("core: rank r on the r-th usable CPU, wrapping around") {
+    const auto placed = bench_rank_cpus("core", 3);
+    for (int r = 0; r < 3; ++r) {
+      CHECK(placed[r] == std::to_string(cpus[r % count]));
+    }
+  }
+  SECTION("none: every rank may use every CPU") {
+    const auto placed = bench_rank_cpus("none", 2);
+    CHECK(placed[0] == placed[1]);
+    CHECK_FALSE(placed[0].empty());
+    if (count > 1) {
+      CHECK(placed[0].find_first_of("-,") != std::string::npos);
+    }
+  }
+  SECTION("auto: bound when the ranks fit the CPUs, as mpirun") {
+    const auto fitting = bench_rank_cpus("auto", count);
+    for (int r = 0; r < count; ++r) {
+      CHECK(fitting[r] == std::to_string(cpus[r]));
+    }
+    const auto crowded = bench_rank_cpus("auto", count + 1);
+    CHECK(crowded[0] == bench_rank_cpus("none", 1)[0]);
+  }
 }

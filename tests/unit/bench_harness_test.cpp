@@ -70,9 +70,10 @@ class CorruptedAllReduce final : public comm::bench::Collective {
 
 TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
   const Options o = parse(
-      {"-b", "1K", "-e", "64M",    "-f",        "4",   "-n",  "7",   "-w", "0",
-       "-c", "0",  "-d", "half",   "-o",        "max", "-r",  "all", "-a", "2",
-       "-z", "1",  "-J", "x.json", "--backend", "tcp", "-np", "3"});
+      {"-b",        "1K",  "-e",  "64M", "-f",        "4",    "-n", "7",
+       "-w",        "0",   "-c",  "0",   "-d",        "half", "-o", "max",
+       "-r",        "all", "-a",  "2",   "-z",        "1",    "-J", "x.json",
+       "--backend", "tcp", "-np", "3",   "--bind-to", "none"});
   CHECK(o.min_bytes == 1024);
   CHECK(o.max_bytes == 64 << 20);
   CHECK(o.step_factor == 4);
@@ -86,6 +87,7 @@ TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
   CHECK(o.blocking);
   CHECK(o.json_path == "x.json");
   CHECK(o.spawn == 3);
+  CHECK(o.binding == Options::Binding::kNone);
   CHECK(o.device == "cpu");
   CHECK(o.sizes() == std::vector<std::int64_t>{1 << 10, 1 << 12, 1 << 14,
                                                1 << 16, 1 << 18, 1 << 20,
@@ -97,6 +99,7 @@ TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
   CHECK(d.iterations == 20);
   CHECK(d.warmup == 5);
   CHECK(d.check == 1);
+  CHECK(d.binding == Options::Binding::kAuto);
   CHECK(d.average == comm::bench::Average::kMean);
   CHECK(parse({"-b", "1M", "-e", "3M"}).sizes() ==
         std::vector<std::int64_t>{1 << 20, 2 << 20, 3 << 20});
@@ -126,6 +129,7 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
       {{"-z", "2"}, "-z"},
       {{"-np", "0"}, "-np"},
       {{"--device", "tpu"}, "--device"},
+      {{"--bind-to", "socket"}, "--bind-to"},
       {{"--frobnicate"}, "frobnicate"},
       {{"-b", "2T"}, "-b"},
   };
