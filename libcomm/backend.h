@@ -46,6 +46,14 @@ class COMM_API Backend {
   // identical on every rank.
   virtual std::shared_ptr<Work> all_reduce(Tensor& tensor,
                                            const AllReduceOptions& options) = 0;
+  // Out of place, as NCCL's and MPI's: every rank's `output` becomes op over
+  // every rank's `input`, which is left as it was. The two match in dtype,
+  // count and device, and are the same memory exactly (the in-place call)
+  // or apart. The default copies `input` into `output` when the call is
+  // made and reduces in place; a backend that can read the input where it
+  // lies overrides it and saves a pass over the data.
+  virtual std::shared_ptr<Work> all_reduce_into(
+      Tensor& output, const Tensor& input, const AllReduceOptions& options);
   // outputs[r] on every rank receives rank r's `input`.
   virtual std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs,
                                            const Tensor& input,

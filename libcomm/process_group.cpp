@@ -49,6 +49,10 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(
     Tensor& tensor, const AllReduceOptions& options) {
   return backend_->all_reduce(tensor, options);
 }
+std::shared_ptr<Work> ProcessGroup::all_reduce_into(
+    Tensor& output, const Tensor& input, const AllReduceOptions& options) {
+  return backend_->all_reduce_into(output, input, options);
+}
 std::shared_ptr<Work> ProcessGroup::all_gather(
     std::vector<Tensor>& outputs, const Tensor& input,
     const AllGatherOptions& options) {

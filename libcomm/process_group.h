@@ -44,6 +44,10 @@ class COMM_API ProcessGroup {
                                const ReduceOptions& options = {});
   std::shared_ptr<Work> all_reduce(Tensor& tensor,
                                    const AllReduceOptions& options = {});
+  // Out of place: `output` becomes op over every rank's `input` (see
+  // Backend::all_reduce_into).
+  std::shared_ptr<Work> all_reduce_into(Tensor& output, const Tensor& input,
+                                        const AllReduceOptions& options = {});
   std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs,
                                    const Tensor& input,
                                    const AllGatherOptions& options = {});

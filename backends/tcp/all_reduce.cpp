@@ -1,7 +1,8 @@
 // all_reduce: recursive doubling for small messages (log2 rounds, each a
 // full exchange with one partner), a chunked ring for large ones
 // (reduce-scatter then all-gather, 2(n-1) steps moving 1/n of the data
-// each). Both give every rank bitwise the same result: each element's
+// each). Out of place, the ring reads the input where it lies. Both give
+// every rank bitwise the same result: each element's
 // reduction is computed once by one rank (ring), or symmetrically by both
 // partners of a commutative op (recursive doubling).
 #include <cstdlib>
@@ -65,8 +66,8 @@ void recursive_doubling(CollectiveContext& ctx, std::uint8_t* data,
   }
 }
 
-void ring(CollectiveContext& ctx, std::uint8_t* data, std::size_t count,
-          DType dtype, ReduceOp op) {
+void ring(CollectiveContext& ctx, const std::uint8_t* input, std::uint8_t* data,
+          std::size_t count, DType dtype, ReduceOp op) {
   const int rank = ctx.rank();
   const int size = ctx.size();
   const std::size_t element = dtype_size(dtype);
@@ -81,12 +82,16 @@ void ring(CollectiveContext& ctx, std::uint8_t* data, std::size_t count,
     return (u * base + std::min(u, longer)) * element;
   };
   auto length = [&](int i) { return offset(i + 1) - offset(i); };
+  // Reduce-scatter. Out of place, every segment's first write is its
+  // reduction with the input, and the first send is the input's own
+  // segment, so the input is never copied whole.
   for (int s = 0; s < size - 1; ++s) {
     const int out = mod(rank - s, size);
     const int in = mod(rank - s - 1, size);
     Exchange step = ctx.step();
-    step.send(right, data + offset(out), length(out));
-    step.recv_reduce(left, data + offset(in), length(in), dtype, op);
+    step.send(right, (s == 0 ? input : data) + offset(out), length(out));
+    step.recv_reduce(left, data + offset(in), length(in), dtype, op,
+                     input + offset(in));
     ctx.run(step);
   }
   for (int s = 0; s < size - 1; ++s) {
@@ -112,15 +117,22 @@ std::size_t ring_threshold_bytes() {
   return value;
 }
 
-void all_reduce(CollectiveContext& ctx, void* data, std::size_t count,
-                DType dtype, ReduceOp op) {
+void all_reduce(CollectiveContext& ctx, const void* input, void* output,
+                std::size_t count, DType dtype, ReduceOp op) {
+  auto* data = static_cast<std::uint8_t*>(output);
+  const auto* source = static_cast<const std::uint8_t*>(input);
+  const std::size_t bytes = count * dtype_size(dtype);
+  const bool small = bytes < ring_threshold_bytes() ||
+                     count < static_cast<std::size_t>(ctx.size());
+  if (source != data && (ctx.size() == 1 || small)) {
+    std::memcpy(data, source, bytes);
+    source = data;
+  }
   if (ctx.size() == 1 || count == 0) return;
-  auto* bytes = static_cast<std::uint8_t*>(data);
-  if (count * dtype_size(dtype) < ring_threshold_bytes() ||
-      count < static_cast<std::size_t>(ctx.size())) {
-    recursive_doubling(ctx, bytes, count, dtype, op);
+  if (small) {
+    recursive_doubling(ctx, data, count, dtype, op);
   } else {
-    ring(ctx, bytes, count, dtype, op);
+    ring(ctx, source, data, count, dtype, op);
   }
 }
 

@@ -39,8 +39,10 @@ struct CollectiveContext {
 void broadcast(CollectiveContext& ctx, void* data, std::size_t bytes, int root);
 void reduce(CollectiveContext& ctx, void* data, std::size_t count, DType dtype,
             ReduceOp op, int root);
-void all_reduce(CollectiveContext& ctx, void* data, std::size_t count,
-                DType dtype, ReduceOp op);
+// `output` becomes op over every rank's `input`; the two are the same
+// memory (in place) or apart.
+void all_reduce(CollectiveContext& ctx, const void* input, void* output,
+                std::size_t count, DType dtype, ReduceOp op);
 void all_gather(CollectiveContext& ctx, const std::vector<void*>& blocks,
                 std::size_t bytes);
 void gather(CollectiveContext& ctx, const void* input,

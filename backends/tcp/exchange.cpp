@@ -103,10 +103,13 @@ void Exchange::recv(int peer, void* data, std::size_t bytes) {
 }
 
 void Exchange::recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
-                           ReduceOp op) {
+                           ReduceOp op, const void* base) {
   add(Transfer::Kind::kRecvReduce, peer, data, bytes);
   transfers_.back().dtype = dtype;
   transfers_.back().op = op;
+  if (base != data) {
+    transfers_.back().base = static_cast<const std::uint8_t*>(base);
+  }
   transfers_.back().scratch.resize(std::min(bytes, chunk_bytes()));
 }
 
@@ -250,6 +253,11 @@ void Exchange::progress_recv(Transfer& t) {
     const std::size_t chunk =
         std::min(t.scratch.size(), t.bytes - t.payload_done);
     if (t.scratch_filled == chunk && chunk > 0) {
+      // The chunk of the other operand is copied just before it is
+      // reduced, while it is still in cache.
+      if (t.base != nullptr) {
+        std::memcpy(t.data + t.payload_done, t.base + t.payload_done, chunk);
+      }
       reduce_into(t.op, t.dtype, t.data + t.payload_done, t.scratch.data(),
                   chunk / dtype_size(t.dtype));
       t.payload_done += chunk;

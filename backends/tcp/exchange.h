@@ -64,8 +64,10 @@ class Exchange {
   void send(int peer, const void* data, std::size_t bytes);
   void recv(int peer, void* data, std::size_t bytes);
   // Receives `bytes` and reduces them into `data` (dtype elements, op).
+  // With `base`, `data` becomes base op received instead, chunk by chunk,
+  // so that an out-of-place call reads its input where it lies.
   void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
-                   ReduceOp op);
+                   ReduceOp op, const void* base = nullptr);
 
   // Progresses every transfer until all are done. Throws PeerError when a
   // peer closes or resets its connection, MismatchError when a peer's
@@ -88,7 +90,8 @@ class Exchange {
     ReduceOp op = ReduceOp::kSum;
     std::uint8_t header[MessageHeader::kWireSize];
     std::size_t header_done = 0;
-    std::size_t payload_done = 0;  // sent, received, or reduced
+    std::size_t payload_done = 0;        // sent, received, or reduced
+    const std::uint8_t* base = nullptr;  // recv_reduce's other operand
     std::vector<std::uint8_t> scratch;
     std::size_t scratch_filled = 0;
     bool done() const {

@@ -404,12 +404,33 @@ std::shared_ptr<Work> TcpBackend::all_reduce(Tensor& tensor,
                  [this, tensor, options](CollectiveContext& ctx) mutable {
                    Tensor host = on_host(tensor, true);
                    const auto count = static_cast<std::size_t>(host.numel());
-                   tcp::all_reduce(ctx, host.data_ptr(), count, host.dtype(),
-                                   options.op);
+                   tcp::all_reduce(ctx, host.data_ptr(), host.data_ptr(), count,
+                                   host.dtype(), options.op);
                    if (options.op == ReduceOp::kAvg)
                      divide_by(host.dtype(), host.data_ptr(), count, size());
                    from_host(tensor, host);
                  });
+}
+
+std::shared_ptr<Work> TcpBackend::all_reduce_into(
+    Tensor& output, const Tensor& input, const AllReduceOptions& options) {
+  detail::check_out_of_place("all_reduce_into", output, input);
+  check_reduce_op(options.op, input.dtype());
+  // The same call on the wire as all_reduce: ranks may mix the two forms.
+  CallInfo call{Collective::kAllReduce, 0,          input.dtype(),
+                input.numel(),          options.op, -1};
+  return enqueue(
+      call, options.timeout,
+      [this, output, input, options](CollectiveContext& ctx) mutable {
+        const Tensor host_input = on_host(input, true);
+        Tensor host = on_host(output, false);
+        const auto count = static_cast<std::size_t>(host.numel());
+        tcp::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
+                        host.dtype(), options.op);
+        if (options.op == ReduceOp::kAvg)
+          divide_by(host.dtype(), host.data_ptr(), count, size());
+        from_host(output, host);
+      });
 }
 
 std::shared_ptr<Work> TcpBackend::all_gather(std::vector<Tensor>& outputs,

@@ -45,6 +45,9 @@ class COMM_API TcpBackend final : public Backend {
                                const ReduceOptions& options) override;
   std::shared_ptr<Work> all_reduce(Tensor& tensor,
                                    const AllReduceOptions& options) override;
+  std::shared_ptr<Work> all_reduce_into(
+      Tensor& output, const Tensor& input,
+      const AllReduceOptions& options) override;
   std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs,
                                    const Tensor& input,
                                    const AllGatherOptions& options) override;

@@ -608,8 +608,10 @@ comm_result_t comm_all_reduce(const void* sendbuf, void* recvbuf, size_t count,
     Placement at(device, stream);
     Tensor send = at.view(sendbuf, count, type, "sendbuf");
     Tensor recv = at.view(recvbuf, count, type, "recvbuf");
-    copy_unless_same(recv, send, at);
-    at.finish(g.all_reduce(recv, options), work);
+    const Tensor input = apart_from(send, recv, at, /*whole_ok=*/true);
+    // Out of place, the backend may read the input off the caller's stream.
+    if (input.data_ptr() != recv.data_ptr()) at.settle();
+    at.finish(g.all_reduce_into(recv, input, options), work);
   });
 }
 

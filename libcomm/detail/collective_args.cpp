@@ -12,6 +12,33 @@ void check_tensor(const Tensor& tensor, const std::string& op) {
   tensor.check_contiguous(op);
 }
 
+void check_out_of_place(const std::string& op, const Tensor& output,
+                        const Tensor& input) {
+  check_tensor(output, op + " output");
+  check_tensor(input, op + " input");
+  if (output.dtype() != input.dtype() || output.numel() != input.numel()) {
+    throw InvalidArgument(
+        op + ": the output (" + std::string(dtype_name(output.dtype())) +
+        " x " + std::to_string(output.numel()) + ") must match the input (" +
+        std::string(dtype_name(input.dtype())) + " x " +
+        std::to_string(input.numel()) + ")");
+  }
+  if (output.device() != input.device()) {
+    throw InvalidArgument(op + ": the output is on " + output.device().str() +
+                          " but the input on " + input.device().str() +
+                          "; put both on one device");
+  }
+  const auto* out = static_cast<const std::uint8_t*>(output.data_ptr());
+  const auto* in = static_cast<const std::uint8_t*>(input.data_ptr());
+  const std::size_t bytes = output.nbytes();
+  if (bytes > 0 && out != in && out < in + bytes && in < out + bytes) {
+    throw InvalidArgument(op +
+                          ": the output and the input overlap in part; "
+                          "pass the same tensor twice for the in-place call, "
+                          "or tensors apart");
+  }
+}
+
 void check_root(const std::string& op, int root, int size) {
   if (root < 0 || root >= size) {
     throw InvalidArgument(op + ": root " + std::to_string(root) +

@@ -15,6 +15,12 @@ namespace comm::detail {
 // Defined and contiguous.
 void check_tensor(const Tensor& tensor, const std::string& op);
 
+// An out-of-place pair: both pass check_tensor, with one dtype, one
+// number of elements and one device, and they are either the same memory
+// exactly (the in-place call) or apart.
+void check_out_of_place(const std::string& op, const Tensor& output,
+                        const Tensor& input);
+
 // `root` is a rank of a group of `size`.
 void check_root(const std::string& op, int root, int size);
 

@@ -89,6 +89,12 @@ std::shared_ptr<Work> DeviceRouter::all_reduce(
   return route("all_reduce", tensor).all_reduce(tensor, options);
 }
 
+std::shared_ptr<Work> DeviceRouter::all_reduce_into(
+    Tensor& output, const Tensor& input, const AllReduceOptions& options) {
+  return route("all_reduce_into", input, {output})
+      .all_reduce_into(output, input, options);
+}
+
 std::shared_ptr<Work> DeviceRouter::all_gather(
     std::vector<Tensor>& outputs, const Tensor& input,
     const AllGatherOptions& options) {

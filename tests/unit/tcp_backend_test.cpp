@@ -101,7 +101,7 @@ Tensor pattern(std::int64_t count, DType dtype, int base) {
 
 }  // namespace
 
-TEST_CASE("all_reduce: every dtype and op, world sizes 1 to 8",
+TEST_CASE("all_reduce in and out of place: every dtype and op, worlds 1 to 8",
           "[tcp][all_reduce]") {
   for (int world = 1; world <= 8; ++world) {
     auto errors = run_ranks(world, [&](ProcessGroup& group) {
@@ -113,12 +113,24 @@ TEST_CASE("all_reduce: every dtype and op, world sizes 1 to 8",
                 dtype != DType::kI64 && dtype != DType::kBF16) {
               continue;
             }
+            const std::string what = std::string(comm::dtype_name(dtype)) +
+                                     " " + comm::reduce_op_name(op) + " x " +
+                                     std::to_string(count);
+            const Tensor expected = reference(world, count, dtype, op);
             Tensor t = contribution(group.rank(), count, dtype, op);
             group.all_reduce(t, {op})->wait();
-            expect(same_bytes(t, reference(world, count, dtype, op)),
-                   std::string("all_reduce ") + comm::dtype_name(dtype) + " " +
-                       comm::reduce_op_name(op) + " x " +
-                       std::to_string(count));
+            expect(same_bytes(t, expected), "all_reduce " + what);
+            // Out of place: every byte of the output is written (it starts
+            // as garbage) and the input is left as it was.
+            const Tensor input = contribution(group.rank(), count, dtype, op);
+            Tensor output = Tensor::empty({count}, dtype);
+            if (count > 0)
+              std::memset(output.data_ptr(), 0x5a, output.nbytes());
+            group.all_reduce_into(output, input, {op})->wait();
+            expect(same_bytes(output, expected), "all_reduce_into " + what);
+            expect(
+                same_bytes(input, contribution(group.rank(), count, dtype, op)),
+                "all_reduce_into left its input alone: " + what);
           }
         }
       }
@@ -134,10 +146,15 @@ TEST_CASE("all_reduce of 1<<20 elements, ring and recursive doubling agree",
     auto errors = run_ranks(world, [&](ProcessGroup& group) {
       const std::int64_t count = 1 << 20;
       for (DType dtype : {DType::kF32, DType::kI32}) {
+        const Tensor expected = reference(world, count, dtype, ReduceOp::kSum);
         Tensor t = contribution(group.rank(), count, dtype, ReduceOp::kSum);
         group.all_reduce(t)->wait();
-        expect(same_bytes(t, reference(world, count, dtype, ReduceOp::kSum)),
-               "large all_reduce");
+        expect(same_bytes(t, expected), "large all_reduce");
+        const Tensor input =
+            contribution(group.rank(), count, dtype, ReduceOp::kSum);
+        Tensor output = Tensor::zeros({count}, dtype);
+        group.all_reduce_into(output, input)->wait();
+        expect(same_bytes(output, expected), "large all_reduce_into");
       }
     });
     INFO("world " << world);
@@ -465,6 +482,13 @@ TEST_CASE("bad arguments are InvalidArgument before anything is sent",
     refuses([&] { group.all_reduce(strided); }, "[4, 1]");
     refuses([&] { group.broadcast(t, {5}); }, "root 5");
     refuses([&] { group.all_reduce(t, {ReduceOp::kBand}); }, "band");
+    Tensor flat = Tensor::zeros({16}, DType::kF32);
+    Tensor half = flat.slice(0, 8);
+    refuses([&] { group.all_reduce_into(half, flat.slice(4, 12)); },
+            "overlap in part");
+    refuses([&] { group.all_reduce_into(half, flat); }, "must match");
+    Tensor ints = Tensor::zeros({8}, DType::kI32);
+    refuses([&] { group.all_reduce_into(half, ints); }, "int32");
     std::vector<Tensor> one = {t};
     refuses([&] { group.all_gather(one, t); }, "one output tensor per rank");
     refuses([&] { group.send(t, group.rank()); }, "destination");
