@@ -397,33 +397,27 @@ std::shared_ptr<Work> TcpBackend::reduce(Tensor& tensor,
 std::shared_ptr<Work> TcpBackend::all_reduce(Tensor& tensor,
                                              const AllReduceOptions& options) {
   check_tensor(tensor, "all_reduce");
-  check_reduce_op(options.op, tensor.dtype());
-  CallInfo call{Collective::kAllReduce, 0,          tensor.dtype(),
-                tensor.numel(),         options.op, -1};
-  return enqueue(call, options.timeout,
-                 [this, tensor, options](CollectiveContext& ctx) mutable {
-                   Tensor host = on_host(tensor, true);
-                   const auto count = static_cast<std::size_t>(host.numel());
-                   tcp::all_reduce(ctx, host.data_ptr(), host.data_ptr(), count,
-                                   host.dtype(), options.op);
-                   if (options.op == ReduceOp::kAvg)
-                     divide_by(host.dtype(), host.data_ptr(), count, size());
-                   from_host(tensor, host);
-                 });
+  return start_all_reduce(tensor, tensor, options);
 }
 
 std::shared_ptr<Work> TcpBackend::all_reduce_into(
     Tensor& output, const Tensor& input, const AllReduceOptions& options) {
   detail::check_out_of_place("all_reduce_into", output, input);
+  return start_all_reduce(output, input, options);
+}
+
+std::shared_ptr<Work> TcpBackend::start_all_reduce(
+    Tensor& output, const Tensor& input, const AllReduceOptions& options) {
   check_reduce_op(options.op, input.dtype());
-  // The same call on the wire as all_reduce: ranks may mix the two forms.
+  // In place or not, the same call on the wire: ranks may mix the forms.
   CallInfo call{Collective::kAllReduce, 0,          input.dtype(),
                 input.numel(),          options.op, -1};
   return enqueue(
       call, options.timeout,
       [this, output, input, options](CollectiveContext& ctx) mutable {
-        const Tensor host_input = on_host(input, true);
-        Tensor host = on_host(output, false);
+        const bool in_place = output.data_ptr() == input.data_ptr();
+        Tensor host = on_host(output, in_place);
+        const Tensor host_input = in_place ? host : on_host(input, true);
         const auto count = static_cast<std::size_t>(host.numel());
         tcp::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
                         host.dtype(), options.op);

@@ -82,6 +82,9 @@ class COMM_API TcpBackend final : public Backend {
   // that waits for it, whichever comes first, always in issue order.
   std::shared_ptr<Work> enqueue(tcp::CallInfo call, OpTimeout timeout,
                                 Body body);
+  // all_reduce and all_reduce_into, once their arguments are checked.
+  std::shared_ptr<Work> start_all_reduce(Tensor& output, const Tensor& input,
+                                         const AllReduceOptions& options);
   void run_worker();
   // Runs one task, on whichever thread holds the scheduler's turn.
   void execute(Task& task);
