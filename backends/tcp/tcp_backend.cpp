@@ -25,6 +25,7 @@ namespace comm {
 using detail::check_root;
 using detail::check_tensor;
 using detail::check_tensor_list;
+using detail::overlaps;
 using tcp::CallInfo;
 using tcp::Collective;
 using tcp::CollectiveContext;
@@ -162,14 +163,6 @@ Tensor on_host(const Tensor& tensor, bool copy_in) {
 // Copies a staged result back to its CUDA tensor (nothing for CPU ones).
 void from_host(Tensor& tensor, const Tensor& host) {
   if (!tensor.device().is_cpu()) tensor.copy_(host);
-}
-
-// Whether two host tensors share any byte.
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const auto* a_begin = static_cast<const std::uint8_t*>(a.data_ptr());
-  const auto* b_begin = static_cast<const std::uint8_t*>(b.data_ptr());
-  return a.nbytes() > 0 && b.nbytes() > 0 && a_begin < b_begin + b.nbytes() &&
-         b_begin < a_begin + a.nbytes();
 }
 
 std::uint8_t* bytes_of(const Tensor& tensor) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "libcomm/cuda.h"
+#include "libcomm/detail/collective_args.h"
 #include "libcomm/error.h"
 #include "libcomm/process_group.h"
 #include "libcomm/tensor.h"
@@ -295,13 +296,6 @@ class Placement {
   std::optional<comm::CudaStreamGuard> guard_;
 };
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const std::byte*>(a.data_ptr());
-  const auto* b0 = static_cast<const std::byte*>(b.data_ptr());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 // `input`, or a copy of it when it overlaps `output`: the backends read an
 // input while writing their output and take no partial overlap (the
 // in-place all_gather and reduce_scatter of NCCL's API overlap partly).
@@ -309,7 +303,7 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 // through, for the calls whose backends work in place.
 Tensor apart_from(const Tensor& input, const Tensor& output,
                   const Placement& placement, bool whole_ok = false) {
-  if (!overlaps(input, output)) return input;
+  if (!comm::detail::overlaps(input, output)) return input;
   if (whole_ok && input.data_ptr() == output.data_ptr() &&
       input.nbytes() == output.nbytes()) {
     return input;

@@ -12,6 +12,13 @@ void check_tensor(const Tensor& tensor, const std::string& op) {
   tensor.check_contiguous(op);
 }
 
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const std::uint8_t*>(a.data_ptr());
+  const auto* b0 = static_cast<const std::uint8_t*>(b.data_ptr());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 void check_out_of_place(const std::string& op, const Tensor& output,
                         const Tensor& input) {
   check_tensor(output, op + " output");
@@ -28,10 +35,7 @@ void check_out_of_place(const std::string& op, const Tensor& output,
                           " but the input on " + input.device().str() +
                           "; put both on one device");
   }
-  const auto* out = static_cast<const std::uint8_t*>(output.data_ptr());
-  const auto* in = static_cast<const std::uint8_t*>(input.data_ptr());
-  const std::size_t bytes = output.nbytes();
-  if (bytes > 0 && out != in && out < in + bytes && in < out + bytes) {
+  if (output.data_ptr() != input.data_ptr() && overlaps(output, input)) {
     throw InvalidArgument(op +
                           ": the output and the input overlap in part; "
                           "pass the same tensor twice for the in-place call, "

@@ -15,6 +15,10 @@ namespace comm::detail {
 // Defined and contiguous.
 void check_tensor(const Tensor& tensor, const std::string& op);
 
+// Whether two tensors share any byte (empty ones share none). Only the
+// addresses are compared, so both must be on one device.
+bool overlaps(const Tensor& a, const Tensor& b);
+
 // An out-of-place pair: both pass check_tensor, with one dtype, one
 // number of elements and one device, and they are either the same memory
 // exactly (the in-place call) or apart.
