@@ -157,8 +157,17 @@ void Exchange::run() {
       if (spinning) sched_yield();
       continue;
     }
+    // The transfers' entries come first. Once they are all done, this step
+    // has succeeded: a report waiting on a control channel then belongs
+    // to a later call (a peer that went ahead and failed there), and is
+    // left for that call to read rather than failing this one.
     for (std::size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
+      if (owner[k] < 0 &&
+          std::all_of(transfers_.begin(), transfers_.end(),
+                      [](const Transfer& t) { return t.done(); })) {
+        return;
+      }
       if (owner[k] == INT32_MIN) {
         throw BackendError(
             call_.describe() +
