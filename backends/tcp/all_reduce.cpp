@@ -1,8 +1,9 @@
 // all_reduce: recursive doubling for small messages (log2 rounds, each a
-// full exchange with one partner), a chunked ring for large ones
+// full exchange with one partner), a chunked, pipelined ring for large ones
 // (reduce-scatter then all-gather, 2(n-1) steps moving 1/n of the data
-// each). Out of place, the ring reads the input where it lies. Both give
-// every rank bitwise the same result: each element's
+// each, run as one stream in which each chunk goes on as soon as the step
+// before has produced it). Out of place, the ring reads the input where it
+// lies. Both give every rank bitwise the same result: each element's
 // reduction is computed once by one rank (ring), or symmetrically by both
 // partners of a commutative op (recursive doubling).
 #include <cstdlib>
@@ -71,37 +72,45 @@ void ring(CollectiveContext& ctx, const std::uint8_t* input, std::uint8_t* data,
   const int rank = ctx.rank();
   const int size = ctx.size();
   const std::size_t element = dtype_size(dtype);
-  const int right = mod(rank + 1, size);
-  const int left = mod(rank - 1, size);
   // Segment i: elements [offset(i), offset(i + 1)); the first count % size
   // segments hold one element more.
   const std::size_t base = count / static_cast<std::size_t>(size);
   const std::size_t longer = count % static_cast<std::size_t>(size);
-  auto offset = [&](int i) {
-    const auto u = static_cast<std::size_t>(i);
-    return (u * base + std::min(u, longer)) * element;
+  auto segment = [&](int i, bool reduce) {
+    const auto u = static_cast<std::size_t>(mod(i, size));
+    const std::size_t begin = (u * base + std::min(u, longer)) * element;
+    const std::size_t end =
+        ((u + 1) * base + std::min(u + 1, longer)) * element;
+    return Exchange::Part{data + begin, end - begin, reduce,
+                          reduce ? input + begin : nullptr};
   };
-  auto length = [&](int i) { return offset(i + 1) - offset(i); };
-  // Reduce-scatter. Out of place, every segment's first write is its
-  // reduction with the input, and the first send is the input's own
-  // segment, so the input is never copied whole.
-  for (int s = 0; s < size - 1; ++s) {
-    const int out = mod(rank - s, size);
-    const int in = mod(rank - s - 1, size);
-    Exchange step = ctx.step();
-    step.send(right, (s == 0 ? input : data) + offset(out), length(out));
-    step.recv_reduce(left, data + offset(in), length(in), dtype, op,
-                     input + offset(in));
-    ctx.run(step);
+  // What arrives from the left, in order: in reduce-scatter step s the
+  // running reduction of segment rank - s - 1, to which this rank adds its
+  // own (out of place, from the input where it lies); in all-gather step s
+  // the finished segment rank - s.
+  std::vector<Exchange::Part> incoming;
+  for (int s = 0; s < size - 1; ++s)
+    incoming.push_back(segment(rank - s - 1, true));
+  for (int s = 0; s < size - 1; ++s)
+    incoming.push_back(segment(rank - s, false));
+  // What goes to the right: this rank's own segment of the input, then
+  // each segment it received, as soon as it is reduced or stored, so that
+  // the steps flow into one another and a chunk is forwarded while it is
+  // still in cache. Receiving a segment never overwrites bytes not yet
+  // sent: what arrives for a byte depends on what this rank sent from it.
+  std::vector<Exchange::Part> outgoing;
+  Exchange::Part own = segment(rank, false);
+  own.data = const_cast<std::uint8_t*>(input) + (own.data - data);
+  outgoing.push_back(own);
+  for (int s = 0; s + 1 < 2 * (size - 1); ++s) {
+    outgoing.push_back({incoming[static_cast<std::size_t>(s)].data,
+                        incoming[static_cast<std::size_t>(s)].bytes});
   }
-  for (int s = 0; s < size - 1; ++s) {
-    const int out = mod(rank + 1 - s, size);
-    const int in = mod(rank - s, size);
-    Exchange step = ctx.step();
-    step.send(right, data + offset(out), length(out));
-    step.recv(left, data + offset(in), length(in));
-    ctx.run(step);
-  }
+  Exchange flow = ctx.step();
+  const int source =
+      flow.recv_parts(mod(rank - 1, size), std::move(incoming), dtype, op);
+  flow.relay(mod(rank + 1, size), std::move(outgoing), own.bytes, source);
+  ctx.run(flow);
 }
 
 }  // namespace

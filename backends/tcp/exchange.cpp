@@ -79,46 +79,100 @@ Exchange::Exchange(Mesh& mesh, const CallInfo& call,
                    detail::Clock::time_point deadline, int wake_fd)
     : mesh_(mesh), call_(call), deadline_(deadline), wake_fd_(wake_fd) {}
 
-void Exchange::add(Transfer::Kind kind, int peer, void* data,
-                   std::size_t bytes) {
+int Exchange::add(Transfer::Kind kind, int peer, std::vector<Part> parts) {
   Transfer& t = transfers_.emplace_back();
   t.kind = kind;
   t.peer = peer;
-  t.data = static_cast<std::uint8_t*>(data);
-  t.bytes = bytes;
+  std::erase_if(parts, [](const Part& part) { return part.bytes == 0; });
+  t.parts = std::move(parts);
+  std::size_t largest_reduced = 0;
+  for (Part& part : t.parts) {
+    t.bytes += part.bytes;
+    if (part.base == part.data) part.base = nullptr;
+    if (part.reduce) largest_reduced = std::max(largest_reduced, part.bytes);
+  }
+  t.scratch.resize(std::min(largest_reduced, chunk_bytes()));
   if (kind == Transfer::Kind::kSend) {
     MessageHeader header;
     header.call = call_;
-    header.payload_bytes = bytes;
+    header.payload_bytes = t.bytes;
     header.encode(t.header);
   }
+  return static_cast<int>(transfers_.size() - 1);
 }
 
 void Exchange::send(int peer, const void* data, std::size_t bytes) {
-  add(Transfer::Kind::kSend, peer, const_cast<void*>(data), bytes);
+  add(Transfer::Kind::kSend, peer,
+      {{const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data)),
+        bytes}});
 }
 
 void Exchange::recv(int peer, void* data, std::size_t bytes) {
-  add(Transfer::Kind::kRecv, peer, data, bytes);
+  add(Transfer::Kind::kRecv, peer, {{static_cast<std::uint8_t*>(data), bytes}});
 }
 
 void Exchange::recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
                            ReduceOp op, const void* base) {
-  add(Transfer::Kind::kRecvReduce, peer, data, bytes);
+  recv_parts(peer,
+             {{static_cast<std::uint8_t*>(data), bytes, true,
+               static_cast<const std::uint8_t*>(base)}},
+             dtype, op);
+}
+
+int Exchange::recv_parts(int peer, std::vector<Part> parts, DType dtype,
+                         ReduceOp op) {
+  const int index = add(Transfer::Kind::kRecv, peer, std::move(parts));
   transfers_.back().dtype = dtype;
   transfers_.back().op = op;
-  if (base != data) {
-    transfers_.back().base = static_cast<const std::uint8_t*>(base);
+  return index;
+}
+
+void Exchange::relay(int peer, std::vector<Part> parts, std::size_t ready,
+                     int source) {
+  transfers_[static_cast<std::size_t>(source)].feeds_relay = true;
+  add(Transfer::Kind::kSend, peer, std::move(parts));
+  transfers_.back().source = source;
+  transfers_.back().ready = ready;
+}
+
+std::size_t Exchange::sendable(const Transfer& t) const {
+  if (t.source < 0) return t.bytes - t.payload_done;
+  const std::size_t limit = std::min(
+      t.bytes,
+      t.ready + transfers_[static_cast<std::size_t>(t.source)].payload_done);
+  return limit > t.payload_done ? limit - t.payload_done : 0;
+}
+
+void Exchange::advance(std::size_t index) {
+  Transfer& t = transfers_[index];
+  if (t.done()) return;
+  if (!t.feeds_relay) {
+    progress(t);
+    return;
   }
-  transfers_.back().scratch.resize(std::min(bytes, chunk_bytes()));
+  // Bounded: every round completes bytes of the receive, or ends.
+  while (!t.done()) {
+    const std::size_t before = t.payload_done;
+    progress(t);
+    if (t.payload_done == before) return;
+    for (Transfer& relay : transfers_) {
+      if (relay.source == static_cast<int>(index) && !relay.done()) {
+        progress(relay);
+      }
+    }
+  }
 }
 
 void Exchange::run() {
   // Small steps usually finish here: the send fits in the socket buffer and
   // the peer's message is often already in ours. Polling first would cost
   // a system call, and often a sleep, for nothing.
-  for (Transfer& t : transfers_) {
-    if (!t.done()) progress(t);
+  // Sends go first, so that the peers have something to receive.
+  for (std::size_t i = 0; i < transfers_.size(); ++i) {
+    if (transfers_[i].kind == Transfer::Kind::kSend) advance(i);
+  }
+  for (std::size_t i = 0; i < transfers_.size(); ++i) {
+    if (transfers_[i].kind == Transfer::Kind::kRecv) advance(i);
   }
   std::vector<pollfd> fds;
   std::vector<int> owner;  // per pollfd: transfer index, or -1 - peer (control)
@@ -132,7 +186,14 @@ void Exchange::run() {
     for (std::size_t i = 0; i < transfers_.size(); ++i) {
       Transfer& t = transfers_[i];
       if (t.done()) continue;
-      const short events = t.kind == Transfer::Kind::kSend ? POLLOUT : POLLIN;
+      const bool sending = t.kind == Transfer::Kind::kSend;
+      // A relay with nothing to send waits for its source, which is
+      // watched here; asking for POLLOUT would only spin.
+      if (sending && t.header_done == MessageHeader::kWireSize &&
+          sendable(t) == 0) {
+        continue;
+      }
+      const short events = sending ? POLLOUT : POLLIN;
       fds.push_back(
           {mesh_.socket(t.peer, Channel::kCollective).fd(), events, 0});
       owner.push_back(static_cast<int>(i));
@@ -177,7 +238,7 @@ void Exchange::run() {
         read_control(-1 - owner[k]);
         continue;
       }
-      progress(transfers_[static_cast<std::size_t>(owner[k])]);
+      advance(static_cast<std::size_t>(owner[k]));
     }
   }
 }
@@ -201,18 +262,60 @@ void Exchange::progress(Transfer& t) {
 
 void Exchange::progress_send(Transfer& t) {
   const int fd = mesh_.socket(t.peer, Channel::kCollective).fd();
-  if (send_message(fd, t.header, t.header_done, t.data, t.bytes,
-                   t.payload_done) < 0) {
-    throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
-                                " failed while sending " + call_.describe() +
-                                ": " + std::system_category().message(errno) +
-                                " (did it exit or crash?)");
+  // Bounded: every round moves bytes or returns.
+  while (true) {
+    const bool header_pending = t.header_done < MessageHeader::kWireSize;
+    std::size_t budget = sendable(t);
+    if (!header_pending && budget == 0) return;
+    constexpr int kMaxParts = 8;
+    iovec parts[kMaxParts];
+    int count = 0;
+    if (header_pending) {
+      parts[count++] = {t.header + t.header_done,
+                        MessageHeader::kWireSize - t.header_done};
+    }
+    std::size_t skip = t.part_done;
+    for (std::size_t p = t.part;
+         p < t.parts.size() && budget > 0 && count < kMaxParts; ++p) {
+      const std::size_t take = std::min(budget, t.parts[p].bytes - skip);
+      parts[count++] = {t.parts[p].data + skip, take};
+      budget -= take;
+      skip = 0;
+    }
+    msghdr message{};
+    message.msg_iov = parts;
+    message.msg_iovlen = static_cast<std::size_t>(count);
+    const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (would_block(errno)) return;
+      throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
+                                  " failed while sending " + call_.describe() +
+                                  ": " + std::system_category().message(errno) +
+                                  " (did it exit or crash?)");
+    }
+    std::size_t moved = static_cast<std::size_t>(n);
+    const std::size_t to_header =
+        std::min(moved, MessageHeader::kWireSize - t.header_done);
+    t.header_done += to_header;
+    moved -= to_header;
+    t.payload_done += moved;
+    while (moved > 0) {
+      const std::size_t take =
+          std::min(moved, t.parts[t.part].bytes - t.part_done);
+      t.part_done += take;
+      moved -= take;
+      if (t.part_done == t.parts[t.part].bytes) {
+        ++t.part;
+        t.part_done = 0;
+      }
+    }
+    if (t.done()) return;
   }
 }
 
 void Exchange::progress_recv(Transfer& t) {
   detail::Socket& socket = mesh_.socket(t.peer, Channel::kCollective);
-  const bool reducing = t.kind == Transfer::Kind::kRecvReduce;
   while (!t.done()) {
     iovec parts[2];
     int count = 0;
@@ -221,19 +324,17 @@ void Exchange::progress_recv(Transfer& t) {
       parts[count++] = {t.header + t.header_done,
                         MessageHeader::kWireSize - t.header_done};
     }
-    // Never read past this message: the next one may belong to another call.
-    std::size_t room = 0;
-    std::uint8_t* target = nullptr;
-    if (reducing) {
-      const std::size_t chunk =
-          std::min(t.scratch.size(), t.bytes - t.payload_done);
-      room = chunk - t.scratch_filled;
-      target = t.scratch.data() + t.scratch_filled;
-    } else {
-      room = t.bytes - t.payload_done;
-      target = t.data + t.payload_done;
+    // Never read past this message: the next one may belong to another
+    // call. A reduced part is read a chunk at a time into scratch.
+    Part* part = t.part < t.parts.size() ? &t.parts[t.part] : nullptr;
+    std::size_t chunk = 0;
+    if (part != nullptr && part->reduce) {
+      chunk = std::min(t.scratch.size(), part->bytes - t.part_done);
+      parts[count++] = {t.scratch.data() + t.scratch_filled,
+                        chunk - t.scratch_filled};
+    } else if (part != nullptr) {
+      parts[count++] = {part->data + t.part_done, part->bytes - t.part_done};
     }
-    if (room > 0) parts[count++] = {target, room};
     const ssize_t n = ::readv(socket.fd(), parts, count);
     if (n == 0) {
       throw PeerError(
@@ -254,24 +355,29 @@ void Exchange::progress_recv(Transfer& t) {
       moved -= to_header;
       if (t.header_done == MessageHeader::kWireSize) check_header(t);
     }
-    if (!reducing) {
-      t.payload_done += moved;
-      continue;
-    }
-    t.scratch_filled += moved;
-    const std::size_t chunk =
-        std::min(t.scratch.size(), t.bytes - t.payload_done);
-    if (t.scratch_filled == chunk && chunk > 0) {
+    if (part == nullptr) continue;
+    if (part->reduce) {
+      t.scratch_filled += moved;
+      if (t.scratch_filled < chunk) continue;
       // The chunk of the other operand is copied just before it is
       // reduced, while it is still in cache.
-      if (t.base != nullptr) {
-        std::memcpy(t.data + t.payload_done, t.base + t.payload_done, chunk);
+      std::uint8_t* target = part->data + t.part_done;
+      if (part->base != nullptr) {
+        std::memcpy(target, part->base + t.part_done, chunk);
       }
-      reduce_into(t.op, t.dtype, t.data + t.payload_done, t.scratch.data(),
+      reduce_into(t.op, t.dtype, target, t.scratch.data(),
                   chunk / dtype_size(t.dtype));
-      t.payload_done += chunk;
       t.scratch_filled = 0;
+      moved = chunk;
     }
+    t.part_done += moved;
+    t.payload_done += moved;
+    if (t.part_done == part->bytes) {
+      ++t.part;
+      t.part_done = 0;
+    }
+    // What arrived may go on at once, before this receive reads more.
+    if (t.feeds_relay && moved > 0) return;
   }
 }
 

@@ -57,17 +57,39 @@ std::vector<std::uint8_t> encode_abort(
 // messages of one peer arrive in order on one socket.
 class Exchange {
  public:
+  // One stretch of a message's payload in memory. A message may gather
+  // several, in order. A received part is stored, or with `reduce` combined
+  // into `data` (dtype elements, the receive's op): data op received, or
+  // base op received where `base` is set, so that an out-of-place call
+  // reads its input where it lies.
+  struct Part {
+    std::uint8_t* data = nullptr;
+    std::size_t bytes = 0;
+    bool reduce = false;
+    const std::uint8_t* base = nullptr;
+  };
+
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
   Exchange(Mesh& mesh, const CallInfo& call, detail::Clock::time_point deadline,
            int wake_fd);
 
   void send(int peer, const void* data, std::size_t bytes);
   void recv(int peer, void* data, std::size_t bytes);
-  // Receives `bytes` and reduces them into `data` (dtype elements, op).
-  // With `base`, `data` becomes base op received instead, chunk by chunk,
-  // so that an out-of-place call reads its input where it lies.
+  // Receives `bytes` and reduces them into `data` (dtype elements, op),
+  // or into base op received with `base` (see Part).
   void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
                    ReduceOp op, const void* base = nullptr);
+
+  // Receives one message whose payload fills `parts` in order, and returns
+  // a handle for relay().
+  int recv_parts(int peer, std::vector<Part> parts, DType dtype, ReduceOp op);
+  // Sends one message gathered from `parts`, of which only the first
+  // `ready` bytes can go at once: byte ready + x goes once the receive
+  // `source` has completed (stored or reduced) its byte x. This is how a
+  // ring or a tree forwards what it receives while the rest is still on
+  // its way, instead of waiting for a whole step; the caller makes the
+  // parts past `ready` the memory that the receive fills.
+  void relay(int peer, std::vector<Part> parts, std::size_t ready, int source);
 
   // Progresses every transfer until all are done. Throws PeerError when a
   // peer closes or resets its connection, MismatchError when a peer's
@@ -82,24 +104,37 @@ class Exchange {
 
  private:
   struct Transfer {
-    enum class Kind { kSend, kRecv, kRecvReduce } kind;
+    enum class Kind { kSend, kRecv } kind;
     int peer;
-    std::uint8_t* data;
-    std::size_t bytes;
+    std::vector<Part> parts;  // none of them empty
+    std::size_t bytes = 0;    // their sum
     DType dtype = DType::kU8;
     ReduceOp op = ReduceOp::kSum;
     std::uint8_t header[MessageHeader::kWireSize];
     std::size_t header_done = 0;
-    std::size_t payload_done = 0;        // sent, received, or reduced
-    const std::uint8_t* base = nullptr;  // recv_reduce's other operand
-    std::vector<std::uint8_t> scratch;
+    std::size_t payload_done = 0;  // sent, stored, or reduced
+    // Where payload_done lies: parts[part], part_done bytes into it.
+    std::size_t part = 0;
+    std::size_t part_done = 0;
+    std::vector<std::uint8_t> scratch;  // one chunk, for reduced parts
     std::size_t scratch_filled = 0;
+    // A relay's gate (see relay()); source -1: everything is ready.
+    int source = -1;
+    std::size_t ready = 0;
+    // A receive that a relay forwards returns from progress() whenever it
+    // completed bytes, so that they go on at once.
+    bool feeds_relay = false;
     bool done() const {
       return header_done == MessageHeader::kWireSize && payload_done == bytes;
     }
   };
 
-  void add(Transfer::Kind kind, int peer, void* data, std::size_t bytes);
+  int add(Transfer::Kind kind, int peer, std::vector<Part> parts);
+  // The bytes of `t` that may be sent now.
+  std::size_t sendable(const Transfer& t) const;
+  // Progresses transfer `index` and, for a receive, the relays it feeds,
+  // until its socket would block.
+  void advance(std::size_t index);
   // Moves bytes while the socket takes or gives them, until it would block.
   void progress(Transfer& t);
   void progress_send(Transfer& t);
