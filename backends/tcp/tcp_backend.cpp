@@ -55,10 +55,10 @@ void arm_timer(int timer, std::chrono::nanoseconds delay) {
 // name is needed, and run by a caller that waits on it (Scheduler::help).
 class TcpBackend::Task final : public Work {
  public:
-  Task(const CallInfo& call, std::chrono::milliseconds timeout, Body body,
+  Task(const CallInfo& info, std::chrono::milliseconds limit, Body body,
        int rank, std::weak_ptr<Scheduler> scheduler)
-      : call(call),
-        timeout(timeout),
+      : call(info),
+        timeout(limit),
         queued_at(detail::Clock::now()),
         body_(std::move(body)),
         rank_(rank),
