@@ -53,6 +53,52 @@ std::string split_host(const std::string& address, std::uint16_t* port) {
   return host;
 }
 
+// Whether both ends of a connected socket have the same address: a peer on
+// this host, over loopback or this host's own address.
+bool peer_is_local(int fd) {
+  sockaddr_storage mine{}, theirs{};
+  socklen_t mine_size = sizeof(mine), theirs_size = sizeof(theirs);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_size) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirs_size) !=
+          0 ||
+      mine.ss_family != theirs.ss_family) {
+    return false;
+  }
+  if (mine.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in&>(mine).sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in&>(theirs).sin_addr.s_addr;
+  }
+  if (mine.ss_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6&>(mine).sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6&>(theirs).sin6_addr,
+                       sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+// Gives a connection to a peer on this host a fixed send buffer. The
+// kernel's autotuning grows it to megabytes (net.ipv4.tcp_wmem), so a
+// sender runs far ahead of its receiver, and the queued data has left the
+// cache by the time the receiver copies it out; over loopback the copies
+// are the whole cost. A fixed buffer keeps the queue in cache: a 64 MiB
+// all_reduce over loopback took 15-19% less time at world 2, and 5-15%
+// less at world 4, with 256 KiB than with autotuning (a smaller buffer was
+// slower at world 4). Remote peers keep autotuning, which a long network
+// path needs.
+void limit_local_send_buffer(int fd) {
+  static const int bytes = [] {
+    long long value = 256 << 10;
+    if (const char* env = std::getenv("COMM_TCP_LOCAL_SNDBUF_BYTES")) {
+      value = std::clamp(std::atoll(env), 0LL, 1LL << 30);
+    }
+    return static_cast<int>(value);
+  }();
+  if (bytes > 0 && peer_is_local(fd)) {
+    // Best effort: a refusal leaves autotuning on, which is only slower.
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+  }
+}
+
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -152,6 +198,7 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
       if (accepted != 1) {
         throw PeerError(peer, peer_names_[peer] + " refused our connection");
       }
+      limit_local_send_buffer(connection.fd());
       sockets_[peer][channel] = std::move(connection);
     }
   }
@@ -209,6 +256,7 @@ void Mesh::accept_from_higher_ranks(int listener, std::uint64_t job,
     }
     set_nonblocking(connection.fd());
     connection.set_no_delay();
+    limit_local_send_buffer(connection.fd());
     peer_names_[hello.rank] = "rank " + std::to_string(hello.rank);
     sockets_[hello.rank][hello.channel] = std::move(connection);
     --expected;
