@@ -1,5 +1,7 @@
-// all_gather: a ring; in step s each rank passes on the block it received
-// in step s - 1, so n - 1 steps fill every rank's n blocks.
+// all_gather: a ring, run as one stream: each rank sends its own block to
+// its right, then passes on every block it receives from its left as the
+// bytes arrive, so n - 1 steps fill every rank's n blocks without waiting
+// for one another.
 #include "backends/tcp/collective_context.h"
 
 namespace comm::tcp {
@@ -8,16 +10,25 @@ void all_gather(CollectiveContext& ctx, const std::vector<void*>& blocks,
                 std::size_t bytes) {
   const int size = ctx.size();
   const int rank = ctx.rank();
-  const int right = (rank + 1) % size;
-  const int left = (rank + size - 1) % size;
+  if (size == 1) return;
+  auto block = [&](int r) {
+    return Exchange::Part{static_cast<std::uint8_t*>(blocks[(r + size) % size]),
+                          bytes};
+  };
+  // Step s receives block rank - s - 1 and sends block rank - s: what the
+  // step before received.
+  std::vector<Exchange::Part> incoming;
+  std::vector<Exchange::Part> outgoing{block(rank)};
   for (int s = 0; s < size - 1; ++s) {
-    const int out = (rank - s + size) % size;
-    const int in = (rank - s - 1 + 2 * size) % size;
-    Exchange step = ctx.step();
-    step.send(right, blocks[out], bytes);
-    step.recv(left, blocks[in], bytes);
-    ctx.run(step);
+    incoming.push_back(block(rank - s - 1));
+    if (s + 1 < size - 1) outgoing.push_back(block(rank - s - 1));
   }
+  Exchange flow = ctx.step();
+  const int source =
+      flow.recv_parts((rank + size - 1) % size, std::move(incoming), DType::kU8,
+                      ReduceOp::kSum);
+  flow.relay((rank + 1) % size, std::move(outgoing), bytes, source);
+  ctx.run(flow);
 }
 
 }  // namespace comm::tcp

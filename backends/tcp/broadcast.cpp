@@ -1,5 +1,7 @@
-// broadcast: a binomial tree rooted at `root`: log2(n) rounds, each rank
-// receiving once from its parent and then sending to its children.
+// broadcast: a binomial tree rooted at `root`, pipelined: each rank
+// receives from its parent and passes the bytes on to its children as they
+// arrive, so a large message crosses the log2(n) levels at once instead of
+// one level after another.
 #include "backends/tcp/collective_context.h"
 
 namespace comm::tcp {
@@ -10,22 +12,29 @@ void broadcast(CollectiveContext& ctx, void* data, std::size_t bytes,
   if (size == 1) return;
   const int relative = (ctx.rank() - root + size) % size;
   auto real = [&](int r) { return (r + root) % size; };
+  const Exchange::Part whole{static_cast<std::uint8_t*>(data), bytes};
+  Exchange tree = ctx.step();
+  // The root has everything at once; any other rank relays what its parent
+  // sends.
+  int source = -1;
   int mask = 1;
   while (mask < size) {
     if (relative & mask) {
-      Exchange from_parent = ctx.step();
-      from_parent.recv(real(relative - mask), data, bytes);
-      ctx.run(from_parent);
+      source = tree.recv_parts(real(relative - mask), {whole}, DType::kU8,
+                               ReduceOp::kSum);
       break;
     }
     mask <<= 1;
   }
-  Exchange to_children = ctx.step();
   for (mask >>= 1; mask > 0; mask >>= 1) {
-    if (relative + mask < size)
-      to_children.send(real(relative + mask), data, bytes);
+    if (relative + mask >= size) continue;
+    if (source < 0) {
+      tree.send(real(relative + mask), data, bytes);
+    } else {
+      tree.relay(real(relative + mask), {whole}, 0, source);
+    }
   }
-  ctx.run(to_children);
+  ctx.run(tree);
 }
 
 }  // namespace comm::tcp

@@ -139,7 +139,7 @@ std::size_t Exchange::sendable(const Transfer& t) const {
   if (t.source < 0) return t.bytes - t.payload_done;
   const std::size_t limit = std::min(
       t.bytes,
-      t.ready + transfers_[static_cast<std::size_t>(t.source)].payload_done);
+      t.ready + transfers_[static_cast<std::size_t>(t.source)].published);
   return limit > t.payload_done ? limit - t.payload_done : 0;
 }
 
@@ -150,11 +150,11 @@ void Exchange::advance(std::size_t index) {
     progress(t);
     return;
   }
-  // Bounded: every round completes bytes of the receive, or ends.
+  // Bounded: every round publishes bytes of the receive, or ends.
   while (!t.done()) {
-    const std::size_t before = t.payload_done;
+    const std::size_t before = t.published;
     progress(t);
-    if (t.payload_done == before) return;
+    if (t.published == before) return;
     for (Transfer& relay : transfers_) {
       if (relay.source == static_cast<int>(index) && !relay.done()) {
         progress(relay);
@@ -189,10 +189,7 @@ void Exchange::run() {
       const bool sending = t.kind == Transfer::Kind::kSend;
       // A relay with nothing to send waits for its source, which is
       // watched here; asking for POLLOUT would only spin.
-      if (sending && t.header_done == MessageHeader::kWireSize &&
-          sendable(t) == 0) {
-        continue;
-      }
+      if (sending && t.bytes > 0 && sendable(t) == 0) continue;
       const short events = sending ? POLLOUT : POLLIN;
       fds.push_back(
           {mesh_.socket(t.peer, Channel::kCollective).fd(), events, 0});
@@ -266,7 +263,9 @@ void Exchange::progress_send(Transfer& t) {
   while (true) {
     const bool header_pending = t.header_done < MessageHeader::kWireSize;
     std::size_t budget = sendable(t);
-    if (!header_pending && budget == 0) return;
+    // A relay's header waits for payload to go with it: alone, it would
+    // cost a system call and a packet of its own.
+    if (budget == 0 && (!header_pending || t.bytes > 0)) return;
     constexpr int kMaxParts = 8;
     iovec parts[kMaxParts];
     int count = 0;
@@ -372,12 +371,17 @@ void Exchange::progress_recv(Transfer& t) {
     }
     t.part_done += moved;
     t.payload_done += moved;
+    bool publish = t.payload_done - t.published >= chunk_bytes();
     if (t.part_done == part->bytes) {
       ++t.part;
       t.part_done = 0;
+      publish = true;
     }
-    // What arrived may go on at once, before this receive reads more.
-    if (t.feeds_relay && moved > 0) return;
+    if (publish) {
+      t.published = t.payload_done;
+      // What arrived may go on at once, before this receive reads more.
+      if (t.feeds_relay) return;
+    }
   }
 }
 

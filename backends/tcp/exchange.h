@@ -85,7 +85,8 @@ class Exchange {
   int recv_parts(int peer, std::vector<Part> parts, DType dtype, ReduceOp op);
   // Sends one message gathered from `parts`, of which only the first
   // `ready` bytes can go at once: byte ready + x goes once the receive
-  // `source` has completed (stored or reduced) its byte x. This is how a
+  // `source` has completed (stored or reduced) its byte x, in pieces of
+  // chunk_bytes() or a whole part, whichever is less. This is how a
   // ring or a tree forwards what it receives while the rest is still on
   // its way, instead of waiting for a whole step; the caller makes the
   // parts past `ready` the memory that the receive fills.
@@ -113,6 +114,10 @@ class Exchange {
     std::uint8_t header[MessageHeader::kWireSize];
     std::size_t header_done = 0;
     std::size_t payload_done = 0;  // sent, stored, or reduced
+    // The bytes of a receive that its relays may send: payload_done, a
+    // chunk or a part at a time, so that a relay forwards pieces worth a
+    // system call, and a small message whole.
+    std::size_t published = 0;
     // Where payload_done lies: parts[part], part_done bytes into it.
     std::size_t part = 0;
     std::size_t part_done = 0;
@@ -122,7 +127,7 @@ class Exchange {
     int source = -1;
     std::size_t ready = 0;
     // A receive that a relay forwards returns from progress() whenever it
-    // completed bytes, so that they go on at once.
+    // published bytes, so that they go on at once.
     bool feeds_relay = false;
     bool done() const {
       return header_done == MessageHeader::kWireSize && payload_done == bytes;
