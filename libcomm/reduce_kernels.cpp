@@ -80,65 +80,74 @@ T combine(T a, T b) {
   }
 }
 
+// One element of each operand, as stored, to one result.
 template <ReduceOp kOp, typename T>
-void reduce_plain(T* dst, const T* src, std::size_t count) {
-  for (std::size_t i = 0; i < count; ++i) dst[i] = combine<kOp>(dst[i], src[i]);
-}
+struct Plain {
+  static T apply(T a, T b) { return combine<kOp>(a, b); }
+};
 
 // The half types travel as their 16-bit patterns and are combined in float.
 template <ReduceOp kOp, float (*kWiden)(std::uint16_t),
           std::uint16_t (*kNarrow)(float)>
-void reduce_half(std::uint16_t* dst, const std::uint16_t* src,
-                 std::size_t count) {
-  for (std::size_t i = 0; i < count; ++i) {
-    dst[i] = kNarrow(combine<kOp>(kWiden(dst[i]), kWiden(src[i])));
+struct Half {
+  static std::uint16_t apply(std::uint16_t a, std::uint16_t b) {
+    return kNarrow(combine<kOp>(kWiden(a), kWiden(b)));
   }
-}
+};
 
 // bool: read bytes as truth values, so that a byte other than 0 or 1 (from
 // DLPack or from_blob) never reaches a C++ bool. SUM and MAX are "or",
 // PRODUCT and MIN are "and".
 template <ReduceOp kOp>
-void reduce_bool(std::uint8_t* dst, const std::uint8_t* src,
-                 std::size_t count) {
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::uint8_t a = dst[i] != 0;
-    const std::uint8_t b = src[i] != 0;
+struct Bool {
+  static std::uint8_t apply(std::uint8_t x, std::uint8_t y) {
+    const std::uint8_t a = x != 0;
+    const std::uint8_t b = y != 0;
     if constexpr (kOp == ReduceOp::kSum || kOp == ReduceOp::kMax ||
                   kOp == ReduceOp::kBor) {
-      dst[i] = a | b;
+      return a | b;
     } else if constexpr (kOp == ReduceOp::kProduct || kOp == ReduceOp::kMin ||
                          kOp == ReduceOp::kBand) {
-      dst[i] = a & b;
+      return a & b;
     } else {
-      dst[i] = a ^ b;
+      return a ^ b;
     }
+  }
+};
+
+// dst[i] = a[i] op b[i]. The in-place loop is kept apart so that the
+// compiler vectorises it without the aliasing check that dst == a fails.
+template <typename Element, typename T>
+void apply_all(void* dst_bytes, const void* a_bytes, const void* b_bytes,
+               std::size_t count) {
+  T* dst = static_cast<T*>(dst_bytes);
+  const T* a = static_cast<const T*>(a_bytes);
+  const T* b = static_cast<const T*>(b_bytes);
+  if (dst == a) {
+    for (std::size_t i = 0; i < count; ++i)
+      dst[i] = Element::apply(dst[i], b[i]);
+  } else {
+    for (std::size_t i = 0; i < count; ++i) dst[i] = Element::apply(a[i], b[i]);
   }
 }
 
 template <ReduceOp kOp>
-void reduce_dtype(DType dtype, void* dst, const void* src, std::size_t count) {
+void reduce_dtype(DType dtype, void* dst, const void* a, const void* b,
+                  std::size_t count) {
   switch (dtype) {
     case DType::kBool:
-      reduce_bool<kOp>(static_cast<std::uint8_t*>(dst),
-                       static_cast<const std::uint8_t*>(src), count);
-      return;
+      return apply_all<Bool<kOp>, std::uint8_t>(dst, a, b, count);
     case DType::kI8:
-      reduce_plain<kOp>(static_cast<std::int8_t*>(dst),
-                        static_cast<const std::int8_t*>(src), count);
-      return;
+      return apply_all<Plain<kOp, std::int8_t>, std::int8_t>(dst, a, b, count);
     case DType::kU8:
-      reduce_plain<kOp>(static_cast<std::uint8_t*>(dst),
-                        static_cast<const std::uint8_t*>(src), count);
-      return;
+      return apply_all<Plain<kOp, std::uint8_t>, std::uint8_t>(dst, a, b,
+                                                               count);
     case DType::kI32:
-      reduce_plain<kOp>(static_cast<std::int32_t*>(dst),
-                        static_cast<const std::int32_t*>(src), count);
-      return;
+      return apply_all<Plain<kOp, std::int32_t>, std::int32_t>(dst, a, b,
+                                                               count);
     case DType::kI64:
-      reduce_plain<kOp>(static_cast<std::int64_t*>(dst),
-                        static_cast<const std::int64_t*>(src), count);
-      return;
+      return apply_all<Plain<kOp, std::int64_t>, std::int64_t>(dst, a, b,
+                                                               count);
     default: break;
   }
   // Bitwise operators on floating types were rejected by check_reduce_op;
@@ -146,24 +155,17 @@ void reduce_dtype(DType dtype, void* dst, const void* src, std::size_t count) {
   if constexpr (!is_bitwise(kOp)) {
     switch (dtype) {
       case DType::kF32:
-        reduce_plain<kOp>(static_cast<float*>(dst),
-                          static_cast<const float*>(src), count);
-        return;
+        return apply_all<Plain<kOp, float>, float>(dst, a, b, count);
       case DType::kF64:
-        reduce_plain<kOp>(static_cast<double*>(dst),
-                          static_cast<const double*>(src), count);
-        return;
+        return apply_all<Plain<kOp, double>, double>(dst, a, b, count);
       case DType::kF16:
-        reduce_half<kOp, half_bits::half_to_float, half_bits::float_to_half>(
-            static_cast<std::uint16_t*>(dst),
-            static_cast<const std::uint16_t*>(src), count);
-        return;
+        return apply_all<
+            Half<kOp, half_bits::half_to_float, half_bits::float_to_half>,
+            std::uint16_t>(dst, a, b, count);
       case DType::kBF16:
-        reduce_half<kOp, half_bits::bfloat16_to_float,
-                    half_bits::float_to_bfloat16>(
-            static_cast<std::uint16_t*>(dst),
-            static_cast<const std::uint16_t*>(src), count);
-        return;
+        return apply_all<Half<kOp, half_bits::bfloat16_to_float,
+                              half_bits::float_to_bfloat16>,
+                         std::uint16_t>(dst, a, b, count);
       default: break;
     }
   }
@@ -206,27 +208,32 @@ void check_reduce_op(ReduceOp op, DType dtype) {
   }
 }
 
-void reduce_into(ReduceOp op, DType dtype, void* dst, const void* src,
-                 std::size_t count) {
+void reduce(ReduceOp op, DType dtype, void* dst, const void* a, const void* b,
+            std::size_t count) {
   check_reduce_op(op, dtype);
   if (count == 0) return;
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      return reduce_dtype<ReduceOp::kSum>(dtype, dst, src, count);
+      return reduce_dtype<ReduceOp::kSum>(dtype, dst, a, b, count);
     case ReduceOp::kProduct:
-      return reduce_dtype<ReduceOp::kProduct>(dtype, dst, src, count);
+      return reduce_dtype<ReduceOp::kProduct>(dtype, dst, a, b, count);
     case ReduceOp::kMin:
-      return reduce_dtype<ReduceOp::kMin>(dtype, dst, src, count);
+      return reduce_dtype<ReduceOp::kMin>(dtype, dst, a, b, count);
     case ReduceOp::kMax:
-      return reduce_dtype<ReduceOp::kMax>(dtype, dst, src, count);
+      return reduce_dtype<ReduceOp::kMax>(dtype, dst, a, b, count);
     case ReduceOp::kBand:
-      return reduce_dtype<ReduceOp::kBand>(dtype, dst, src, count);
+      return reduce_dtype<ReduceOp::kBand>(dtype, dst, a, b, count);
     case ReduceOp::kBor:
-      return reduce_dtype<ReduceOp::kBor>(dtype, dst, src, count);
+      return reduce_dtype<ReduceOp::kBor>(dtype, dst, a, b, count);
     case ReduceOp::kBxor:
-      return reduce_dtype<ReduceOp::kBxor>(dtype, dst, src, count);
+      return reduce_dtype<ReduceOp::kBxor>(dtype, dst, a, b, count);
   }
+}
+
+void reduce_into(ReduceOp op, DType dtype, void* dst, const void* src,
+                 std::size_t count) {
+  reduce(op, dtype, dst, dst, src, count);
 }
 
 void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src) {

@@ -1,5 +1,6 @@
 // The element-wise reduction kernels behind reduce, all_reduce and
-// reduce_scatter: dst[i] = op(dst[i], src[i]).
+// reduce_scatter: dst[i] = op(dst[i], src[i]), or out of place
+// dst[i] = op(a[i], b[i]).
 //
 // Semantics, the same for every backend that uses these kernels:
 // - Float16 and BFloat16 are widened to float, combined, and rounded back to
@@ -31,6 +32,12 @@ COMM_API void check_reduce_op(ReduceOp op, DType dtype);
 // memory and must not partly overlap (they may be equal).
 COMM_API void reduce_into(ReduceOp op, DType dtype, void* dst, const void* src,
                           std::size_t count);
+
+// dst[i] = op(a[i], b[i]) for i in [0, count): an out-of-place reduction
+// that reads each operand once. dst may be a or b; no two of the three may
+// partly overlap.
+COMM_API void reduce(ReduceOp op, DType dtype, void* dst, const void* a,
+                     const void* b, std::size_t count);
 
 // The same on tensors: both contiguous, on the CPU, of one dtype and numel.
 COMM_API void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src);

@@ -358,14 +358,11 @@ void Exchange::progress_recv(Transfer& t) {
     if (part->reduce) {
       t.scratch_filled += moved;
       if (t.scratch_filled < chunk) continue;
-      // The chunk of the other operand is copied just before it is
-      // reduced, while it is still in cache.
       std::uint8_t* target = part->data + t.part_done;
-      if (part->base != nullptr) {
-        std::memcpy(target, part->base + t.part_done, chunk);
-      }
-      reduce_into(t.op, t.dtype, target, t.scratch.data(),
-                  chunk / dtype_size(t.dtype));
+      const std::uint8_t* other =
+          part->base != nullptr ? part->base + t.part_done : target;
+      reduce(t.op, t.dtype, target, other, t.scratch.data(),
+             chunk / dtype_size(t.dtype));
       t.scratch_filled = 0;
       moved = chunk;
     }

@@ -134,13 +134,26 @@ bool op_valid(ReduceOp op, DType dtype) {
 
 TEST_CASE("every dtype and op matches the scalar reference", "[reduce]") {
   const std::size_t count = GENERATE(0u, 1u, 7u, 1023u, 1u << 20);
+  // reduce_into (the result replaces a), and reduce() into a third buffer
+  // or into b.
+  enum class Form { kIntoA, kApart, kIntoB };
+  const Form form = GENERATE(Form::kIntoA, Form::kApart, Form::kIntoB);
   for (DType dtype : comm::kAllDTypes) {
     for (ReduceOp op : comm::kAllReduceOps) {
       if (!op_valid(op, dtype)) continue;
       const auto a = random_bytes(dtype, count, 17 + count);
       const auto b = random_bytes(dtype, count, 91 + count);
-      std::vector<std::uint8_t> out = a;
-      comm::reduce_into(op, dtype, out.data(), b.data(), count);
+      std::vector<std::uint8_t> out;
+      if (form == Form::kIntoA) {
+        out = a;
+        comm::reduce_into(op, dtype, out.data(), b.data(), count);
+      } else if (form == Form::kApart) {
+        out = random_bytes(dtype, count, 5);
+        comm::reduce(op, dtype, out.data(), a.data(), b.data(), count);
+      } else {
+        out = b;
+        comm::reduce(op, dtype, out.data(), a.data(), out.data(), count);
+      }
 
       std::size_t wrong = 0;
       std::string first;
@@ -156,8 +169,9 @@ TEST_CASE("every dtype and op matches the scalar reference", "[reduce]") {
           first = "element " + std::to_string(i) + ": " + detail;
         }
       }
-      INFO(comm::dtype_name(dtype) << " " << comm::reduce_op_name(op)
-                                   << " count " << count << ": " << first);
+      INFO(comm::dtype_name(dtype)
+           << " " << comm::reduce_op_name(op) << " count " << count << " form "
+           << static_cast<int>(form) << ": " << first);
       CHECK(wrong == 0);
     }
   }
