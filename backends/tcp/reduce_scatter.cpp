@@ -2,7 +2,8 @@
 // each rank receives the running reduction of one block from its left,
 // adds its own contribution, and passes it on; after n - 1 steps rank r
 // holds block r reduced over all ranks. The inputs are left unchanged; two
-// block-sized buffers (one of them the output) hold the running sums.
+// block-sized buffers (one of them the output) hold the running sums, each
+// written as the received sum combined with this rank's input block.
 #include <cstring>
 
 #include "backends/tcp/collective_context.h"
@@ -15,8 +16,10 @@ void reduce_scatter(CollectiveContext& ctx,
   const int size = ctx.size();
   const int rank = ctx.rank();
   const std::size_t bytes = count * dtype_size(dtype);
-  if (bytes > 0) std::memmove(output, inputs[rank], bytes);
-  if (size == 1) return;
+  if (size == 1) {
+    if (bytes > 0) std::memmove(output, inputs[rank], bytes);
+    return;
+  }
   const int right = (rank + 1) % size;
   const int left = (rank + size - 1) % size;
   // The last step must land in `output`, so the buffers alternate such that
@@ -31,10 +34,9 @@ void reduce_scatter(CollectiveContext& ctx,
     const int in = (rank - s - 2 + 2 * size) % size;
     const void* outgoing = s == 0 ? inputs[out] : accumulator(s - 1);
     std::uint8_t* incoming = accumulator(s);
-    if (bytes > 0) std::memmove(incoming, inputs[in], bytes);
     Exchange step = ctx.step();
     step.send(right, outgoing, bytes);
-    step.recv_reduce(left, incoming, bytes, dtype, op);
+    step.recv_reduce(left, incoming, bytes, dtype, op, inputs[in]);
     ctx.run(step);
   }
 }
