@@ -88,7 +88,7 @@ Options parse_options(const std::string& program,
   std::string min_bytes = "32M", max_bytes = "32M", step_bytes = "1M";
   std::string step_factor, iterations = "20", warmup = "5", check = "1";
   std::string dtype = "float", op = "sum", root = "0", average = "1";
-  std::string blocking = "0", spawn, timeout = "300", binding = "auto";
+  std::string blocking = "0", spawn, timeout = "300", binding = "core";
   app.add_option("-b,--minbytes", min_bytes, "smallest size (default 32M)");
   app.add_option("-e,--maxbytes", max_bytes, "largest size (default 32M)");
   app.add_option("-i,--stepbytes", step_bytes,
@@ -121,8 +121,9 @@ Options parse_options(const std::string& program,
   app.add_option("--np", spawn,
                  "start this many local ranks (spelled -np, as in mpirun)");
   app.add_option("--bind-to", binding,
-                 "-np ranks: core (rank r on the r-th usable CPU), none, or "
-                 "auto (core when the ranks fit the CPUs, as mpirun; default)");
+                 "-np ranks: core (rank r on usable CPU r mod their number; "
+                 "default), none, or auto (core when the ranks fit the CPUs, "
+                 "else none, as mpirun)");
   app.add_option("--timeout", timeout,
                  "seconds each operation may take (default 300)");
 
@@ -194,7 +195,9 @@ Options parse_options(const std::string& program,
     options.binding = Options::Binding::kCore;
   } else if (bind == "none") {
     options.binding = Options::Binding::kNone;
-  } else if (bind != "auto") {
+  } else if (bind == "auto") {
+    options.binding = Options::Binding::kAuto;
+  } else {
     throw UsageError("--bind-to takes core, none or auto, not '" + binding +
                      "'");
   }

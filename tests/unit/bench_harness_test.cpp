@@ -99,7 +99,8 @@ TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
   CHECK(d.iterations == 20);
   CHECK(d.warmup == 5);
   CHECK(d.check == 1);
-  CHECK(d.binding == Options::Binding::kAuto);
+  CHECK(d.binding == Options::Binding::kCore);
+  CHECK(parse({"--bind-to", "auto"}).binding == Options::Binding::kAuto);
   CHECK(d.average == comm::bench::Average::kMean);
   CHECK(parse({"-b", "1M", "-e", "3M"}).sizes() ==
         std::vector<std::int64_t>{1 << 20, 2 << 20, 3 << 20});
