@@ -129,7 +129,6 @@ int Exchange::recv_parts(int peer, std::vector<Part> parts, DType dtype,
 
 void Exchange::relay(int peer, std::vector<Part> parts, std::size_t ready,
                      int source) {
-  transfers_[static_cast<std::size_t>(source)].feeds_relay = true;
   add(Transfer::Kind::kSend, peer, std::move(parts));
   transfers_.back().source = source;
   transfers_.back().ready = ready;
@@ -146,19 +145,12 @@ std::size_t Exchange::sendable(const Transfer& t) const {
 void Exchange::advance(std::size_t index) {
   Transfer& t = transfers_[index];
   if (t.done()) return;
-  if (!t.feeds_relay) {
-    progress(t);
-    return;
-  }
-  // Bounded: every round publishes bytes of the receive, or ends.
-  while (!t.done()) {
-    const std::size_t before = t.published;
-    progress(t);
-    if (t.published == before) return;
-    for (Transfer& relay : transfers_) {
-      if (relay.source == static_cast<int>(index) && !relay.done()) {
-        progress(relay);
-      }
+  const std::size_t published = t.published;
+  progress(t);
+  if (t.kind != Transfer::Kind::kRecv || t.published == published) return;
+  for (Transfer& relay : transfers_) {
+    if (relay.source == static_cast<int>(index) && !relay.done()) {
+      progress(relay);
     }
   }
 }
@@ -374,11 +366,7 @@ void Exchange::progress_recv(Transfer& t) {
       t.part_done = 0;
       publish = true;
     }
-    if (publish) {
-      t.published = t.payload_done;
-      // What arrived may go on at once, before this receive reads more.
-      if (t.feeds_relay) return;
-    }
+    if (publish) t.published = t.payload_done;
   }
 }
 

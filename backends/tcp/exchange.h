@@ -126,9 +126,6 @@ class Exchange {
     // A relay's gate (see relay()); source -1: everything is ready.
     int source = -1;
     std::size_t ready = 0;
-    // A receive that a relay forwards returns from progress() whenever it
-    // published bytes, so that they go on at once.
-    bool feeds_relay = false;
     bool done() const {
       return header_done == MessageHeader::kWireSize && payload_done == bytes;
     }
@@ -137,8 +134,11 @@ class Exchange {
   int add(Transfer::Kind kind, int peer, std::vector<Part> parts);
   // The bytes of `t` that may be sent now.
   std::size_t sendable(const Transfer& t) const;
-  // Progresses transfer `index` and, for a receive, the relays it feeds,
-  // until its socket would block.
+  // Progresses transfer `index` until its socket would block; then, for a
+  // receive that published bytes, the relays it feeds. Reading all that is
+  // there before relaying any of it makes fewer, larger sends: relaying
+  // each chunk as it was reduced made a 16 MiB all_reduce at world 2 about
+  // 25% slower.
   void advance(std::size_t index);
   // Moves bytes while the socket takes or gives them, until it would block.
   void progress(Transfer& t);
