@@ -258,38 +258,25 @@ void Exchange::progress_send(Transfer& t) {
     // A relay's header waits for payload to go with it: alone, it would
     // cost a system call and a packet of its own.
     if (budget == 0 && (!header_pending || t.bytes > 0)) return;
-    constexpr int kMaxParts = 8;
-    iovec parts[kMaxParts];
+    iovec parts[kMaxPayloadRegions];
     int count = 0;
-    if (header_pending) {
-      parts[count++] = {t.header + t.header_done,
-                        MessageHeader::kWireSize - t.header_done};
-    }
     std::size_t skip = t.part_done;
     for (std::size_t p = t.part;
-         p < t.parts.size() && budget > 0 && count < kMaxParts; ++p) {
+         p < t.parts.size() && budget > 0 && count < kMaxPayloadRegions; ++p) {
       const std::size_t take = std::min(budget, t.parts[p].bytes - skip);
       parts[count++] = {t.parts[p].data + skip, take};
       budget -= take;
       skip = 0;
     }
-    msghdr message{};
-    message.msg_iov = parts;
-    message.msg_iovlen = static_cast<std::size_t>(count);
-    const ssize_t n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EINTR) continue;
+    const long sent = send_some(fd, t.header, t.header_done, parts, count);
+    if (sent < 0) {
       if (would_block(errno)) return;
       throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
                                   " failed while sending " + call_.describe() +
                                   ": " + std::system_category().message(errno) +
                                   " (did it exit or crash?)");
     }
-    std::size_t moved = static_cast<std::size_t>(n);
-    const std::size_t to_header =
-        std::min(moved, MessageHeader::kWireSize - t.header_done);
-    t.header_done += to_header;
-    moved -= to_header;
+    std::size_t moved = static_cast<std::size_t>(sent);
     t.payload_done += moved;
     while (moved > 0) {
       const std::size_t take =
