@@ -85,8 +85,10 @@ class Exchange {
   int recv_parts(int peer, std::vector<Part> parts, DType dtype, ReduceOp op);
   // Sends one message gathered from `parts`, of which only the first
   // `ready` bytes can go at once: byte ready + x goes once the receive
-  // `source` has completed (stored or reduced) its byte x, in pieces of
-  // chunk_bytes() or a whole part, whichever is less. This is how a
+  // `source` has completed (stored or reduced) and published its byte x.
+  // A receive publishes chunk_bytes() or a whole part at a time, whichever
+  // comes first, and its relays send once it has read what there is to
+  // read. This is how a
   // ring or a tree forwards what it receives while the rest is still on
   // its way, instead of waiting for a whole step; the caller makes the
   // parts past `ready` the memory that the receive fills.

@@ -81,10 +81,9 @@ bool peer_is_local(int fd) {
 // sender runs far ahead of its receiver, and the queued data has left the
 // cache by the time the receiver copies it out; over loopback the copies
 // are the whole cost. A fixed buffer keeps the queue in cache: a 64 MiB
-// all_reduce over loopback took 15-19% less time at world 2, and 5-15%
-// less at world 4, with 256 KiB than with autotuning (a smaller buffer was
-// slower at world 4). Remote peers keep autotuning, which a long network
-// path needs.
+// all_reduce over loopback took 15-25% less time at world 2, and 5-15%
+// less at world 4, with 256 KiB than with autotuning (64 KiB was slower at
+// world 4). Remote peers keep autotuning, which a long network path needs.
 void limit_local_send_buffer(int fd) {
   static const int bytes = [] {
     long long value = 256 << 10;
