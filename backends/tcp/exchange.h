@@ -88,10 +88,9 @@ class Exchange {
   // `source` has completed (stored or reduced) and published its byte x.
   // A receive publishes chunk_bytes() or a whole part at a time, whichever
   // comes first, and its relays send once it has read what there is to
-  // read. This is how a
-  // ring or a tree forwards what it receives while the rest is still on
-  // its way, instead of waiting for a whole step; the caller makes the
-  // parts past `ready` the memory that the receive fills.
+  // read. This is how a ring or a tree forwards what it receives while the
+  // rest is still on its way, instead of waiting for a whole step; the
+  // caller makes the parts past `ready` the memory that the receive fills.
   void relay(int peer, std::vector<Part> parts, std::size_t ready, int source);
 
   // Progresses every transfer until all are done. Throws PeerError when a
