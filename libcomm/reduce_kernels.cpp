@@ -3,8 +3,14 @@
 // operators are written with conditional selects that become vector blends.
 #include "libcomm/reduce_kernels.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "libcomm/error.h"
 #include "libcomm/tensor.h"
@@ -117,12 +123,10 @@ struct Bool {
 
 // dst[i] = a[i] op b[i]. The in-place loop is kept apart so that the
 // compiler vectorises it without the aliasing check that dst == a fails.
+// Always inlined, so that each caller compiles it for its own target.
 template <typename Element, typename T>
-void apply_all(void* dst_bytes, const void* a_bytes, const void* b_bytes,
-               std::size_t count) {
-  T* dst = static_cast<T*>(dst_bytes);
-  const T* a = static_cast<const T*>(a_bytes);
-  const T* b = static_cast<const T*>(b_bytes);
+[[gnu::always_inline]] inline void apply_loop(T* dst, const T* a, const T* b,
+                                              std::size_t count) {
   if (dst == a) {
     for (std::size_t i = 0; i < count; ++i)
       dst[i] = Element::apply(dst[i], b[i]);
@@ -130,6 +134,72 @@ void apply_all(void* dst_bytes, const void* a_bytes, const void* b_bytes,
     for (std::size_t i = 0; i < count; ++i) dst[i] = Element::apply(a[i], b[i]);
   }
 }
+
+template <typename Element, typename T>
+void apply_all(void* dst, const void* a, const void* b, std::size_t count) {
+  apply_loop<Element>(static_cast<T*>(dst), static_cast<const T*>(a),
+                      static_cast<const T*>(b), count);
+}
+
+#if defined(__x86_64__)
+// The half types' loops, compiled a second time for CPUs with AVX2 and F16C
+// (x86-64-v3) and chosen at run time: eight lanes instead of four, and
+// float16 widened by F16C's instruction. Narrowing stays the portable
+// half_bits code, which gives every NaN the one pattern, so both versions
+// produce the same bits. COMM_REDUCE_KERNELS=portable keeps the portable
+// loops (the unit tests run both ways).
+#define COMM_X86_64_V3 __attribute__((target("avx2,f16c,fma")))
+
+bool has_x86_64_v3() {
+  static const bool has = [] {
+    const char* choice = std::getenv("COMM_REDUCE_KERNELS");
+    if (choice != nullptr && std::string(choice) == "portable") return false;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("fma");
+  }();
+  return has;
+}
+
+template <typename Element>
+COMM_X86_64_V3 void apply_all_v3(void* dst, const void* a, const void* b,
+                                 std::size_t count) {
+  apply_loop<Element>(static_cast<std::uint16_t*>(dst),
+                      static_cast<const std::uint16_t*>(a),
+                      static_cast<const std::uint16_t*>(b), count);
+}
+
+COMM_X86_64_V3 void widen_float16_v3(float* out, const std::uint16_t* in,
+                                     std::size_t count) {
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m128i halves =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(halves));
+  }
+  for (; i < count; ++i) out[i] = half_bits::half_to_float(in[i]);
+}
+
+// float16 in blocks: both operands are widened into float before any of
+// the block is written, so dst may be a or b.
+template <ReduceOp kOp>
+COMM_X86_64_V3 void reduce_float16_v3(void* dst_bytes, const void* a_bytes,
+                                      const void* b_bytes, std::size_t count) {
+  auto* dst = static_cast<std::uint16_t*>(dst_bytes);
+  const auto* a = static_cast<const std::uint16_t*>(a_bytes);
+  const auto* b = static_cast<const std::uint16_t*>(b_bytes);
+  constexpr std::size_t kBlock = 512;
+  alignas(32) float x[kBlock];
+  alignas(32) float y[kBlock];
+  for (std::size_t start = 0; start < count; start += kBlock) {
+    const std::size_t n = std::min(kBlock, count - start);
+    widen_float16_v3(x, a + start, n);
+    widen_float16_v3(y, b + start, n);
+    for (std::size_t i = 0; i < n; ++i) {
+      dst[start + i] = half_bits::float_to_half(combine<kOp>(x[i], y[i]));
+    }
+  }
+}
+#endif
 
 template <ReduceOp kOp>
 void reduce_dtype(DType dtype, void* dst, const void* a, const void* b,
@@ -159,10 +229,20 @@ void reduce_dtype(DType dtype, void* dst, const void* a, const void* b,
       case DType::kF64:
         return apply_all<Plain<kOp, double>, double>(dst, a, b, count);
       case DType::kF16:
+#if defined(__x86_64__)
+        if (has_x86_64_v3()) return reduce_float16_v3<kOp>(dst, a, b, count);
+#endif
         return apply_all<
             Half<kOp, half_bits::half_to_float, half_bits::float_to_half>,
             std::uint16_t>(dst, a, b, count);
       case DType::kBF16:
+#if defined(__x86_64__)
+        if (has_x86_64_v3()) {
+          return apply_all_v3<Half<kOp, half_bits::bfloat16_to_float,
+                                   half_bits::float_to_bfloat16>>(dst, a, b,
+                                                                  count);
+        }
+#endif
         return apply_all<Half<kOp, half_bits::bfloat16_to_float,
                               half_bits::float_to_bfloat16>,
                          std::uint16_t>(dst, a, b, count);

@@ -215,6 +215,29 @@ TEST_CASE("MIN and MAX propagate NaN from either side", "[reduce]") {
   }
 }
 
+TEST_CASE("a float16 NaN result has one bit pattern, whichever kernel runs",
+          "[reduce]") {
+  // Quiet and signalling NaNs with payloads, of both signs, against numbers
+  // and each other; 40 elements, so that vector bodies and tails both see
+  // them. The portable kernel (COMM_REDUCE_KERNELS=portable) and the F16C
+  // one must write the same bits, or ranks on different CPUs would disagree.
+  const std::uint16_t nans[] = {0x7E00, 0x7C01, 0x7D55, 0xFE01, 0xFC3F};
+  std::vector<std::uint16_t> a(40), b(40);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = nans[i % 5];
+    b[i] = i % 3 == 0 ? nans[(i + 2) % 5] : std::uint16_t{0x3C00};  // 1.0
+  }
+  for (ReduceOp op :
+       {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+    std::vector<std::uint16_t> out(a.size());
+    comm::reduce(op, DType::kF16, out.data(), a.data(), b.data(), out.size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      INFO(comm::reduce_op_name(op) << " element " << i);
+      CHECK((out[i] & 0x7FFFu) == 0x7E00u);
+    }
+  }
+}
+
 TEST_CASE("integer SUM and PRODUCT wrap around", "[reduce]") {
   std::vector<std::int32_t> a = {INT32_MAX, INT32_MIN, 65536, -7};
   std::vector<std::int32_t> b = {1, -1, 65536, 3};
