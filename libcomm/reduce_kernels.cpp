@@ -150,14 +150,14 @@ void apply_all(void* dst, const void* a, const void* b, std::size_t count) {
 // loops (the unit tests run both ways).
 #define COMM_X86_64_V3 __attribute__((target("avx2,f16c,fma")))
 
-bool has_x86_64_v3() {
-  static const bool has = [] {
+bool use_x86_64_v3_kernels() {
+  static const bool use = [] {
     const char* choice = std::getenv("COMM_REDUCE_KERNELS");
     if (choice != nullptr && std::string(choice) == "portable") return false;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
            __builtin_cpu_supports("fma");
   }();
-  return has;
+  return use;
 }
 
 template <typename Element>
@@ -230,14 +230,15 @@ void reduce_dtype(DType dtype, void* dst, const void* a, const void* b,
         return apply_all<Plain<kOp, double>, double>(dst, a, b, count);
       case DType::kF16:
 #if defined(__x86_64__)
-        if (has_x86_64_v3()) return reduce_float16_v3<kOp>(dst, a, b, count);
+        if (use_x86_64_v3_kernels())
+          return reduce_float16_v3<kOp>(dst, a, b, count);
 #endif
         return apply_all<
             Half<kOp, half_bits::half_to_float, half_bits::float_to_half>,
             std::uint16_t>(dst, a, b, count);
       case DType::kBF16:
 #if defined(__x86_64__)
-        if (has_x86_64_v3()) {
+        if (use_x86_64_v3_kernels()) {
           return apply_all_v3<Half<kOp, half_bits::bfloat16_to_float,
                                    half_bits::float_to_bfloat16>>(dst, a, b,
                                                                   count);
