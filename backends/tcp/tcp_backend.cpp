@@ -36,7 +36,12 @@ namespace {
 // at once runs it on its own thread, without the two thread hand-offs that
 // cost more than the whole call for small messages. Work nobody waits on
 // starts this much later, which asynchronous callers do not notice.
-constexpr auto kCallerGrace = std::chrono::microseconds(100);
+constexpr std::chrono::nanoseconds kCallerGrace =
+    std::chrono::microseconds(100);
+// The longest the grace grows to while callers keep running their own
+// tasks (see Scheduler).
+constexpr std::chrono::nanoseconds kMaxCallerGrace =
+    std::chrono::milliseconds(1);
 
 // Sets `timer` (a timerfd) to fire once after `delay`, or disarms it when
 // `delay` is zero.
@@ -97,11 +102,20 @@ class TcpBackend::Task final : public Work {
 // a stream of waited-on calls costs one timer arm and one worker wake-up
 // per grace period rather than two system calls and a thread hand-off per
 // call; work nobody waits on is started when the timer fires.
+//
+// A wake-up that finds every task taken by its caller was wasted (on a
+// virtual machine it costs a few microseconds, a whole small collective),
+// so each one doubles the grace, up to kMaxCallerGrace; the first task the
+// worker has to start itself brings it back to kCallerGrace. A program
+// that waits on every call then pays for one wake-up per millisecond, and
+// one that does not has its work started within 100 us, or within 1 ms for
+// the first task after a run of waited-on calls.
 struct TcpBackend::Scheduler {
   std::mutex mutex;
   std::condition_variable changed;  // `running` went false
   int timer_fd = -1;
   bool timer_armed = false;  // set until the worker has seen it fire
+  std::chrono::nanoseconds grace = kCallerGrace;
   std::deque<std::shared_ptr<Task>> queue;
   std::uint64_t next_sequence = 0;
   bool running = false;
@@ -110,21 +124,23 @@ struct TcpBackend::Scheduler {
   // Runs a task; set by the backend, never called once `stopping` is set.
   std::function<void(Task&)> execute;
 
-  // Whether the caller, which holds `mutex`, must arm the timer: true for
-  // the first to find it idle. The caller arms it after letting go of the
-  // mutex, so that no system call runs inside the critical section that
-  // callers and the worker share (a waiter that finds the mutex taken
-  // sleeps, and waking it costs more than a small collective).
-  bool claim_timer() {
-    if (timer_armed) return false;
+  // The delay the caller, which holds `mutex`, must arm the timer with:
+  // the grace for the first to find it idle, zero (do not arm) for the
+  // others. The caller arms it after letting go of the mutex, so that no
+  // system call runs inside the critical section that callers and the
+  // worker share (a waiter that finds the mutex taken sleeps, and waking
+  // it costs more than a small collective).
+  std::chrono::nanoseconds claim_timer() {
+    if (timer_armed) return std::chrono::nanoseconds(0);
     timer_armed = true;
-    return true;
+    return grace;
   }
 
-  // Makes sure the worker looks at the queue within kCallerGrace. Called
-  // with `mutex` held, off the hot path.
+  // Makes sure the worker looks at the queue within the grace. Called with
+  // `mutex` held, off the hot path.
   void wake_worker_later() {
-    if (claim_timer()) arm_timer(timer_fd, kCallerGrace);
+    const std::chrono::nanoseconds delay = claim_timer();
+    if (delay.count() > 0) arm_timer(timer_fd, delay);
   }
 
   // Runs queued tasks on the calling thread until `target` completes,
@@ -240,7 +256,7 @@ std::chrono::milliseconds TcpBackend::resolve(OpTimeout timeout) const {
 std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
                                           Body body) {
   std::shared_ptr<Task> task;
-  bool arm = false;
+  std::chrono::nanoseconds arm{0};
   {
     std::lock_guard<std::mutex> lock(scheduler_->mutex);
     check_open();
@@ -250,7 +266,7 @@ std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
     scheduler_->queue.push_back(task);
     arm = scheduler_->claim_timer();
   }
-  if (arm) arm_timer(scheduler_->timer_fd, kCallerGrace);
+  if (arm.count() > 0) arm_timer(scheduler_->timer_fd, arm);
   return task;
 }
 
@@ -266,9 +282,12 @@ void TcpBackend::run_worker() {
     (void)!read(s.timer_fd, &expirations, sizeof(expirations));
     std::unique_lock<std::mutex> lock(s.mutex);
     s.timer_armed = false;
+    if (s.queue.empty() && !s.running) {
+      s.grace = std::min(2 * s.grace, kMaxCallerGrace);  // a wasted wake-up
+    }
     std::chrono::nanoseconds rearm{0};
     while (!s.stopping && !s.running && !s.queue.empty()) {
-      const auto due = s.queue.front()->queued_at + kCallerGrace;
+      const auto due = s.queue.front()->queued_at + s.grace;
       const auto now = detail::Clock::now();
       if (now < due) {
         // Armed below, outside the mutex; nobody else arms it meanwhile.
@@ -279,6 +298,7 @@ void TcpBackend::run_worker() {
       std::shared_ptr<Task> task = std::move(s.queue.front());
       s.queue.pop_front();
       s.running = true;
+      s.grace = kCallerGrace;  // nobody waited for this one
       lock.unlock();
       execute(*task);
       lock.lock();

@@ -439,6 +439,30 @@ TEST_CASE("many async collectives in flight complete in issue order", "[tcp]") {
   check_all_ok(errors);
 }
 
+TEST_CASE("work nobody waits on starts by itself even after waited-on calls",
+          "[tcp]") {
+  auto errors = run_ranks(3, [&](ProcessGroup& group) {
+    // Waited-on calls leave the worker nothing to do, which lengthens the
+    // time it leaves new work to its caller; work that is never waited on
+    // must still start by itself.
+    Tensor t = Tensor::zeros({16}, DType::kI32);
+    for (int i = 0; i < 200; ++i) group.all_reduce(t)->wait();
+    for (int round = 0; round < 3; ++round) {
+      Tensor async = Tensor::full({16}, round, DType::kI32);
+      auto work = group.all_reduce(async);
+      // Bounded: 5 s of 1 ms naps; is_completed() never runs the work.
+      for (int nap = 0; nap < 5000 && !work->is_completed(); ++nap) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      expect(work->is_completed() && work->is_success(),
+             "un-waited all_reduce " + std::to_string(round) + " ran");
+      expect(async.data<std::int32_t>()[0] == 3 * round, "its result");
+      group.all_reduce(t)->wait();
+    }
+  });
+  check_all_ok(errors);
+}
+
 TEST_CASE("subgroups run their own collectives", "[tcp][groups]") {
   auto errors = run_ranks(5, [&](ProcessGroup& group) {
     auto evens = group.new_group({0, 2, 4});
