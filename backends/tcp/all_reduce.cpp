@@ -2,7 +2,7 @@
 // full exchange with one partner), a chunked, pipelined ring for large ones
 // (reduce-scatter then all-gather, 2(n-1) steps moving 1/n of the data
 // each, run as one stream in which each chunk goes on as soon as the step
-// before has produced it). Out of place, the ring reads the input where it
+// before has produced it). Out of place, both read the input where it
 // lies. Both give every rank bitwise the same result: each element's
 // reduction is computed once by one rank (ring), or symmetrically by both
 // partners of a commutative op (recursive doubling).
@@ -10,14 +10,21 @@
 #include <cstring>
 
 #include "backends/tcp/collective_context.h"
+#include "libcomm/reduce_kernels.h"
 
 namespace comm::tcp {
 namespace {
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
-void recursive_doubling(CollectiveContext& ctx, std::uint8_t* data,
-                        std::size_t count, DType dtype, ReduceOp op) {
+// `input` may be `data` (in place). Each round sends the running result
+// as it stood before the round and receives the partner's into scratch,
+// then reduces: the send reads the input where it lies in round one, and
+// no copy is made to keep the outgoing bytes stable while the incoming
+// ones are reduced.
+void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
+                        std::uint8_t* data, std::size_t count, DType dtype,
+                        ReduceOp op) {
   const int rank = ctx.rank();
   const int size = ctx.size();
   const std::size_t bytes = count * dtype_size(dtype);
@@ -26,34 +33,36 @@ void recursive_doubling(CollectiveContext& ctx, std::uint8_t* data,
   int pow2 = 1;
   while (pow2 * 2 <= size) pow2 *= 2;
   const int extra = size - pow2;
-  std::vector<std::uint8_t> snapshot(bytes);
   auto real_rank = [&](int virtual_rank) {
     return virtual_rank < extra ? 2 * virtual_rank + 1 : virtual_rank + extra;
   };
+  const std::uint8_t* current = input;  // this rank's result so far
   int virtual_rank = -1;
   if (rank < 2 * extra) {
     if (rank % 2 == 0) {
       Exchange fold = ctx.step();
-      fold.send(rank + 1, data, bytes);
+      fold.send(rank + 1, input, bytes);
       ctx.run(fold);
     } else {
       Exchange fold = ctx.step();
-      fold.recv_reduce(rank - 1, data, bytes, dtype, op);
+      fold.recv_reduce(rank - 1, data, bytes, dtype, op, input);
       ctx.run(fold);
+      current = data;
       virtual_rank = rank / 2;
     }
   } else {
     virtual_rank = rank - extra;
   }
   if (virtual_rank >= 0) {
+    std::vector<std::uint8_t> partners(bytes);
     for (int mask = 1; mask < pow2; mask <<= 1) {
       const int partner = real_rank(virtual_rank ^ mask);
-      // Send what we had before this round while reducing into `data`.
-      std::memcpy(snapshot.data(), data, bytes);
       Exchange round = ctx.step();
-      round.send(partner, snapshot.data(), bytes);
-      round.recv_reduce(partner, data, bytes, dtype, op);
+      round.send(partner, current, bytes);
+      round.recv(partner, partners.data(), bytes);
       ctx.run(round);
+      comm::reduce(op, dtype, data, current, partners.data(), count);
+      current = data;
     }
   }
   if (rank < 2 * extra) {
@@ -133,13 +142,10 @@ void all_reduce(CollectiveContext& ctx, const void* input, void* output,
   const std::size_t bytes = count * dtype_size(dtype);
   const bool small = bytes < ring_threshold_bytes() ||
                      count < static_cast<std::size_t>(ctx.size());
-  if (source != data && (ctx.size() == 1 || small)) {
-    std::memcpy(data, source, bytes);
-    source = data;
-  }
+  if (source != data && ctx.size() == 1) std::memcpy(data, source, bytes);
   if (ctx.size() == 1 || count == 0) return;
   if (small) {
-    recursive_doubling(ctx, data, count, dtype, op);
+    recursive_doubling(ctx, source, data, count, dtype, op);
   } else {
     ring(ctx, source, data, count, dtype, op);
   }
