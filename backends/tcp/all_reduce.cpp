@@ -140,7 +140,7 @@ void all_reduce(CollectiveContext& ctx, const void* input, void* output,
   auto* data = static_cast<std::uint8_t*>(output);
   const auto* source = static_cast<const std::uint8_t*>(input);
   const std::size_t bytes = count * dtype_size(dtype);
-  const bool small = bytes < ring_threshold_bytes() ||
+  const bool small = bytes <= ring_threshold_bytes() ||
                      count < static_cast<std::size_t>(ctx.size());
   if (source != data && ctx.size() == 1) std::memcpy(data, source, bytes);
   if (ctx.size() == 1 || count == 0) return;

@@ -62,9 +62,14 @@ void all_to_all(CollectiveContext& ctx, const std::uint8_t* input,
                 const std::vector<std::size_t>& recv_bytes);
 void barrier(CollectiveContext& ctx);
 
-// The all_reduce size (bytes) from which the ring is used instead of
-// recursive doubling: COMM_TCP_RING_THRESHOLD_BYTES, or the default that
-// was measured on the test machine.
+// The largest all_reduce (bytes) that uses recursive doubling; larger ones
+// use the ring: COMM_TCP_RING_THRESHOLD_BYTES, or the default (64 KiB)
+// measured on the test machine. At 64 KiB recursive doubling's log2(n)
+// rounds beat the ring's 2(n-1) hops (world 4: 45-78 us against 46-169;
+// the ring suffers most when the host makes cross-CPU traffic slow), and
+// by 96 KiB a whole message no longer fits a loopback connection's initial
+// receive window (tcp_rmem's 128 KiB): there it took three times as long
+// as the ring's smaller, streamed segments.
 std::size_t ring_threshold_bytes();
 
 }  // namespace comm::tcp
