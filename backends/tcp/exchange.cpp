@@ -77,7 +77,9 @@ std::vector<std::uint8_t> encode_abort(const CallInfo& call, ErrorKind kind,
 
 Exchange::Exchange(Mesh& mesh, const CallInfo& call,
                    detail::Clock::time_point deadline, int wake_fd)
-    : mesh_(mesh), call_(call), deadline_(deadline), wake_fd_(wake_fd) {}
+    : mesh_(mesh), call_(call), deadline_(deadline), wake_fd_(wake_fd) {
+  transfers_.reserve(2);  // most steps send one message and receive one
+}
 
 int Exchange::add(Transfer::Kind kind, int peer, std::vector<Part> parts) {
   Transfer& t = transfers_.emplace_back();

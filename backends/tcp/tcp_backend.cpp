@@ -176,6 +176,15 @@ Tensor on_host(const Tensor& tensor, bool copy_in) {
                  : Tensor::empty(tensor.shape(), tensor.dtype(), Device::cpu());
 }
 
+// The same without copying a CPU tensor's handle (which allocates its
+// shape and strides): a CUDA tensor's host copy goes into `staged`, which
+// must outlive the reference returned.
+const Tensor& on_host(const Tensor& tensor, bool copy_in, Tensor& staged) {
+  if (tensor.device().is_cpu()) return tensor;
+  staged = on_host(tensor, copy_in);
+  return staged;
+}
+
 // Copies a staged result back to its CUDA tensor (nothing for CPU ones).
 void from_host(Tensor& tensor, const Tensor& host) {
   if (!tensor.device().is_cpu()) tensor.copy_(host);
@@ -376,7 +385,8 @@ std::shared_ptr<Work> TcpBackend::broadcast(Tensor& tensor,
   return enqueue(call, options.timeout,
                  [this, tensor, options](CollectiveContext& ctx) mutable {
                    const bool is_root = rank() == options.root;
-                   Tensor host = on_host(tensor, is_root);
+                   Tensor staged;
+                   const Tensor& host = on_host(tensor, is_root, staged);
                    tcp::broadcast(ctx, host.data_ptr(), host.nbytes(),
                                   options.root);
                    from_host(tensor, host);
@@ -392,7 +402,8 @@ std::shared_ptr<Work> TcpBackend::reduce(Tensor& tensor,
                 tensor.numel(),      options.op, options.root};
   return enqueue(call, options.timeout,
                  [this, tensor, options](CollectiveContext& ctx) mutable {
-                   Tensor host = on_host(tensor, true);
+                   Tensor staged;
+                   const Tensor& host = on_host(tensor, true, staged);
                    tcp::reduce(ctx, host.data_ptr(),
                                static_cast<std::size_t>(host.numel()),
                                host.dtype(), options.op, options.root);
@@ -429,8 +440,10 @@ std::shared_ptr<Work> TcpBackend::start_all_reduce(
       call, options.timeout,
       [this, output, input, options](CollectiveContext& ctx) mutable {
         const bool in_place = output.data_ptr() == input.data_ptr();
-        Tensor host = on_host(output, in_place);
-        const Tensor host_input = in_place ? host : on_host(input, true);
+        Tensor staged_output, staged_input;
+        const Tensor& host = on_host(output, in_place, staged_output);
+        const Tensor& host_input =
+            in_place ? host : on_host(input, true, staged_input);
         const auto count = static_cast<std::size_t>(host.numel());
         tcp::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
                         host.dtype(), options.op);

@@ -21,8 +21,11 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 
 void check_out_of_place(const std::string& op, const Tensor& output,
                         const Tensor& input) {
-  check_tensor(output, op + " output");
-  check_tensor(input, op + " input");
+  // The names are built only for a failing check: this runs on every call.
+  if (!output.defined() || !output.is_contiguous())
+    check_tensor(output, op + " output");
+  if (!input.defined() || !input.is_contiguous())
+    check_tensor(input, op + " input");
   if (output.dtype() != input.dtype() || output.numel() != input.numel()) {
     throw InvalidArgument(
         op + ": the output (" + std::string(dtype_name(output.dtype())) +
