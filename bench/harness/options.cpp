@@ -64,6 +64,13 @@ std::int64_t parse_size(const std::string& flag, const std::string& text) {
   return value;
 }
 
+int Options::iterations_for(std::int64_t size) const {
+  if (iteration_bytes <= 0 || size <= 0) return iterations;
+  const std::int64_t fitting = iteration_bytes / size;
+  return static_cast<int>(
+      std::clamp<std::int64_t>(fitting, std::min(3, iterations), iterations));
+}
+
 std::vector<std::int64_t> Options::sizes() const {
   std::vector<std::int64_t> sizes;
   // Bounded: each step grows the size by at least one byte or a factor of 2,
@@ -89,6 +96,7 @@ Options parse_options(const std::string& program,
   std::string step_factor, iterations = "20", warmup = "5", check = "1";
   std::string dtype = "float", op = "sum", root = "0", average = "1";
   std::string blocking = "0", spawn, timeout = "300", binding = "core";
+  std::string iteration_bytes = "0";
   app.add_option("-b,--minbytes", min_bytes, "smallest size (default 32M)");
   app.add_option("-e,--maxbytes", max_bytes, "largest size (default 32M)");
   app.add_option("-i,--stepbytes", step_bytes,
@@ -96,6 +104,9 @@ Options parse_options(const std::string& program,
   app.add_option("-f,--stepfactor", step_factor,
                  "multiplication factor between sizes (replaces -i)");
   app.add_option("-n,--iters", iterations, "timed iterations (default 20)");
+  app.add_option("--iteration-bytes", iteration_bytes,
+                 "timed iterations per size: this many bytes / size, at "
+                 "least 3 and at most -n (default 0: -n at every size)");
   app.add_option("-w,--warmup_iters", warmup,
                  "untimed iterations before them (default 5)");
   app.add_option("-c,--check", check,
@@ -160,6 +171,7 @@ Options parse_options(const std::string& program,
   }
   options.iterations = parse_int("-n", iterations, 1, 1 << 24);
   options.warmup = parse_int("-w", warmup, 0, 1 << 24);
+  options.iteration_bytes = parse_size("--iteration-bytes", iteration_bytes);
   options.check = parse_int("-c", check, 0, 1 << 16);
   try {
     options.dtypes =

@@ -99,14 +99,15 @@ void prepare_fresh(const Collective& collective, Case& c) {
 }
 
 Measurement measure(const Collective& collective, Case& c,
-                    const Options& options, ProcessGroup& group) {
+                    const Options& options, int iterations,
+                    ProcessGroup& group) {
   prepare_fresh(collective, c);
   for (int i = 0; i < options.warmup; ++i)
     wait_all(c, collective.start(group, c));
   group.barrier()->wait();
   const auto start = std::chrono::steady_clock::now();
   std::deque<std::shared_ptr<Work>> in_flight;
-  for (int i = 0; i < options.iterations; ++i) {
+  for (int i = 0; i < iterations; ++i) {
     for (auto& work : collective.start(group, c)) {
       if (options.blocking) {
         work->wait();
@@ -130,7 +131,7 @@ Measurement measure(const Collective& collective, Case& c,
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count() /
-      options.iterations;
+      iterations;
 
   Measurement m;
   const double combined = combine(group, seconds, options.average);
@@ -224,6 +225,13 @@ void print_header(std::FILE* out, const Collective& collective,
       options.step_factor > 1 ? "factor" : "bytes", options.warmup,
       options.iterations, options.check, options.blocking ? 1 : 0,
       average_name(options.average));
+  if (options.iteration_bytes > 0) {
+    std::fprintf(out,
+                 "# iters per size: %lld bytes / size, at least 3, at most "
+                 "%d\n",
+                 static_cast<long long>(options.iteration_bytes),
+                 options.iterations);
+  }
   std::fprintf(out, "#\n# Using devices\n");
   for (int r = 0; r < group.size(); ++r) {
     const auto* base = all.data<std::uint8_t>() + r * kEntry;
@@ -343,10 +351,11 @@ Report run_benchmark(const Collective& collective, const Options& options,
           row.dtype = dtype;
           if (collective.uses_op()) row.op = op;
           row.root = root;
-          row.out_of_place = measure(collective, c, options, group);
+          const int iterations = options.iterations_for(size);
+          row.out_of_place = measure(collective, c, options, iterations, group);
           if (collective.has_in_place()) {
             c.in_place = true;
-            row.in_place = measure(collective, c, options, group);
+            row.in_place = measure(collective, c, options, iterations, group);
           }
           for (const auto& m :
                {std::optional(row.out_of_place), row.in_place}) {
@@ -411,6 +420,7 @@ void write_json(const std::string& path, const std::string& program,
        << ",\n  \"device\": " << json_string(options.device)
        << ",\n  \"world_size\": " << world
        << ",\n  \"iterations\": " << options.iterations
+       << ",\n  \"iteration_bytes\": " << options.iteration_bytes
        << ",\n  \"warmup_iterations\": " << options.warmup
        << ",\n  \"check_iterations\": " << options.check
        << ",\n  \"blocking\": " << (options.blocking ? "true" : "false")

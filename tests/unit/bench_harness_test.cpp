@@ -93,6 +93,19 @@ TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
                                                1 << 16, 1 << 18, 1 << 20,
                                                1 << 22, 1 << 24, 1 << 26});
 
+  // --iteration-bytes counts per size as the peers do: 64M / size, 3 to
+  // -n; without it every size runs -n.
+  const Options peers = parse({"-n", "200", "--iteration-bytes", "64M"});
+  CHECK(peers.iterations_for(1 << 10) == 200);
+  CHECK(peers.iterations_for(1 << 18) == 200);
+  CHECK(peers.iterations_for(1 << 20) == 64);
+  CHECK(peers.iterations_for(1 << 24) == 4);
+  CHECK(peers.iterations_for(64 << 20) == 3);
+  CHECK(parse({"-n", "2", "--iteration-bytes", "1K"}).iterations_for(4096) ==
+        2);
+  CHECK(o.iterations_for(64 << 20) == 7);
+  CHECK_THROWS_AS(parse({"--iteration-bytes", "lots"}), UsageError);
+
   // nccl-tests' defaults: 32M only, 20 iterations, 5 warm-up, checked.
   const Options d = parse({});
   CHECK(d.sizes() == std::vector<std::int64_t>{32 << 20});
