@@ -21,14 +21,12 @@ namespace comm::bench {
 enum class Average { kRank0 = 0, kMean = 1, kMin = 2, kMax = 3 };
 
 struct Options {
-  std::int64_t min_bytes = 32 << 20;  // -b
-  std::int64_t max_bytes = 32 << 20;  // -e
-  std::int64_t step_bytes = 1 << 20;  // -i, used when step_factor is 0
-  std::int64_t step_factor = 0;       // -f; 0: add step_bytes instead
-  int iterations = 20;                // -n
-  // --iteration-bytes: with it, a size runs about this many bytes' worth of
-  // timed iterations (see iterations_for); 0 runs -n at every size.
-  std::int64_t iteration_bytes = 0;
+  std::int64_t min_bytes = 32 << 20;       // -b
+  std::int64_t max_bytes = 32 << 20;       // -e
+  std::int64_t step_bytes = 1 << 20;       // -i, used when step_factor is 0
+  std::int64_t step_factor = 0;            // -f; 0: add step_bytes instead
+  int iterations = 20;                     // -n
+  std::int64_t iteration_bytes = 0;        // see iterations_for; 0: off
   int warmup = 5;                          // -w
   int check = 1;                           // -c: checked runs per case; 0: none
   std::vector<DType> dtypes{DType::kF32};  // -d (or "all")
