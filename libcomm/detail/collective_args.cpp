@@ -7,9 +7,15 @@
 
 namespace comm::detail {
 
-void check_tensor(const Tensor& tensor, const std::string& op) {
-  if (!tensor.defined()) throw InvalidArgument(op + " got an undefined tensor");
-  tensor.check_contiguous(op);
+void check_tensor(const Tensor& tensor, std::string_view op,
+                  std::string_view role) {
+  if (tensor.defined() && tensor.is_contiguous()) return;
+  std::string name(op);
+  if (!role.empty()) name.append(" ").append(role);
+  if (!tensor.defined()) {
+    throw InvalidArgument(name + " got an undefined tensor");
+  }
+  tensor.check_contiguous(name);
 }
 
 bool overlaps(const Tensor& a, const Tensor& b) {
@@ -21,11 +27,8 @@ bool overlaps(const Tensor& a, const Tensor& b) {
 
 void check_out_of_place(const std::string& op, const Tensor& output,
                         const Tensor& input) {
-  // The names are built only for a failing check: this runs on every call.
-  if (!output.defined() || !output.is_contiguous())
-    check_tensor(output, op + " output");
-  if (!input.defined() || !input.is_contiguous())
-    check_tensor(input, op + " input");
+  check_tensor(output, op, "output");
+  check_tensor(input, op, "input");
   if (output.dtype() != input.dtype() || output.numel() != input.numel()) {
     throw InvalidArgument(
         op + ": the output (" + std::string(dtype_name(output.dtype())) +

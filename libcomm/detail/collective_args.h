@@ -6,14 +6,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "libcomm/tensor.h"
 
 namespace comm::detail {
 
-// Defined and contiguous.
-void check_tensor(const Tensor& tensor, const std::string& op);
+// Defined and contiguous. The error names "<op> <role>" (or just op); the
+// name is composed only when the check fails, since it runs on every call.
+void check_tensor(const Tensor& tensor, std::string_view op,
+                  std::string_view role = {});
 
 // Whether two tensors share any byte (empty ones share none). Only the
 // addresses are compared, so both must be on one device.
