@@ -476,16 +476,29 @@ std::shared_ptr<Work> NcclBackend::reduce(Tensor& tensor,
 std::shared_ptr<Work> NcclBackend::all_reduce(Tensor& tensor,
                                               const AllReduceOptions& options) {
   check_tensor(tensor, "all_reduce");
-  const ncclRedOp_t op = nccl_op(options.op, tensor.dtype());
-  const int device = device_for(tensor, "all_reduce");
+  return start_all_reduce("all_reduce", tensor, tensor, options);
+}
+
+std::shared_ptr<Work> NcclBackend::all_reduce_into(
+    Tensor& output, const Tensor& input, const AllReduceOptions& options) {
+  detail::check_out_of_place("all_reduce_into", output, input);
+  return start_all_reduce("all_reduce_into", output, input, options);
+}
+
+std::shared_ptr<Work> NcclBackend::start_all_reduce(
+    const char* op_name, Tensor& output, const Tensor& input,
+    const AllReduceOptions& options) {
+  const ncclRedOp_t op = nccl_op(options.op, input.dtype());
+  // The output is on the input's device (check_out_of_place).
+  const int device = device_for(input, op_name);
   const std::string what =
-      describe("all_reduce", tensor, reduce_op_name(options.op));
+      describe("all_reduce", input, reduce_op_name(options.op));
   return issue(
-      what, {tensor}, device, options.timeout,
-      [tensor, op, what](Communicator& c) {
-        c.settle(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
-                               static_cast<std::size_t>(tensor.numel()),
-                               nccl_type(tensor.dtype()), op, c.comm, c.stream),
+      what, {output, input}, device, options.timeout,
+      [output, input, op, what](Communicator& c) {
+        c.settle(ncclAllReduce(input.data_ptr(), output.data_ptr(),
+                               static_cast<std::size_t>(input.numel()),
+                               nccl_type(input.dtype()), op, c.comm, c.stream),
                  what);
       });
 }

@@ -57,6 +57,11 @@ class COMM_API NcclBackend final : public Backend {
                                const ReduceOptions& options) override;
   std::shared_ptr<Work> all_reduce(Tensor& tensor,
                                    const AllReduceOptions& options) override;
+  // NCCL reads the input where it lies: no copy, and nothing runs outside
+  // the group's stream order.
+  std::shared_ptr<Work> all_reduce_into(
+      Tensor& output, const Tensor& input,
+      const AllReduceOptions& options) override;
   std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs,
                                    const Tensor& input,
                                    const AllGatherOptions& options) override;
@@ -107,6 +112,11 @@ class COMM_API NcclBackend final : public Backend {
   // on its first operation). Throws InvalidArgument for a host tensor or
   // another device.
   int device_for(const Tensor& tensor, const std::string& op);
+  // all_reduce and all_reduce_into, checked by their callers; `op_name`
+  // names the call in errors.
+  std::shared_ptr<Work> start_all_reduce(const char* op_name, Tensor& output,
+                                         const Tensor& input,
+                                         const AllReduceOptions& options);
   Communicator& communicator(int device);
   void watch();
   // With mutex_ held.

@@ -52,11 +52,13 @@ std::vector<double> host_values(const Tensor& t) {
 }
 
 // A CUDA stream whose work waits `ms` on a host callback first: what the
-// group's stream must wait behind, when it is the caller's stream.
+// group's stream must wait behind, when it is the caller's stream. With
+// cudaStreamNonBlocking, work on the legacy default stream does not wait
+// for it either.
 struct SlowStream {
   cudaStream_t stream = nullptr;
-  explicit SlowStream(int ms) {
-    REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  explicit SlowStream(int ms, unsigned flags = cudaStreamDefault) {
+    REQUIRE(cudaStreamCreateWithFlags(&stream, flags) == cudaSuccess);
     delay = ms;
     REQUIRE(cudaLaunchHostFunc(stream, &SlowStream::sleep, &delay) ==
             cudaSuccess);
@@ -70,6 +72,20 @@ struct SlowStream {
         std::chrono::milliseconds(*static_cast<int*>(ms)));
   }
   int delay = 0;
+};
+
+// An int32 input of 1<<20 elements that the stream `slow` fills with 0x01
+// bytes only after 300 ms (the "kernel" that produces it), and a zeroed
+// output: what a collective issued on that stream must wait for.
+struct LateInput {
+  explicit LateInput(unsigned stream_flags) : slow(300, stream_flags) {
+    comm::synchronize_cuda_stream(0);  // the zeros are in place
+    REQUIRE(cudaMemsetAsync(input.data_ptr(), 1, input.nbytes(), slow.stream) ==
+            cudaSuccess);
+  }
+  Tensor input = Tensor::zeros({1 << 20}, DType::kI32, kGpu);
+  Tensor output = Tensor::zeros({1 << 20}, DType::kI32, kGpu);
+  SlowStream slow;
 };
 
 }  // namespace
@@ -146,24 +162,35 @@ TEST_CASE("arguments NCCL cannot serve are refused by name", "[gpu][nccl]") {
 TEST_CASE("a collective runs after the work queued on the caller's stream",
           "[gpu][nccl]") {
   auto group = nccl_group();
-  const std::int64_t count = 1 << 20;
-  Tensor input = Tensor::zeros({count}, DType::kI32, kGpu);
-  Tensor output = Tensor::zeros({count}, DType::kI32, kGpu);
-  comm::synchronize_cuda_stream(0);
-  SlowStream slow(300);
+  LateInput late(cudaStreamDefault);
   {
-    comm::CudaStreamGuard guard(0, slow.stream);
-    // The "kernel" that produces the input: a memset queued behind 300 ms.
-    REQUIRE(cudaMemsetAsync(input.data_ptr(), 1, input.nbytes(), slow.stream) ==
-            cudaSuccess);
-    auto work = group->all_gather_into(output, input);
+    comm::CudaStreamGuard guard(0, late.slow.stream);
+    auto work = group->all_gather_into(late.output, late.input);
     work->wait();  // orders the slow stream after it; the host goes on
     CHECK_FALSE(work->is_completed());
-    REQUIRE(cudaStreamSynchronize(slow.stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(late.slow.stream) == cudaSuccess);
   }
-  const auto values = host_values(output);
+  const auto values = host_values(late.output);
   CHECK(values.front() == 0x01010101);
   CHECK(values.back() == 0x01010101);
+}
+
+TEST_CASE("all_reduce_into reads its input in stream order and keeps it",
+          "[gpu][nccl]") {
+  auto group = nccl_group();
+  // Non-blocking: a copy on the legacy stream, made on the host when the
+  // call is issued, would read the zeros the memset has not replaced yet.
+  LateInput late(cudaStreamNonBlocking);
+  {
+    comm::CudaStreamGuard guard(0, late.slow.stream);
+    group->all_reduce_into(late.output, late.input, {.op = ReduceOp::kMax})
+        ->wait();
+    REQUIRE(cudaStreamSynchronize(late.slow.stream) == cudaSuccess);
+  }
+  const auto result = host_values(late.output);
+  CHECK(result.front() == 0x01010101);
+  CHECK(result.back() == 0x01010101);
+  CHECK(host_values(late.input).back() == 0x01010101);
 }
 
 TEST_CASE("the watchdog fails a timed-out collective and aborts",
