@@ -103,10 +103,13 @@ class TcpBackend::Task final : public Work {
 // per grace period rather than two system calls and a thread hand-off per
 // call; work nobody waits on is started when the timer fires.
 //
-// A wake-up that finds every task taken by its caller was wasted (on a
-// virtual machine it costs a few microseconds, a whole small collective),
-// so each one doubles the grace, up to kMaxCallerGrace; the first task the
-// worker has to start itself brings it back to kCallerGrace. A program
+// A wake-up that finds nothing to start, or the turn held by a caller
+// (where a program that waits on every call spends most of its time), was
+// wasted: on a virtual machine it costs from a few microseconds to tens,
+// more than a small collective. Each one doubles the grace, up to
+// kMaxCallerGrace; the first task the worker has to start itself brings it
+// back to kCallerGrace. A wake-up that finds a task not yet due re-arms for
+// it without doubling, so that the task is not put off again. A program
 // that waits on every call then pays for one wake-up per millisecond, and
 // one that does not has its work started within 100 us, or within 1 ms for
 // the first task after a run of waited-on calls.
@@ -291,9 +294,7 @@ void TcpBackend::run_worker() {
     (void)!read(s.timer_fd, &expirations, sizeof(expirations));
     std::unique_lock<std::mutex> lock(s.mutex);
     s.timer_armed = false;
-    if (s.queue.empty() && !s.running) {
-      s.grace = std::min(2 * s.grace, kMaxCallerGrace);  // a wasted wake-up
-    }
+    bool started = false;
     std::chrono::nanoseconds rearm{0};
     while (!s.stopping && !s.running && !s.queue.empty()) {
       const auto due = s.queue.front()->queued_at + s.grace;
@@ -308,11 +309,15 @@ void TcpBackend::run_worker() {
       s.queue.pop_front();
       s.running = true;
       s.grace = kCallerGrace;  // nobody waited for this one
+      started = true;
       lock.unlock();
       execute(*task);
       lock.lock();
       s.running = false;
       s.changed.notify_all();
+    }
+    if (!started && rearm.count() == 0) {
+      s.grace = std::min(2 * s.grace, kMaxCallerGrace);  // a wasted wake-up
     }
     if (s.stopping) return;
     lock.unlock();
