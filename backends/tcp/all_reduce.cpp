@@ -124,15 +124,16 @@ void ring(CollectiveContext& ctx, const std::uint8_t* input, std::uint8_t* data,
 
 }  // namespace
 
-std::size_t ring_threshold_bytes() {
-  static const std::size_t value = [] {
+std::size_t ring_threshold_bytes(int world_size) {
+  static const long long configured = [] {
     if (const char* env = std::getenv("COMM_TCP_RING_THRESHOLD_BYTES")) {
       const long long parsed = std::atoll(env);
-      if (parsed >= 0) return static_cast<std::size_t>(parsed);
+      if (parsed >= 0) return parsed;
     }
-    return static_cast<std::size_t>(64 << 10);
+    return -1LL;
   }();
-  return value;
+  if (configured >= 0) return static_cast<std::size_t>(configured);
+  return world_size == 2 ? std::size_t{1} << 20 : std::size_t{64} << 10;
 }
 
 void all_reduce(CollectiveContext& ctx, const void* input, void* output,
@@ -140,7 +141,7 @@ void all_reduce(CollectiveContext& ctx, const void* input, void* output,
   auto* data = static_cast<std::uint8_t*>(output);
   const auto* source = static_cast<const std::uint8_t*>(input);
   const std::size_t bytes = count * dtype_size(dtype);
-  const bool small = bytes <= ring_threshold_bytes() ||
+  const bool small = bytes <= ring_threshold_bytes(ctx.size()) ||
                      count < static_cast<std::size_t>(ctx.size());
   if (source != data && ctx.size() == 1) std::memcpy(data, source, bytes);
   if (ctx.size() == 1 || count == 0) return;

@@ -62,14 +62,25 @@ void all_to_all(CollectiveContext& ctx, const std::uint8_t* input,
                 const std::vector<std::size_t>& recv_bytes);
 void barrier(CollectiveContext& ctx);
 
-// The largest all_reduce (bytes) that uses recursive doubling; larger ones
-// use the ring: COMM_TCP_RING_THRESHOLD_BYTES, or the default (64 KiB)
-// measured on the test machine. At 64 KiB recursive doubling's log2(n)
-// rounds beat the ring's 2(n-1) hops (world 4: 45-78 us against 46-169;
-// the ring suffers most when the host makes cross-CPU traffic slow), and
-// by 96 KiB a whole message no longer fits a loopback connection's initial
-// receive window (tcp_rmem's 128 KiB): there it took three times as long
-// as the ring's smaller, streamed segments.
-std::size_t ring_threshold_bytes();
+// The largest all_reduce (bytes) that uses recursive doubling at
+// `world_size` ranks; larger ones use the ring. COMM_TCP_RING_THRESHOLD_BYTES
+// sets it for every world size; the defaults were measured on 2-core
+// machines with bench/compare and alternating runs of one size.
+//
+// World 2: 1 MiB. Both algorithms move each byte once each way there, and
+// recursive doubling does it in one exchange, where the ring's stream
+// waits for each chunk to be reduced before it relays it: medians of 8
+// runs, 256 KiB 84 us against 119, 1 MiB 306 against 430 (Open MPI 286);
+// at 2 MiB they were even, at 4 MiB the ring won (1672 against 2108).
+// Other worlds: 64 KiB. Recursive doubling sends the whole message log2(n)
+// times, the ring 2(n-1)/n times: at 64 KiB its fewer rounds still win
+// (world 4: 45-78 us against 46-169), at 256 KiB the ring does (355
+// against 400). On one earlier machine, recursive doubling at 96 KiB took
+// three times as long as the ring at world 2, when a whole message did not
+// fit a fresh loopback connection's receive window; runs on later ones did
+// not show it, even on fresh connections, so measure before lowering a
+// threshold. Recursive doubling's scratch is one message, so this also
+// bounds the scratch memory of a small all_reduce.
+std::size_t ring_threshold_bytes(int world_size);
 
 }  // namespace comm::tcp
