@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "backends/nccl/nccl_backend.h"
@@ -78,14 +79,17 @@ struct SlowStream {
 // bytes only after 300 ms (the "kernel" that produces it), and a zeroed
 // output: what a collective issued on that stream must wait for.
 struct LateInput {
-  explicit LateInput(unsigned stream_flags) : slow(300, stream_flags) {
-    comm::synchronize_cuda_stream(0);  // the zeros are in place
-    REQUIRE(cudaMemsetAsync(input.data_ptr(), 1, input.nbytes(), slow.stream) ==
-            cudaSuccess);
+  explicit LateInput(unsigned stream_flags) {
+    // The zeros are in place before the slow stream starts its wait, so
+    // that this synchronization cannot wait for it.
+    comm::synchronize_cuda_stream(0);
+    slow.emplace(300, stream_flags);
+    REQUIRE(cudaMemsetAsync(input.data_ptr(), 1, input.nbytes(),
+                            slow->stream) == cudaSuccess);
   }
   Tensor input = Tensor::zeros({1 << 20}, DType::kI32, kGpu);
   Tensor output = Tensor::zeros({1 << 20}, DType::kI32, kGpu);
-  SlowStream slow;
+  std::optional<SlowStream> slow;
 };
 
 }  // namespace
@@ -164,11 +168,11 @@ TEST_CASE("a collective runs after the work queued on the caller's stream",
   auto group = nccl_group();
   LateInput late(cudaStreamDefault);
   {
-    comm::CudaStreamGuard guard(0, late.slow.stream);
+    comm::CudaStreamGuard guard(0, late.slow->stream);
     auto work = group->all_gather_into(late.output, late.input);
     work->wait();  // orders the slow stream after it; the host goes on
     CHECK_FALSE(work->is_completed());
-    REQUIRE(cudaStreamSynchronize(late.slow.stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(late.slow->stream) == cudaSuccess);
   }
   const auto values = host_values(late.output);
   CHECK(values.front() == 0x01010101);
@@ -182,10 +186,10 @@ TEST_CASE("all_reduce_into reads its input in stream order and keeps it",
   // call is issued, would read the zeros the memset has not replaced yet.
   LateInput late(cudaStreamNonBlocking);
   {
-    comm::CudaStreamGuard guard(0, late.slow.stream);
+    comm::CudaStreamGuard guard(0, late.slow->stream);
     group->all_reduce_into(late.output, late.input, {.op = ReduceOp::kMax})
         ->wait();
-    REQUIRE(cudaStreamSynchronize(late.slow.stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(late.slow->stream) == cudaSuccess);
   }
   const auto result = host_values(late.output);
   CHECK(result.front() == 0x01010101);
