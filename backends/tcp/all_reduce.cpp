@@ -54,14 +54,22 @@ void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
     virtual_rank = rank - extra;
   }
   if (virtual_rank >= 0) {
-    std::vector<std::uint8_t> partners(bytes);
+    std::vector<std::uint8_t> partners;
     for (int mask = 1; mask < pow2; mask <<= 1) {
       const int partner = real_rank(virtual_rank ^ mask);
       Exchange round = ctx.step();
       round.send(partner, current, bytes);
-      round.recv(partner, partners.data(), bytes);
-      ctx.run(round);
-      comm::reduce(op, dtype, data, current, partners.data(), count);
+      if (current != data) {
+        // Out of place, `data` is not being sent: reduce into it chunk by
+        // chunk while the rest arrives.
+        round.recv_reduce(partner, data, bytes, dtype, op, current);
+        ctx.run(round);
+      } else {
+        partners.resize(bytes);
+        round.recv(partner, partners.data(), bytes);
+        ctx.run(round);
+        comm::reduce(op, dtype, data, current, partners.data(), count);
+      }
       current = data;
     }
   }
