@@ -18,10 +18,11 @@ namespace {
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
 // `input` may be `data` (in place). Each round sends the running result
-// as it stood before the round and receives the partner's into scratch,
-// then reduces: the send reads the input where it lies in round one, and
-// no copy is made to keep the outgoing bytes stable while the incoming
-// ones are reduced.
+// as it stood before the round, reading the input where it lies in round
+// one, and no copy is made to keep the outgoing bytes stable: a round
+// that sends `data` receives the partner's into scratch and reduces once
+// the send is done; one that does not (round one, out of place) reduces
+// into `data` chunk by chunk as the partner's arrives.
 void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
                         std::uint8_t* data, std::size_t count, DType dtype,
                         ReduceOp op) {
