@@ -160,12 +160,11 @@ bool use_x86_64_v3_kernels() {
   return use;
 }
 
-template <typename Element>
+template <typename Element, typename T>
 COMM_X86_64_V3 void apply_all_v3(void* dst, const void* a, const void* b,
                                  std::size_t count) {
-  apply_loop<Element>(static_cast<std::uint16_t*>(dst),
-                      static_cast<const std::uint16_t*>(a),
-                      static_cast<const std::uint16_t*>(b), count);
+  apply_loop<Element>(static_cast<T*>(dst), static_cast<const T*>(a),
+                      static_cast<const T*>(b), count);
 }
 
 COMM_X86_64_V3 void widen_float16_v3(float* out, const std::uint16_t* in,
@@ -201,23 +200,34 @@ COMM_X86_64_V3 void reduce_float16_v3(void* dst_bytes, const void* a_bytes,
 }
 #endif
 
+// dst = a op b over `count` elements of T, with the x86-64-v3 loop where
+// the CPU has it.
+template <typename Element, typename T>
+void apply_best(void* dst, const void* a, const void* b, std::size_t count) {
+#if defined(__x86_64__)
+  if (use_x86_64_v3_kernels())
+    return apply_all_v3<Element, T>(dst, a, b, count);
+#endif
+  apply_all<Element, T>(dst, a, b, count);
+}
+
 template <ReduceOp kOp>
 void reduce_dtype(DType dtype, void* dst, const void* a, const void* b,
                   std::size_t count) {
   switch (dtype) {
     case DType::kBool:
-      return apply_all<Bool<kOp>, std::uint8_t>(dst, a, b, count);
+      return apply_best<Bool<kOp>, std::uint8_t>(dst, a, b, count);
     case DType::kI8:
-      return apply_all<Plain<kOp, std::int8_t>, std::int8_t>(dst, a, b, count);
+      return apply_best<Plain<kOp, std::int8_t>, std::int8_t>(dst, a, b, count);
     case DType::kU8:
-      return apply_all<Plain<kOp, std::uint8_t>, std::uint8_t>(dst, a, b,
-                                                               count);
+      return apply_best<Plain<kOp, std::uint8_t>, std::uint8_t>(dst, a, b,
+                                                                count);
     case DType::kI32:
-      return apply_all<Plain<kOp, std::int32_t>, std::int32_t>(dst, a, b,
-                                                               count);
+      return apply_best<Plain<kOp, std::int32_t>, std::int32_t>(dst, a, b,
+                                                                count);
     case DType::kI64:
-      return apply_all<Plain<kOp, std::int64_t>, std::int64_t>(dst, a, b,
-                                                               count);
+      return apply_best<Plain<kOp, std::int64_t>, std::int64_t>(dst, a, b,
+                                                                count);
     default: break;
   }
   // Bitwise operators on floating types were rejected by check_reduce_op;
@@ -225,9 +235,9 @@ void reduce_dtype(DType dtype, void* dst, const void* a, const void* b,
   if constexpr (!is_bitwise(kOp)) {
     switch (dtype) {
       case DType::kF32:
-        return apply_all<Plain<kOp, float>, float>(dst, a, b, count);
+        return apply_best<Plain<kOp, float>, float>(dst, a, b, count);
       case DType::kF64:
-        return apply_all<Plain<kOp, double>, double>(dst, a, b, count);
+        return apply_best<Plain<kOp, double>, double>(dst, a, b, count);
       case DType::kF16:
 #if defined(__x86_64__)
         if (use_x86_64_v3_kernels())
@@ -237,16 +247,9 @@ void reduce_dtype(DType dtype, void* dst, const void* a, const void* b,
             Half<kOp, half_bits::half_to_float, half_bits::float_to_half>,
             std::uint16_t>(dst, a, b, count);
       case DType::kBF16:
-#if defined(__x86_64__)
-        if (use_x86_64_v3_kernels()) {
-          return apply_all_v3<Half<kOp, half_bits::bfloat16_to_float,
-                                   half_bits::float_to_bfloat16>>(dst, a, b,
-                                                                  count);
-        }
-#endif
-        return apply_all<Half<kOp, half_bits::bfloat16_to_float,
-                              half_bits::float_to_bfloat16>,
-                         std::uint16_t>(dst, a, b, count);
+        return apply_best<Half<kOp, half_bits::bfloat16_to_float,
+                               half_bits::float_to_bfloat16>,
+                          std::uint16_t>(dst, a, b, count);
       default: break;
     }
   }
