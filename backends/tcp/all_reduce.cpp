@@ -8,6 +8,7 @@
 // partners of a commutative op (recursive doubling).
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
 #include "backends/tcp/collective_context.h"
 #include "libcomm/reduce_kernels.h"
@@ -55,7 +56,7 @@ void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
     virtual_rank = rank - extra;
   }
   if (virtual_rank >= 0) {
-    std::vector<std::uint8_t> partners;
+    std::unique_ptr<std::uint8_t[]> partners;  // allocated when needed
     for (int mask = 1; mask < pow2; mask <<= 1) {
       const int partner = real_rank(virtual_rank ^ mask);
       Exchange round = ctx.step();
@@ -66,10 +67,12 @@ void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
         round.recv_reduce(partner, data, bytes, dtype, op, current);
         ctx.run(round);
       } else {
-        partners.resize(bytes);
-        round.recv(partner, partners.data(), bytes);
+        if (!partners) {
+          partners = std::make_unique_for_overwrite<std::uint8_t[]>(bytes);
+        }
+        round.recv(partner, partners.get(), bytes);
         ctx.run(round);
-        comm::reduce(op, dtype, data, current, partners.data(), count);
+        comm::reduce(op, dtype, data, current, partners.get(), count);
       }
       current = data;
     }

@@ -93,7 +93,10 @@ int Exchange::add(Transfer::Kind kind, int peer, std::vector<Part> parts) {
     if (part.base == part.data) part.base = nullptr;
     if (part.reduce) largest_reduced = std::max(largest_reduced, part.bytes);
   }
-  t.scratch.resize(std::min(largest_reduced, chunk_bytes()));
+  t.scratch_bytes = std::min(largest_reduced, chunk_bytes());
+  if (t.scratch_bytes > 0) {
+    t.scratch = std::make_unique_for_overwrite<std::uint8_t[]>(t.scratch_bytes);
+  }
   if (kind == Transfer::Kind::kSend) {
     MessageHeader header;
     header.call = call_;
@@ -309,8 +312,8 @@ void Exchange::progress_recv(Transfer& t) {
     Part* part = t.part < t.parts.size() ? &t.parts[t.part] : nullptr;
     std::size_t chunk = 0;
     if (part != nullptr && part->reduce) {
-      chunk = std::min(t.scratch.size(), part->bytes - t.part_done);
-      parts[count++] = {t.scratch.data() + t.scratch_filled,
+      chunk = std::min(t.scratch_bytes, part->bytes - t.part_done);
+      parts[count++] = {t.scratch.get() + t.scratch_filled,
                         chunk - t.scratch_filled};
     } else if (part != nullptr) {
       parts[count++] = {part->data + t.part_done, part->bytes - t.part_done};
@@ -342,7 +345,7 @@ void Exchange::progress_recv(Transfer& t) {
       std::uint8_t* target = part->data + t.part_done;
       const std::uint8_t* other =
           part->base != nullptr ? part->base + t.part_done : target;
-      reduce(t.op, t.dtype, target, other, t.scratch.data(),
+      reduce(t.op, t.dtype, target, other, t.scratch.get(),
              chunk / dtype_size(t.dtype));
       t.scratch_filled = 0;
       moved = chunk;

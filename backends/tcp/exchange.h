@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -122,7 +123,10 @@ class Exchange {
     // Where payload_done lies: parts[part], part_done bytes into it.
     std::size_t part = 0;
     std::size_t part_done = 0;
-    std::vector<std::uint8_t> scratch;  // one chunk, for reduced parts
+    // One chunk, for reduced parts; left uninitialised, as every byte is
+    // received before it is read.
+    std::unique_ptr<std::uint8_t[]> scratch;
+    std::size_t scratch_bytes = 0;
     std::size_t scratch_filled = 0;
     // A relay's gate (see relay()); source -1: everything is ready.
     int source = -1;

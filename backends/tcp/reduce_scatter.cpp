@@ -5,6 +5,7 @@
 // block-sized buffers (one of them the output) hold the running sums, each
 // written as the received sum combined with this rank's input block.
 #include <cstring>
+#include <memory>
 
 #include "backends/tcp/collective_context.h"
 
@@ -24,10 +25,10 @@ void reduce_scatter(CollectiveContext& ctx,
   const int left = (rank + size - 1) % size;
   // The last step must land in `output`, so the buffers alternate such that
   // step size - 2 uses it.
-  std::vector<std::uint8_t> spare(bytes);
+  const auto spare = std::make_unique_for_overwrite<std::uint8_t[]>(bytes);
   auto accumulator = [&](int s) -> std::uint8_t* {
     return ((size - 2 - s) % 2 == 0) ? static_cast<std::uint8_t*>(output)
-                                     : spare.data();
+                                     : spare.get();
   };
   for (int s = 0; s < size - 1; ++s) {
     const int out = (rank - s - 1 + 2 * size) % size;
