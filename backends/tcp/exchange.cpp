@@ -173,8 +173,12 @@ void Exchange::run() {
   }
   std::vector<pollfd> fds;
   std::vector<int> owner;  // per pollfd: transfer index, or -1 - peer (control)
-  const auto spin_until = detail::Clock::now() + spin_budget();
-  bool spinning = spin_budget().count() > 0;
+  // Polling without sleeping lasts until spin_until: one budget after the
+  // step began, and again after each round that found a socket ready, so
+  // that a long transfer whose bytes keep coming does not sleep between
+  // them, while a peer that sends nothing costs one budget.
+  const auto budget = spin_budget();
+  auto spin_until = detail::Clock::now() + budget;
   // Bounded by the deadline: every round waits in poll until a socket is
   // ready (without sleeping until spin_until), then moves what it can.
   while (true) {
@@ -200,7 +204,8 @@ void Exchange::run() {
       fds.push_back({wake_fd_, POLLIN, 0});
       owner.push_back(INT32_MIN);
     }
-    spinning = spinning && detail::Clock::now() < spin_until;
+    const bool spinning =
+        budget.count() > 0 && detail::Clock::now() < spin_until;
     const int ready =
         ::poll(fds.data(), fds.size(), spinning ? 0 : remaining_ms(deadline_));
     if (ready < 0) {
@@ -234,6 +239,7 @@ void Exchange::run() {
       }
       advance(static_cast<std::size_t>(owner[k]));
     }
+    spin_until = detail::Clock::now() + budget;
   }
 }
 

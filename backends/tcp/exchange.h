@@ -14,10 +14,14 @@
 // more than a whole small message on a loopback mesh (about 10 us on a
 // virtual machine, where a halted virtual CPU must be resumed by its
 // host); a partner that is a few microseconds behind is met while still
-// polling. The yield hands the core to any runnable rank that shares it,
-// so ranks that outnumber the cores keep making progress, and a rank whose
-// peer is truly absent costs one budget of polling per step before it
-// sleeps.
+// polling. The budget runs from the start of the step and again from each
+// round that found a socket ready, so a large message whose bytes keep
+// coming is not slept on between them (1 MiB at world 2, 2200 calls:
+// 3350 context switches against 4700-6800 with a budget from the start
+// only, and 217-220 us per call against 227-272). The yield hands the
+// core to any runnable rank that shares it, so ranks that outnumber the
+// cores keep making progress, and a rank whose peer is truly absent costs
+// one budget of polling per step before it sleeps.
 //
 // While waiting, run() also watches every peer's control channel and the
 // backend's wake-up descriptor, so that a failure elsewhere in the group or
@@ -43,8 +47,8 @@ namespace comm::tcp {
 // 256 KiB; always a multiple of 64.
 std::size_t chunk_bytes();
 
-// How long a waiting step polls before it sleeps: COMM_TCP_SPIN_US
-// microseconds, or 50; 0 sleeps at once.
+// How long a waiting step polls, from its start or its last progress,
+// before it sleeps: COMM_TCP_SPIN_US microseconds, or 50; 0 sleeps at once.
 std::chrono::microseconds spin_budget();
 
 // A control message telling peers that this rank's call failed: what kind
