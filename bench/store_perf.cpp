@@ -26,7 +26,7 @@
 #include <CLI/CLI.hpp>
 
 #include "libcomm/error.h"
-#include "libcomm/rendezvous.h"
+#include "libcomm/distributed/rendezvous.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 

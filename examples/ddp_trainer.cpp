@@ -16,11 +16,11 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/mlp.h"
-#include "libcomm/ddp/checkpoint.h"
-#include "libcomm/ddp/distributed_data_parallel.h"
-#include "libcomm/distributed_sampler.h"
+#include "libcomm/distributed/ddp/checkpoint.h"
+#include "libcomm/distributed/ddp/distributed_data_parallel.h"
+#include "libcomm/distributed/distributed_sampler.h"
 #include "libcomm/error.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "store/hash_store.h"
 
 namespace {

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "libcomm/config.h"
-#include "libcomm/detail/cuda.h"
+#include "libcomm/detail/cuda_device.h"
 #include "libcomm/error.h"
 
 #if COMM_WITH_CUDA

@@ -1,5 +1,6 @@
 #include "libcomm/error.h"
 
+#include <cstdio>
 #include <system_error>
 
 #include "libcomm/logging.h"
@@ -48,6 +49,14 @@ std::string with_log_hint(std::string message) {
     message += " (set COMM_LOG_LEVEL=debug to see what led up to this)";
   }
   return message;
+}
+
+std::string format_duration(std::chrono::milliseconds duration) {
+  const auto ms = duration.count();
+  if (ms < 10000) return std::to_string(ms) + " ms";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms) / 1000);
+  return text;
 }
 
 }  // namespace comm

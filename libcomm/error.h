@@ -7,6 +7,7 @@
 // COMM_LOG_LEVEL, which makes the log show what led up to them.
 #pragma once
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -100,5 +101,8 @@ class COMM_API SystemError : public Error {
 // already shows debug lines, so that errors caused by other processes or by
 // timing tell the reader how to see what led up to them.
 COMM_API std::string with_log_hint(std::string message);
+
+// "3.2 s" or "150 ms", for messages.
+COMM_API std::string format_duration(std::chrono::milliseconds duration);
 
 }  // namespace comm

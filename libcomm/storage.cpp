@@ -4,7 +4,7 @@
 #include <new>
 #include <utility>
 
-#include "libcomm/detail/cuda.h"
+#include "libcomm/detail/cuda_device.h"
 
 namespace comm {
 namespace {

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <utility>
 
-#include "libcomm/detail/cuda.h"
+#include "libcomm/detail/cuda_device.h"
 #include "libcomm/detail/dispatch.h"
 #include "libcomm/error.h"
 

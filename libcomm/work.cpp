@@ -1,7 +1,6 @@
 #include "libcomm/work.h"
 
 #include "libcomm/error.h"
-#include "libcomm/store.h"
 
 namespace comm {
 

@@ -17,7 +17,7 @@
 #include <mutex>
 #include <string>
 
-#include "libcomm/store.h"
+#include "store/store.h"
 #include "store/key_value_table.h"
 
 namespace comm {

@@ -5,7 +5,7 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "libcomm/store.h"
+#include "store/store.h"
 #include "store/key_value_table.h"
 
 namespace comm {

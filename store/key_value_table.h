@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "libcomm/store.h"
+#include "store/store.h"
 
 namespace comm {
 

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "libcomm/store.h"
+#include "store/store.h"
 
 namespace comm {
 

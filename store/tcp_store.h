@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "libcomm/store.h"
+#include "store/store.h"
 #include "store/tcp_store_server.h"
 
 namespace comm {

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "libcomm/store.h"
+#include "store/store.h"
 
 namespace comm::tcp_store_protocol {
 

@@ -9,7 +9,7 @@
 
 #include "libcomm/cuda.h"
 #include "libcomm/detail/collective_args.h"
-#include "libcomm/detail/cuda.h"
+#include "libcomm/detail/cuda_device.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"

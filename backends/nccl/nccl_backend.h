@@ -36,8 +36,8 @@
 #include <thread>
 #include <vector>
 
-#include "libcomm/backend.h"
-#include "libcomm/store.h"
+#include "backends/backend.h"
+#include "store/store.h"
 
 namespace comm {
 

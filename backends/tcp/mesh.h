@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "libcomm/detail/socket.h"
-#include "libcomm/store.h"
+#include "store/store.h"
 
 namespace comm::tcp {
 

@@ -16,8 +16,8 @@
 #include <mutex>
 #include <thread>
 
-#include "libcomm/backend.h"
-#include "libcomm/store.h"
+#include "backends/backend.h"
+#include "store/store.h"
 
 namespace comm {
 

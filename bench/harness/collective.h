@@ -18,7 +18,7 @@
 
 #include "libcomm/device.h"
 #include "libcomm/dtype.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "libcomm/reduce_op.h"
 #include "libcomm/tensor.h"
 

@@ -10,7 +10,7 @@
 
 #include "bench/harness/collective.h"
 #include "bench/harness/options.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 
 namespace comm::bench {
 

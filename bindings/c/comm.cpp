@@ -20,7 +20,7 @@
 #include "libcomm/cuda.h"
 #include "libcomm/detail/collective_args.h"
 #include "libcomm/error.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "libcomm/tensor.h"
 #include "libcomm/tensor_dlpack.h"
 #include "libcomm/version.h"

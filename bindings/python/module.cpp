@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "libcomm/ddp/distributed_data_parallel.h"
-#include "libcomm/distributed_sampler.h"
+#include "libcomm/distributed/ddp/distributed_data_parallel.h"
+#include "libcomm/distributed/distributed_sampler.h"
 #include "libcomm/error.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "libcomm/tensor.h"
 #include "libcomm/tensor_dlpack.h"
 #include "libcomm/version.h"

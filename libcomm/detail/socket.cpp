@@ -17,7 +17,6 @@
 
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
-#include "libcomm/store.h"
 
 namespace comm::detail {
 namespace {

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "support/thread_ranks.h"
 
 using comm::Device;

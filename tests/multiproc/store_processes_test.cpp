@@ -16,7 +16,7 @@
 
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
-#include "libcomm/rendezvous.h"
+#include "libcomm/distributed/rendezvous.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
 #include "support/child_process.h"

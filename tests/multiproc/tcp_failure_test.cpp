@@ -19,7 +19,7 @@
 
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "support/child_process.h"
 
 using comm::testing::ChildProcess;

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "store/hash_store.h"
 
 namespace comm::testing {

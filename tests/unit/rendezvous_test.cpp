@@ -15,7 +15,7 @@
 
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
-#include "libcomm/rendezvous.h"
+#include "libcomm/distributed/rendezvous.h"
 #include "store/hash_store.h"
 #include "support/temp_path.h"
 

@@ -14,7 +14,7 @@
 
 #include "libcomm/detail/dispatch.h"
 #include "libcomm/error.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "libcomm/reduce_kernels.h"
 #include "support/thread_ranks.h"
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "libcomm/error.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "support/thread_ranks.h"
 
 using comm::DType;

@@ -1,4 +1,4 @@
-#include "libcomm/detail/device_router.h"
+#include "libcomm/distributed/device_router.h"
 
 #include "libcomm/error.h"
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "libcomm/backend.h"
+#include "backends/backend.h"
 #include "libcomm/device.h"
 #include "libcomm/export.h"
 

@@ -1,10 +1,10 @@
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 
 #include <algorithm>
 
-#include "libcomm/backend_registry.h"
+#include "libcomm/distributed/backend_registry.h"
 #include "libcomm/error.h"
-#include "libcomm/rendezvous.h"
+#include "libcomm/distributed/rendezvous.h"
 #include "store/prefix_store.h"
 
 namespace comm {

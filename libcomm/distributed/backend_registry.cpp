@@ -1,11 +1,11 @@
-#include "libcomm/backend_registry.h"
+#include "libcomm/distributed/backend_registry.h"
 
 #include <map>
 #include <mutex>
 
 #include "backends/tcp/tcp_backend.h"
 #include "libcomm/config.h"
-#include "libcomm/detail/device_router.h"
+#include "libcomm/distributed/device_router.h"
 #include "libcomm/error.h"
 #include "store/prefix_store.h"
 

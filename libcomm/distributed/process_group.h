@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "libcomm/backend.h"
+#include "backends/backend.h"
 #include "libcomm/export.h"
-#include "libcomm/store.h"
+#include "store/store.h"
 
 namespace comm {
 

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "libcomm/export.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "libcomm/tensor.h"
 
 namespace comm {

@@ -1,4 +1,4 @@
-#include "libcomm/ddp/distributed_data_parallel.h"
+#include "libcomm/distributed/ddp/distributed_data_parallel.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "libcomm/store.h"
+#include "store/store.h"
 
 #include <cstdio>
 
@@ -114,14 +114,6 @@ Bytes to_bytes(std::string_view text) {
 
 std::string to_string(const Bytes& bytes) {
   return std::string(bytes.begin(), bytes.end());
-}
-
-std::string format_duration(std::chrono::milliseconds duration) {
-  const auto ms = duration.count();
-  if (ms < 10000) return std::to_string(ms) + " ms";
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms) / 1000);
-  return text;
 }
 
 std::string quote_keys(const std::vector<std::string>& keys) {

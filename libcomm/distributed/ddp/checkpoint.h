@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "libcomm/export.h"
-#include "libcomm/process_group.h"
+#include "libcomm/distributed/process_group.h"
 #include "libcomm/tensor.h"
 
 namespace comm {

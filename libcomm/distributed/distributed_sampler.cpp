@@ -1,4 +1,4 @@
-#include "libcomm/distributed_sampler.h"
+#include "libcomm/distributed/distributed_sampler.h"
 
 #include <numeric>
 #include <string>

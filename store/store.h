@@ -117,9 +117,6 @@ class COMM_API Store {
 COMM_API Bytes to_bytes(std::string_view text);
 COMM_API std::string to_string(const Bytes& bytes);
 
-// "3.2 s" or "150 ms", for messages.
-COMM_API std::string format_duration(std::chrono::milliseconds duration);
-
 // "'a', 'b'" for messages that name keys; long lists are cut after a few.
 COMM_API std::string quote_keys(const std::vector<std::string>& keys);
 

@@ -1,4 +1,4 @@
-#include "libcomm/backend.h"
+#include "backends/backend.h"
 
 #include "libcomm/detail/collective_args.h"
 

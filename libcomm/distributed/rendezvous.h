@@ -25,7 +25,7 @@
 #include <string>
 
 #include "libcomm/export.h"
-#include "libcomm/store.h"
+#include "store/store.h"
 
 namespace comm {
 

@@ -1,4 +1,4 @@
-#include "libcomm/rendezvous.h"
+#include "libcomm/distributed/rendezvous.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "libcomm/ddp/checkpoint.h"
+#include "libcomm/distributed/ddp/checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
