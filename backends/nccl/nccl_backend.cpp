@@ -17,8 +17,6 @@
 namespace comm {
 namespace {
 
-using detail::check_root;
-using detail::check_tensor;
 using Clock = std::chrono::steady_clock;
 
 // How often the watchdog looks at pending operations. Completion of a
@@ -84,10 +82,12 @@ struct NcclBackend::Communicator {
   cudaEvent_t input_ready = nullptr;  // recorded on the caller's stream
   std::chrono::milliseconds timeout{0};
 
-  // NCCL runs this communicator non-blocking, so that neither set-up nor
-  // a call waits without bound: a call may answer ncclInProgress, and the
-  // communicator's state says when it is done.
-  void settle(ncclResult_t result, const std::string& what) {
+  // Waits until the NCCL call that answered `result` is done, at most the
+  // timeout, and throws when it failed. NCCL runs this communicator
+  // non-blocking, so that neither set-up nor a call waits without bound: a
+  // call may answer ncclInProgress, and the communicator's state says when
+  // it is done.
+  void wait_for(ncclResult_t result, const std::string& what) {
     const auto deadline = Clock::now() + timeout;
     while (result == ncclInProgress) {
       if (Clock::now() >= deadline) {
@@ -252,7 +252,7 @@ NcclBackend::Communicator& NcclBackend::communicator(int device) {
   ncclResult_t result =
       ncclCommInitRankConfig(&c->comm, size(), id, rank(), &config);
   try {
-    c->settle(result, what);
+    c->wait_for(result, what);
   } catch (const TimeoutError& e) {
     if (c->comm != nullptr) ncclCommAbort(c->comm);
     throw TimeoutError(std::string(e.what()) +
@@ -418,7 +418,7 @@ void NcclBackend::shutdown() {
   } else if (c.comm != nullptr) {
     detail::CudaDeviceGuard guard(c.device);
     try {
-      c.settle(ncclCommFinalize(c.comm), "finalizing the NCCL communicator");
+      c.wait_for(ncclCommFinalize(c.comm), "finalizing the NCCL communicator");
       ncclCommDestroy(c.comm);
     } catch (const Error& e) {
       COMM_LOG_WARN("nccl: {}; aborting instead", e.what());
@@ -432,19 +432,18 @@ void NcclBackend::shutdown() {
   communicator_.reset();
 }
 
-// The operations. Each checks its arguments, then issues NCCL calls on the
-// group's stream; `c.settle` turns NCCL's answer into an exception.
+// The operations, called with arguments Backend has checked. Each checks
+// what only NCCL needs (devices, ops), then issues NCCL calls on the group's
+// stream; `c.wait_for` turns NCCL's answer into an exception.
 
-std::shared_ptr<Work> NcclBackend::broadcast(Tensor& tensor,
+std::shared_ptr<Work> NcclBackend::do_broadcast(Tensor& tensor,
                                              const BroadcastOptions& options) {
-  check_tensor(tensor, "broadcast");
-  check_root("broadcast", options.root, size());
   const int device = device_for(tensor, "broadcast");
   const std::string what =
       describe("broadcast", tensor, "root " + std::to_string(options.root));
   return issue(what, {tensor}, device, options.timeout,
                [tensor, options, what](Communicator& c) {
-                 c.settle(
+                 c.wait_for(
                      ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
                                    static_cast<std::size_t>(tensor.numel()),
                                    nccl_type(tensor.dtype()), options.root,
@@ -453,10 +452,8 @@ std::shared_ptr<Work> NcclBackend::broadcast(Tensor& tensor,
                });
 }
 
-std::shared_ptr<Work> NcclBackend::reduce(Tensor& tensor,
+std::shared_ptr<Work> NcclBackend::do_reduce(Tensor& tensor,
                                           const ReduceOptions& options) {
-  check_tensor(tensor, "reduce");
-  check_root("reduce", options.root, size());
   const ncclRedOp_t op = nccl_op(options.op, tensor.dtype());
   const int device = device_for(tensor, "reduce");
   const std::string what =
@@ -465,7 +462,7 @@ std::shared_ptr<Work> NcclBackend::reduce(Tensor& tensor,
                    std::to_string(options.root));
   return issue(what, {tensor}, device, options.timeout,
                [tensor, options, op, what](Communicator& c) {
-                 c.settle(ncclReduce(tensor.data_ptr(), tensor.data_ptr(),
+                 c.wait_for(ncclReduce(tensor.data_ptr(), tensor.data_ptr(),
                                      static_cast<std::size_t>(tensor.numel()),
                                      nccl_type(tensor.dtype()), op,
                                      options.root, c.comm, c.stream),
@@ -473,15 +470,13 @@ std::shared_ptr<Work> NcclBackend::reduce(Tensor& tensor,
                });
 }
 
-std::shared_ptr<Work> NcclBackend::all_reduce(Tensor& tensor,
+std::shared_ptr<Work> NcclBackend::do_all_reduce(Tensor& tensor,
                                               const AllReduceOptions& options) {
-  check_tensor(tensor, "all_reduce");
   return start_all_reduce("all_reduce", tensor, tensor, options);
 }
 
-std::shared_ptr<Work> NcclBackend::all_reduce_into(
+std::shared_ptr<Work> NcclBackend::do_all_reduce_into(
     Tensor& output, const Tensor& input, const AllReduceOptions& options) {
-  detail::check_out_of_place("all_reduce_into", output, input);
   return start_all_reduce("all_reduce_into", output, input, options);
 }
 
@@ -496,30 +491,21 @@ std::shared_ptr<Work> NcclBackend::start_all_reduce(
   return issue(
       what, {output, input}, device, options.timeout,
       [output, input, op, what](Communicator& c) {
-        c.settle(ncclAllReduce(input.data_ptr(), output.data_ptr(),
+        c.wait_for(ncclAllReduce(input.data_ptr(), output.data_ptr(),
                                static_cast<std::size_t>(input.numel()),
                                nccl_type(input.dtype()), op, c.comm, c.stream),
                  what);
       });
 }
 
-std::shared_ptr<Work> NcclBackend::all_gather_into(
+std::shared_ptr<Work> NcclBackend::do_all_gather_into(
     Tensor& output, const Tensor& input, const AllGatherOptions& options) {
-  check_tensor(input, "all_gather_into");
-  check_tensor(output, "all_gather_into");
-  if (output.dtype() != input.dtype() ||
-      output.numel() != input.numel() * size()) {
-    throw InvalidArgument("all_gather_into: output " + output.describe() +
-                          " must have the input's dtype and " +
-                          std::to_string(size()) + " times its " +
-                          std::to_string(input.numel()) + " elements");
-  }
   const int device = device_for(input, "all_gather_into");
   device_for(output, "all_gather_into");
   const std::string what = describe("all_gather", input, "");
   return issue(what, {output, input}, device, options.timeout,
                [output, input, what](Communicator& c) {
-                 c.settle(
+                 c.wait_for(
                      ncclAllGather(input.data_ptr(), output.data_ptr(),
                                    static_cast<std::size_t>(input.numel()),
                                    nccl_type(input.dtype()), c.comm, c.stream),
@@ -527,12 +513,9 @@ std::shared_ptr<Work> NcclBackend::all_gather_into(
                });
 }
 
-std::shared_ptr<Work> NcclBackend::all_gather(std::vector<Tensor>& outputs,
+std::shared_ptr<Work> NcclBackend::do_all_gather(std::vector<Tensor>& outputs,
                                               const Tensor& input,
                                               const AllGatherOptions& options) {
-  check_tensor(input, "all_gather");
-  detail::check_tensor_list("all_gather", outputs,
-                            static_cast<std::size_t>(size()), input, "output");
   const int device = device_for(input, "all_gather");
   for (const Tensor& out : outputs) device_for(out, "all_gather");
   // Gathered into one flat buffer by NCCL, then copied out on the stream.
@@ -545,7 +528,7 @@ std::shared_ptr<Work> NcclBackend::all_gather(std::vector<Tensor>& outputs,
   return issue(
       what, keep, device, options.timeout,
       [outputs, input, flat, what](Communicator& c) {
-        c.settle(ncclAllGather(input.data_ptr(), flat.data_ptr(),
+        c.wait_for(ncclAllGather(input.data_ptr(), flat.data_ptr(),
                                static_cast<std::size_t>(input.numel()),
                                nccl_type(input.dtype()), c.comm, c.stream),
                  what);
@@ -561,13 +544,10 @@ std::shared_ptr<Work> NcclBackend::all_gather(std::vector<Tensor>& outputs,
       });
 }
 
-std::shared_ptr<Work> NcclBackend::reduce_scatter(
+std::shared_ptr<Work> NcclBackend::do_reduce_scatter(
     Tensor& output, const std::vector<Tensor>& inputs,
     const ReduceScatterOptions& options) {
-  check_tensor(output, "reduce_scatter");
   const ncclRedOp_t op = nccl_op(options.op, output.dtype());
-  detail::check_tensor_list("reduce_scatter", inputs,
-                            static_cast<std::size_t>(size()), output, "input");
   const int device = device_for(output, "reduce_scatter");
   for (const Tensor& in : inputs) device_for(in, "reduce_scatter");
   // NCCL reads one flat buffer of every rank's block; the inputs are
@@ -590,7 +570,7 @@ std::shared_ptr<Work> NcclBackend::reduce_scatter(
                                   cudaMemcpyDeviceToDevice, c.stream),
                               "cudaMemcpyAsync in " + what);
                  }
-                 c.settle(ncclReduceScatter(
+                 c.wait_for(ncclReduceScatter(
                               flat.data_ptr(), output.data_ptr(),
                               static_cast<std::size_t>(output.numel()),
                               nccl_type(output.dtype()), op, c.comm, c.stream),
@@ -598,15 +578,9 @@ std::shared_ptr<Work> NcclBackend::reduce_scatter(
                });
 }
 
-std::shared_ptr<Work> NcclBackend::gather(std::vector<Tensor>& outputs,
+std::shared_ptr<Work> NcclBackend::do_gather(std::vector<Tensor>& outputs,
                                           const Tensor& input,
                                           const GatherOptions& options) {
-  check_tensor(input, "gather");
-  check_root("gather", options.root, size());
-  detail::check_tensor_list(
-      "gather", outputs,
-      rank() == options.root ? static_cast<std::size_t>(size()) : 0, input,
-      "output");
   const int device = device_for(input, "gather");
   for (const Tensor& out : outputs) device_for(out, "gather");
   std::vector<Tensor> keep = outputs;
@@ -630,7 +604,7 @@ std::shared_ptr<Work> NcclBackend::gather(std::vector<Tensor>& outputs,
           ncclSend(input.data_ptr(), count, type, options.root, c.comm,
                    c.stream);
         }
-        c.settle(ncclGroupEnd(), what);
+        c.wait_for(ncclGroupEnd(), what);
         if (me == options.root && outputs[me].data_ptr() != input.data_ptr()) {
           check_cuda(cudaMemcpyAsync(outputs[me].data_ptr(), input.data_ptr(),
                                      input.nbytes(), cudaMemcpyDeviceToDevice,
@@ -640,15 +614,9 @@ std::shared_ptr<Work> NcclBackend::gather(std::vector<Tensor>& outputs,
       });
 }
 
-std::shared_ptr<Work> NcclBackend::scatter(Tensor& output,
+std::shared_ptr<Work> NcclBackend::do_scatter(Tensor& output,
                                            const std::vector<Tensor>& inputs,
                                            const ScatterOptions& options) {
-  check_tensor(output, "scatter");
-  check_root("scatter", options.root, size());
-  detail::check_tensor_list(
-      "scatter", inputs,
-      rank() == options.root ? static_cast<std::size_t>(size()) : 0, output,
-      "input");
   const int device = device_for(output, "scatter");
   for (const Tensor& in : inputs) device_for(in, "scatter");
   std::vector<Tensor> keep = inputs;
@@ -672,7 +640,7 @@ std::shared_ptr<Work> NcclBackend::scatter(Tensor& output,
           ncclRecv(output.data_ptr(), count, type, options.root, c.comm,
                    c.stream);
         }
-        c.settle(ncclGroupEnd(), what);
+        c.wait_for(ncclGroupEnd(), what);
         if (me == options.root && inputs[me].data_ptr() != output.data_ptr()) {
           check_cuda(cudaMemcpyAsync(output.data_ptr(), inputs[me].data_ptr(),
                                      output.nbytes(), cudaMemcpyDeviceToDevice,
@@ -682,9 +650,10 @@ std::shared_ptr<Work> NcclBackend::scatter(Tensor& output,
       });
 }
 
-std::shared_ptr<Work> NcclBackend::all_to_all(Tensor& output,
+std::shared_ptr<Work> NcclBackend::do_all_to_all(Tensor& output,
                                               const Tensor& input,
                                               const AllToAllOptions& options) {
+  // Checked by Backend::all_to_all.
   const detail::AllToAllLayout layout =
       detail::all_to_all_layout(output, input, options.input_split_sizes,
                                 options.output_split_sizes, size());
@@ -734,7 +703,7 @@ std::shared_ptr<Work> NcclBackend::all_to_all(Tensor& output,
                    ncclRecv(out + recv_offsets[p] * element, recv_counts[p],
                             type, static_cast<int>(p), c.comm, c.stream);
                  }
-                 c.settle(ncclGroupEnd(), what);
+                 c.wait_for(ncclGroupEnd(), what);
                  check_cuda(cudaMemcpyAsync(out + recv_offsets[self] * element,
                                             in + send_offsets[self] * element,
                                             send_counts[self] * element,
@@ -743,7 +712,7 @@ std::shared_ptr<Work> NcclBackend::all_to_all(Tensor& output,
                });
 }
 
-std::shared_ptr<Work> NcclBackend::barrier(const BarrierOptions& options) {
+std::shared_ptr<Work> NcclBackend::do_barrier(const BarrierOptions& options) {
   int device;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -769,27 +738,21 @@ std::shared_ptr<Work> NcclBackend::barrier(const BarrierOptions& options) {
   return issue(
       what, {token}, device, options.timeout,
       [token, what](Communicator& c) {
-        c.settle(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclUint8,
+        c.wait_for(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclUint8,
                                ncclSum, c.comm, c.stream),
                  what);
       },
       /*blocks_host=*/true);
 }
 
-std::shared_ptr<Work> NcclBackend::send(const Tensor& tensor, int dst,
+std::shared_ptr<Work> NcclBackend::do_send(const Tensor& tensor, int dst,
                                         const SendOptions& options) {
-  check_tensor(tensor, "send");
-  if (dst < 0 || dst >= size() || dst == rank()) {
-    throw InvalidArgument("send: destination " + std::to_string(dst) +
-                          " is not another rank of the group of " +
-                          std::to_string(size()));
-  }
   const int device = device_for(tensor, "send");
   const std::string what =
       describe("send", tensor, "to rank " + std::to_string(dst));
   return issue(what, {tensor}, device, options.timeout,
                [tensor, dst, what](Communicator& c) {
-                 c.settle(
+                 c.wait_for(
                      ncclSend(tensor.data_ptr(),
                               static_cast<std::size_t>(tensor.numel()),
                               nccl_type(tensor.dtype()), dst, c.comm, c.stream),
@@ -797,25 +760,19 @@ std::shared_ptr<Work> NcclBackend::send(const Tensor& tensor, int dst,
                });
 }
 
-std::shared_ptr<Work> NcclBackend::recv(Tensor& tensor, int src,
+std::shared_ptr<Work> NcclBackend::do_recv(Tensor& tensor, int src,
                                         const RecvOptions& options) {
-  check_tensor(tensor, "recv");
   if (src == kAnySource) {
     throw InvalidArgument(
         "recv: NCCL cannot receive from any source; name the sending rank, "
         "or use the tcp backend");
-  }
-  if (src < 0 || src >= size() || src == rank()) {
-    throw InvalidArgument("recv: source " + std::to_string(src) +
-                          " is not another rank of the group of " +
-                          std::to_string(size()));
   }
   const int device = device_for(tensor, "recv");
   const std::string what =
       describe("recv", tensor, "from rank " + std::to_string(src));
   return issue(what, {tensor}, device, options.timeout,
                [tensor, src, what](Communicator& c) {
-                 c.settle(
+                 c.wait_for(
                      ncclRecv(tensor.data_ptr(),
                               static_cast<std::size_t>(tensor.numel()),
                               nccl_type(tensor.dtype()), src, c.comm, c.stream),

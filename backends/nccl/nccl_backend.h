@@ -51,39 +51,6 @@ class COMM_API NcclBackend final : public Backend {
 
   std::string name() const override { return "nccl"; }
 
-  std::shared_ptr<Work> broadcast(Tensor& tensor,
-                                  const BroadcastOptions& options) override;
-  std::shared_ptr<Work> reduce(Tensor& tensor,
-                               const ReduceOptions& options) override;
-  std::shared_ptr<Work> all_reduce(Tensor& tensor,
-                                   const AllReduceOptions& options) override;
-  // NCCL reads the input where it lies: no copy, and nothing runs outside
-  // the group's stream order.
-  std::shared_ptr<Work> all_reduce_into(
-      Tensor& output, const Tensor& input,
-      const AllReduceOptions& options) override;
-  std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs,
-                                   const Tensor& input,
-                                   const AllGatherOptions& options) override;
-  std::shared_ptr<Work> all_gather_into(
-      Tensor& output, const Tensor& input,
-      const AllGatherOptions& options) override;
-  std::shared_ptr<Work> gather(std::vector<Tensor>& outputs,
-                               const Tensor& input,
-                               const GatherOptions& options) override;
-  std::shared_ptr<Work> scatter(Tensor& output,
-                                const std::vector<Tensor>& inputs,
-                                const ScatterOptions& options) override;
-  std::shared_ptr<Work> reduce_scatter(
-      Tensor& output, const std::vector<Tensor>& inputs,
-      const ReduceScatterOptions& options) override;
-  std::shared_ptr<Work> all_to_all(Tensor& output, const Tensor& input,
-                                   const AllToAllOptions& options) override;
-  std::shared_ptr<Work> barrier(const BarrierOptions& options) override;
-  std::shared_ptr<Work> send(const Tensor& tensor, int dst,
-                             const SendOptions& options) override;
-  std::shared_ptr<Work> recv(Tensor& tensor, int src,
-                             const RecvOptions& options) override;
   void shutdown() override;
 
   // Aborts the communicator now (ncclCommAbort) and fails every pending
@@ -98,6 +65,40 @@ class COMM_API NcclBackend final : public Backend {
   struct Pending;
 
  private:
+  std::shared_ptr<Work> do_broadcast(Tensor& tensor,
+                                  const BroadcastOptions& options) override;
+  std::shared_ptr<Work> do_reduce(Tensor& tensor,
+                               const ReduceOptions& options) override;
+  std::shared_ptr<Work> do_all_reduce(Tensor& tensor,
+                                   const AllReduceOptions& options) override;
+  // NCCL reads the input where it lies: no copy, and nothing runs outside
+  // the group's stream order.
+  std::shared_ptr<Work> do_all_reduce_into(
+      Tensor& output, const Tensor& input,
+      const AllReduceOptions& options) override;
+  std::shared_ptr<Work> do_all_gather(std::vector<Tensor>& outputs,
+                                   const Tensor& input,
+                                   const AllGatherOptions& options) override;
+  std::shared_ptr<Work> do_all_gather_into(
+      Tensor& output, const Tensor& input,
+      const AllGatherOptions& options) override;
+  std::shared_ptr<Work> do_gather(std::vector<Tensor>& outputs,
+                               const Tensor& input,
+                               const GatherOptions& options) override;
+  std::shared_ptr<Work> do_scatter(Tensor& output,
+                                const std::vector<Tensor>& inputs,
+                                const ScatterOptions& options) override;
+  std::shared_ptr<Work> do_reduce_scatter(
+      Tensor& output, const std::vector<Tensor>& inputs,
+      const ReduceScatterOptions& options) override;
+  std::shared_ptr<Work> do_all_to_all(Tensor& output, const Tensor& input,
+                                   const AllToAllOptions& options) override;
+  std::shared_ptr<Work> do_barrier(const BarrierOptions& options) override;
+  std::shared_ptr<Work> do_send(const Tensor& tensor, int dst,
+                             const SendOptions& options) override;
+  std::shared_ptr<Work> do_recv(Tensor& tensor, int src,
+                             const RecvOptions& options) override;
+
   // What an issued operation runs on the group's stream: NCCL calls (the
   // communicator and stream are passed in) and stream-ordered copies.
   using Launch = std::function<void(Communicator&)>;
@@ -112,8 +113,8 @@ class COMM_API NcclBackend final : public Backend {
   // on its first operation). Throws InvalidArgument for a host tensor or
   // another device.
   int device_for(const Tensor& tensor, const std::string& op);
-  // all_reduce and all_reduce_into, checked by their callers; `op_name`
-  // names the call in errors.
+  // do_all_reduce and do_all_reduce_into; `op_name` names the call in
+  // errors.
   std::shared_ptr<Work> start_all_reduce(const char* op_name, Tensor& output,
                                          const Tensor& input,
                                          const AllReduceOptions& options);

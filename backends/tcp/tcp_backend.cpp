@@ -22,9 +22,6 @@
 
 namespace comm {
 
-using detail::check_root;
-using detail::check_tensor;
-using detail::check_tensor_list;
 using detail::overlaps;
 using tcp::CallInfo;
 using tcp::Collective;
@@ -381,10 +378,8 @@ void TcpBackend::execute(Task& task) {
   }
 }
 
-std::shared_ptr<Work> TcpBackend::broadcast(Tensor& tensor,
+std::shared_ptr<Work> TcpBackend::do_broadcast(Tensor& tensor,
                                             const BroadcastOptions& options) {
-  check_tensor(tensor, "broadcast");
-  check_root("broadcast", options.root, size());
   CallInfo call{Collective::kBroadcast, 0,
                 tensor.dtype(),         tensor.numel(),
                 ReduceOp::kSum,         options.root};
@@ -399,11 +394,8 @@ std::shared_ptr<Work> TcpBackend::broadcast(Tensor& tensor,
                  });
 }
 
-std::shared_ptr<Work> TcpBackend::reduce(Tensor& tensor,
+std::shared_ptr<Work> TcpBackend::do_reduce(Tensor& tensor,
                                          const ReduceOptions& options) {
-  check_tensor(tensor, "reduce");
-  check_reduce_op(options.op, tensor.dtype());
-  check_root("reduce", options.root, size());
   CallInfo call{Collective::kReduce, 0,          tensor.dtype(),
                 tensor.numel(),      options.op, options.root};
   return enqueue(call, options.timeout,
@@ -424,21 +416,13 @@ std::shared_ptr<Work> TcpBackend::reduce(Tensor& tensor,
                  });
 }
 
-std::shared_ptr<Work> TcpBackend::all_reduce(Tensor& tensor,
+std::shared_ptr<Work> TcpBackend::do_all_reduce(Tensor& tensor,
                                              const AllReduceOptions& options) {
-  check_tensor(tensor, "all_reduce");
-  return start_all_reduce(tensor, tensor, options);
+  return do_all_reduce_into(tensor, tensor, options);
 }
 
-std::shared_ptr<Work> TcpBackend::all_reduce_into(
+std::shared_ptr<Work> TcpBackend::do_all_reduce_into(
     Tensor& output, const Tensor& input, const AllReduceOptions& options) {
-  detail::check_out_of_place("all_reduce_into", output, input);
-  return start_all_reduce(output, input, options);
-}
-
-std::shared_ptr<Work> TcpBackend::start_all_reduce(
-    Tensor& output, const Tensor& input, const AllReduceOptions& options) {
-  check_reduce_op(options.op, input.dtype());
   // In place or not, the same call on the wire: ranks may mix the forms.
   CallInfo call{Collective::kAllReduce, 0,          input.dtype(),
                 input.numel(),          options.op, -1};
@@ -459,12 +443,9 @@ std::shared_ptr<Work> TcpBackend::start_all_reduce(
       });
 }
 
-std::shared_ptr<Work> TcpBackend::all_gather(std::vector<Tensor>& outputs,
+std::shared_ptr<Work> TcpBackend::do_all_gather(std::vector<Tensor>& outputs,
                                              const Tensor& input,
                                              const AllGatherOptions& options) {
-  check_tensor(input, "all_gather");
-  check_tensor_list("all_gather", outputs, static_cast<std::size_t>(size()),
-                    input, "output");
   CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
                 ReduceOp::kSum,         -1};
   return enqueue(
@@ -482,17 +463,8 @@ std::shared_ptr<Work> TcpBackend::all_gather(std::vector<Tensor>& outputs,
       });
 }
 
-std::shared_ptr<Work> TcpBackend::all_gather_into(
+std::shared_ptr<Work> TcpBackend::do_all_gather_into(
     Tensor& output, const Tensor& input, const AllGatherOptions& options) {
-  check_tensor(input, "all_gather_into");
-  check_tensor(output, "all_gather_into");
-  if (output.dtype() != input.dtype() ||
-      output.numel() != input.numel() * size()) {
-    throw InvalidArgument("all_gather_into: output " + output.describe() +
-                          " must have the input's dtype and " +
-                          std::to_string(size()) + " times its " +
-                          std::to_string(input.numel()) + " elements");
-  }
   CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
                 ReduceOp::kSum,         -1};
   return enqueue(call, options.timeout,
@@ -510,15 +482,9 @@ std::shared_ptr<Work> TcpBackend::all_gather_into(
                  });
 }
 
-std::shared_ptr<Work> TcpBackend::gather(std::vector<Tensor>& outputs,
+std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
                                          const Tensor& input,
                                          const GatherOptions& options) {
-  check_tensor(input, "gather");
-  check_root("gather", options.root, size());
-  check_tensor_list(
-      "gather", outputs,
-      rank() == options.root ? static_cast<std::size_t>(size()) : 0, input,
-      "output");
   CallInfo call{Collective::kGather, 0,           input.dtype(), input.numel(),
                 ReduceOp::kSum,      options.root};
   return enqueue(
@@ -537,15 +503,9 @@ std::shared_ptr<Work> TcpBackend::gather(std::vector<Tensor>& outputs,
       });
 }
 
-std::shared_ptr<Work> TcpBackend::scatter(Tensor& output,
+std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
                                           const std::vector<Tensor>& inputs,
                                           const ScatterOptions& options) {
-  check_tensor(output, "scatter");
-  check_root("scatter", options.root, size());
-  check_tensor_list(
-      "scatter", inputs,
-      rank() == options.root ? static_cast<std::size_t>(size()) : 0, output,
-      "input");
   CallInfo call{Collective::kScatter, 0,
                 output.dtype(),       output.numel(),
                 ReduceOp::kSum,       options.root};
@@ -564,13 +524,9 @@ std::shared_ptr<Work> TcpBackend::scatter(Tensor& output,
                  });
 }
 
-std::shared_ptr<Work> TcpBackend::reduce_scatter(
+std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
     Tensor& output, const std::vector<Tensor>& inputs,
     const ReduceScatterOptions& options) {
-  check_tensor(output, "reduce_scatter");
-  check_reduce_op(options.op, output.dtype());
-  check_tensor_list("reduce_scatter", inputs, static_cast<std::size_t>(size()),
-                    output, "input");
   CallInfo call{Collective::kReduceScatter,
                 0,
                 output.dtype(),
@@ -609,10 +565,10 @@ std::shared_ptr<Work> TcpBackend::reduce_scatter(
       });
 }
 
-std::shared_ptr<Work> TcpBackend::all_to_all(Tensor& output,
+std::shared_ptr<Work> TcpBackend::do_all_to_all(Tensor& output,
                                              const Tensor& input,
                                              const AllToAllOptions& options) {
-  // The TCP algorithm works in bytes.
+  // Checked by Backend::all_to_all; the TCP algorithm works in bytes.
   detail::AllToAllLayout layout =
       detail::all_to_all_layout(output, input, options.input_split_sizes,
                                 options.output_split_sizes, size());
@@ -642,7 +598,7 @@ std::shared_ptr<Work> TcpBackend::all_to_all(Tensor& output,
                  });
 }
 
-std::shared_ptr<Work> TcpBackend::barrier(const BarrierOptions& options) {
+std::shared_ptr<Work> TcpBackend::do_barrier(const BarrierOptions& options) {
   CallInfo call{Collective::kBarrier, 0, DType::kU8, 0, ReduceOp::kSum, -1};
   return enqueue(call, options.timeout,
                  [](CollectiveContext& ctx) { tcp::barrier(ctx); });
@@ -664,14 +620,8 @@ std::shared_ptr<Work> TcpBackend::point_to_point_work(const char* kind,
                                 std::to_string(tag) + ") " + peer);
 }
 
-std::shared_ptr<Work> TcpBackend::send(const Tensor& tensor, int dst,
+std::shared_ptr<Work> TcpBackend::do_send(const Tensor& tensor, int dst,
                                        const SendOptions& options) {
-  check_tensor(tensor, "send");
-  if (dst < 0 || dst >= size() || dst == rank()) {
-    throw InvalidArgument("send: destination " + std::to_string(dst) +
-                          " is not another rank of the group of " +
-                          std::to_string(size()));
-  }
   auto work = point_to_point_work("send", tensor, options.tag,
                                   "to rank " + std::to_string(dst));
   // A CUDA tensor is copied to the host now; the copy travels with the send.
@@ -682,14 +632,8 @@ std::shared_ptr<Work> TcpBackend::send(const Tensor& tensor, int dst,
   return work;
 }
 
-std::shared_ptr<Work> TcpBackend::recv(Tensor& tensor, int src,
+std::shared_ptr<Work> TcpBackend::do_recv(Tensor& tensor, int src,
                                        const RecvOptions& options) {
-  check_tensor(tensor, "recv");
-  if (src != kAnySource && (src < 0 || src >= size() || src == rank())) {
-    throw InvalidArgument("recv: source " + std::to_string(src) +
-                          " is not another rank of the group of " +
-                          std::to_string(size()) + " (or kAnySource)");
-  }
   auto work = point_to_point_work("recv", tensor, options.tag,
                                   src == kAnySource
                                       ? std::string("from any rank")

@@ -39,40 +39,41 @@ class COMM_API TcpBackend final : public Backend {
 
   std::string name() const override { return "tcp"; }
 
-  std::shared_ptr<Work> broadcast(Tensor& tensor,
-                                  const BroadcastOptions& options) override;
-  std::shared_ptr<Work> reduce(Tensor& tensor,
-                               const ReduceOptions& options) override;
-  std::shared_ptr<Work> all_reduce(Tensor& tensor,
-                                   const AllReduceOptions& options) override;
-  std::shared_ptr<Work> all_reduce_into(
-      Tensor& output, const Tensor& input,
-      const AllReduceOptions& options) override;
-  std::shared_ptr<Work> all_gather(std::vector<Tensor>& outputs,
-                                   const Tensor& input,
-                                   const AllGatherOptions& options) override;
-  std::shared_ptr<Work> all_gather_into(
-      Tensor& output, const Tensor& input,
-      const AllGatherOptions& options) override;
-  std::shared_ptr<Work> gather(std::vector<Tensor>& outputs,
-                               const Tensor& input,
-                               const GatherOptions& options) override;
-  std::shared_ptr<Work> scatter(Tensor& output,
-                                const std::vector<Tensor>& inputs,
-                                const ScatterOptions& options) override;
-  std::shared_ptr<Work> reduce_scatter(
-      Tensor& output, const std::vector<Tensor>& inputs,
-      const ReduceScatterOptions& options) override;
-  std::shared_ptr<Work> all_to_all(Tensor& output, const Tensor& input,
-                                   const AllToAllOptions& options) override;
-  std::shared_ptr<Work> barrier(const BarrierOptions& options) override;
-  std::shared_ptr<Work> send(const Tensor& tensor, int dst,
-                             const SendOptions& options) override;
-  std::shared_ptr<Work> recv(Tensor& tensor, int src,
-                             const RecvOptions& options) override;
   void shutdown() override;
 
  private:
+  std::shared_ptr<Work> do_broadcast(Tensor& tensor,
+                                  const BroadcastOptions& options) override;
+  std::shared_ptr<Work> do_reduce(Tensor& tensor,
+                               const ReduceOptions& options) override;
+  std::shared_ptr<Work> do_all_reduce(Tensor& tensor,
+                                   const AllReduceOptions& options) override;
+  std::shared_ptr<Work> do_all_reduce_into(
+      Tensor& output, const Tensor& input,
+      const AllReduceOptions& options) override;
+  std::shared_ptr<Work> do_all_gather(std::vector<Tensor>& outputs,
+                                   const Tensor& input,
+                                   const AllGatherOptions& options) override;
+  std::shared_ptr<Work> do_all_gather_into(
+      Tensor& output, const Tensor& input,
+      const AllGatherOptions& options) override;
+  std::shared_ptr<Work> do_gather(std::vector<Tensor>& outputs,
+                               const Tensor& input,
+                               const GatherOptions& options) override;
+  std::shared_ptr<Work> do_scatter(Tensor& output,
+                                const std::vector<Tensor>& inputs,
+                                const ScatterOptions& options) override;
+  std::shared_ptr<Work> do_reduce_scatter(
+      Tensor& output, const std::vector<Tensor>& inputs,
+      const ReduceScatterOptions& options) override;
+  std::shared_ptr<Work> do_all_to_all(Tensor& output, const Tensor& input,
+                                   const AllToAllOptions& options) override;
+  std::shared_ptr<Work> do_barrier(const BarrierOptions& options) override;
+  std::shared_ptr<Work> do_send(const Tensor& tensor, int dst,
+                             const SendOptions& options) override;
+  std::shared_ptr<Work> do_recv(Tensor& tensor, int src,
+                             const RecvOptions& options) override;
+
   using Body = std::function<void(tcp::CollectiveContext&)>;
   struct Task;
   struct Scheduler;
@@ -82,9 +83,6 @@ class COMM_API TcpBackend final : public Backend {
   // that waits for it, whichever comes first, always in issue order.
   std::shared_ptr<Work> enqueue(tcp::CallInfo call, OpTimeout timeout,
                                 Body body);
-  // all_reduce and all_reduce_into, once their arguments are checked.
-  std::shared_ptr<Work> start_all_reduce(Tensor& output, const Tensor& input,
-                                         const AllReduceOptions& options);
   void run_worker();
   // Runs one task, on whichever thread holds the scheduler's turn.
   void execute(Task& task);

@@ -286,7 +286,7 @@ class Placement {
 
   // Before a host-side copy from a CUDA buffer, the work the caller queued
   // on its stream (which may still be writing that buffer) must be done.
-  void settle() const {
+  void wait_for_caller_stream() const {
     if (device_.is_cuda()) comm::synchronize_cuda_stream(device_.index);
   }
 
@@ -308,7 +308,7 @@ Tensor apart_from(const Tensor& input, const Tensor& output,
       input.nbytes() == output.nbytes()) {
     return input;
   }
-  placement.settle();
+  placement.wait_for_caller_stream();
   return input.clone();
 }
 
@@ -316,7 +316,7 @@ Tensor apart_from(const Tensor& input, const Tensor& output,
 void copy_unless_same(Tensor& into, const Tensor& from,
                       const Placement& placement) {
   if (into.data_ptr() == from.data_ptr() || into.numel() == 0) return;
-  placement.settle();
+  placement.wait_for_caller_stream();
   into.copy_(from);
 }
 
@@ -604,7 +604,7 @@ comm_result_t comm_all_reduce(const void* sendbuf, void* recvbuf, size_t count,
     Tensor recv = at.view(recvbuf, count, type, "recvbuf");
     const Tensor input = apart_from(send, recv, at, /*whole_ok=*/true);
     // Out of place, the backend may read the input off the caller's stream.
-    if (input.data_ptr() != recv.data_ptr()) at.settle();
+    if (input.data_ptr() != recv.data_ptr()) at.wait_for_caller_stream();
     at.finish(g.all_reduce_into(recv, input, options), work);
   });
 }
@@ -645,7 +645,7 @@ comm_result_t comm_reduce(const void* sendbuf, void* recvbuf, size_t count,
       target = at.view(recvbuf, count, type, "recvbuf");
       copy_unless_same(target, send, at);
     } else {
-      at.settle();
+      at.wait_for_caller_stream();
       target = send.clone();
     }
     at.finish(g.reduce(target, options), work);

@@ -5,9 +5,7 @@
 
 #include "backends/tcp/tcp_backend.h"
 #include "libcomm/config.h"
-#include "libcomm/distributed/device_router.h"
 #include "libcomm/error.h"
-#include "store/prefix_store.h"
 
 #if COMM_WITH_NCCL
 #include "backends/nccl/nccl_backend.h"
@@ -52,25 +50,51 @@ void register_backend(const std::string& name, BackendFactory factory) {
   }
 }
 
-// "cpu:tcp,cuda:nccl": one backend per kind of device, each in a scope of
-// the store of its own, behind a router.
-std::shared_ptr<Backend> create_routed_backend(const std::string& spec,
-                                               const BackendContext& context) {
-  std::shared_ptr<Backend> host, cuda;
-  for (const auto& [type, name] : detail::parse_backend_spec(spec)) {
-    BackendContext scoped = context;
-    const std::string scope = type == DeviceType::kCPU ? "cpu/" : "cuda/";
-    scoped.store = std::make_shared<PrefixStore>(scope, context.store);
-    (type == DeviceType::kCPU ? host : cuda) = create_backend(name, scoped);
+std::vector<std::pair<DeviceType, std::string>> parse_backend_spec(
+    const std::string& spec) {
+  std::vector<std::pair<DeviceType, std::string>> routes;
+  std::size_t start = 0;
+  while (start <= spec.size()) {
+    std::size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    const std::string part = spec.substr(start, end - start);
+    const auto colon = part.find(':');
+    const std::string device = part.substr(0, colon);
+    const std::string backend =
+        colon == std::string::npos ? "" : part.substr(colon + 1);
+    DeviceType type;
+    if (device == "cpu") {
+      type = DeviceType::kCPU;
+    } else if (device == "cuda") {
+      type = DeviceType::kCUDA;
+    } else {
+      throw InvalidArgument("backend '" + spec + "': '" + part +
+                            "' does not start with cpu: or cuda:; write "
+                            "it like \"cpu:tcp,cuda:nccl\"");
+    }
+    if (backend.empty()) {
+      throw InvalidArgument("backend '" + spec + "': '" + part +
+                            "' names no backend after the colon");
+    }
+    for (const auto& [seen, name] : routes) {
+      if (seen == type) {
+        throw InvalidArgument("backend '" + spec + "' names " + device +
+                              " twice");
+      }
+    }
+    routes.emplace_back(type, backend);
+    start = end + 1;
   }
-  return std::make_shared<detail::DeviceRouter>(context.rank, context.size,
-                                                spec, host, cuda);
+  return routes;
 }
 
 std::shared_ptr<Backend> create_backend(const std::string& name,
                                         const BackendContext& context) {
   if (name.find(':') != std::string::npos) {
-    return create_routed_backend(name, context);
+    throw InvalidArgument("'" + name +
+                          "' names a backend per kind of device; pass it to "
+                          "a ProcessGroup, which routes each call, and give "
+                          "create_backend one backend's name");
   }
   BackendFactory factory;
   {

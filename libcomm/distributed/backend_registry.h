@@ -6,9 +6,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/backend.h"
+#include "libcomm/device.h"
 #include "libcomm/export.h"
 #include "store/store.h"
 
@@ -30,10 +32,18 @@ using BackendFactory =
 COMM_API void register_backend(const std::string& name, BackendFactory factory);
 
 // Creates the named backend. Throws InvalidArgument naming the registered
-// backends when there is none by that name.
+// backends when there is none by that name, and for a per-device spec
+// (which only ProcessGroup takes).
 COMM_API std::shared_ptr<Backend> create_backend(const std::string& name,
                                                  const BackendContext& context);
 
 COMM_API std::vector<std::string> registered_backends();
+
+// A backend per kind of device, as ProcessGroup takes it:
+// "cpu:tcp,cuda:nccl" -> {{kCPU, "tcp"}, {kCUDA, "nccl"}}. Throws
+// InvalidArgument naming the part that is wrong (an unknown device, a
+// device named twice, an empty backend).
+COMM_API std::vector<std::pair<DeviceType, std::string>> parse_backend_spec(
+    const std::string& spec);
 
 }  // namespace comm

@@ -9,6 +9,12 @@
 
 namespace comm {
 
+namespace {
+
+std::size_t index_of(DeviceType type) { return static_cast<std::size_t>(type); }
+
+}  // namespace
+
 ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                            const std::string& backend,
                            std::chrono::milliseconds timeout, std::string name)
@@ -28,77 +34,124 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size,
   context.rank = rank;
   context.size = size;
   context.timeout = timeout;
-  backend_ = create_backend(backend, context);
+  if (backend.find(':') == std::string::npos) {
+    backends_[0] = backends_[1] = create_backend(backend, context);
+    return;
+  }
+  // One backend per kind of device, each in a scope of the store of its own.
+  for (const auto& [type, backend_name] : parse_backend_spec(backend)) {
+    BackendContext scoped = context;
+    const std::string scope = type == DeviceType::kCPU ? "cpu/" : "cuda/";
+    scoped.store = std::make_shared<PrefixStore>(scope, context.store);
+    backends_[index_of(type)] = create_backend(backend_name, scoped);
+  }
 }
 
 ProcessGroup::~ProcessGroup() { shutdown(); }
 
 void ProcessGroup::shutdown() {
-  if (backend_) backend_->shutdown();
+  if (backends_[0]) backends_[0]->shutdown();
+  if (backends_[1] && backends_[1] != backends_[0]) backends_[1]->shutdown();
+}
+
+std::shared_ptr<Backend> ProcessGroup::backend(DeviceType device) const {
+  return backends_[index_of(device)];
+}
+
+Backend& ProcessGroup::route(const char* op, const Tensor& first,
+                             const std::vector<Tensor>& others) const {
+  if (!first.defined()) {
+    throw InvalidArgument(std::string(op) + " got an undefined tensor");
+  }
+  const DeviceType type = first.device().type;
+  for (const Tensor& t : others) {
+    if (t.defined() && t.device().type != type) {
+      throw InvalidArgument(std::string(op) + ": " + first.describe() +
+                            " and " + t.describe() +
+                            " are on different kinds of device; a group "
+                            "made with '" +
+                            backend_name_ + "' runs each call on one of them");
+    }
+  }
+  Backend* backend = backends_[index_of(type)].get();
+  if (backend == nullptr) {
+    throw InvalidArgument(std::string(op) + ": " + first.describe() +
+                          " is on " + first.device().str() +
+                          ", and the group's backend '" + backend_name_ +
+                          "' names no backend for that device");
+  }
+  return *backend;
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(Tensor& tensor,
                                               const BroadcastOptions& options) {
-  return backend_->broadcast(tensor, options);
+  return route("broadcast", tensor).broadcast(tensor, options);
 }
 std::shared_ptr<Work> ProcessGroup::reduce(Tensor& tensor,
                                            const ReduceOptions& options) {
-  return backend_->reduce(tensor, options);
+  return route("reduce", tensor).reduce(tensor, options);
 }
 std::shared_ptr<Work> ProcessGroup::all_reduce(
     Tensor& tensor, const AllReduceOptions& options) {
-  return backend_->all_reduce(tensor, options);
+  return route("all_reduce", tensor).all_reduce(tensor, options);
 }
 std::shared_ptr<Work> ProcessGroup::all_reduce_into(
     Tensor& output, const Tensor& input, const AllReduceOptions& options) {
-  return backend_->all_reduce_into(output, input, options);
+  return route("all_reduce_into", input, {output})
+      .all_reduce_into(output, input, options);
 }
 std::shared_ptr<Work> ProcessGroup::all_gather(
     std::vector<Tensor>& outputs, const Tensor& input,
     const AllGatherOptions& options) {
-  return backend_->all_gather(outputs, input, options);
+  return route("all_gather", input, outputs)
+      .all_gather(outputs, input, options);
 }
 std::shared_ptr<Work> ProcessGroup::all_gather_into(
     Tensor& output, const Tensor& input, const AllGatherOptions& options) {
-  return backend_->all_gather_into(output, input, options);
+  return route("all_gather_into", input, {output})
+      .all_gather_into(output, input, options);
 }
 std::shared_ptr<Work> ProcessGroup::gather(std::vector<Tensor>& outputs,
                                            const Tensor& input,
                                            const GatherOptions& options) {
-  return backend_->gather(outputs, input, options);
+  return route("gather", input, outputs).gather(outputs, input, options);
 }
 std::shared_ptr<Work> ProcessGroup::scatter(Tensor& output,
                                             const std::vector<Tensor>& inputs,
                                             const ScatterOptions& options) {
-  return backend_->scatter(output, inputs, options);
+  return route("scatter", output, inputs).scatter(output, inputs, options);
 }
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(
     Tensor& output, const std::vector<Tensor>& inputs,
     const ReduceScatterOptions& options) {
-  return backend_->reduce_scatter(output, inputs, options);
+  return route("reduce_scatter", output, inputs)
+      .reduce_scatter(output, inputs, options);
 }
 std::shared_ptr<Work> ProcessGroup::all_to_all(Tensor& output,
                                                const Tensor& input,
                                                const AllToAllOptions& options) {
-  return backend_->all_to_all(output, input, options);
+  return route("all_to_all", input, {output})
+      .all_to_all(output, input, options);
 }
 std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {
-  return backend_->barrier(options);
+  // On the host backend when the group has one, as c10d's.
+  Backend& backend = backends_[0] ? *backends_[0] : *backends_[1];
+  return backend.barrier(options);
 }
 std::shared_ptr<Work> ProcessGroup::isend(const Tensor& tensor, int dst,
                                           const SendOptions& options) {
-  return backend_->send(tensor, dst, options);
+  return route("send", tensor).send(tensor, dst, options);
 }
 std::shared_ptr<Work> ProcessGroup::irecv(Tensor& tensor, int src,
                                           const RecvOptions& options) {
-  return backend_->recv(tensor, src, options);
+  return route("recv", tensor).recv(tensor, src, options);
 }
 void ProcessGroup::send(const Tensor& tensor, int dst,
                         const SendOptions& options) {
-  backend_->send(tensor, dst, options)->wait();
+  isend(tensor, dst, options)->wait();
 }
 int ProcessGroup::recv(Tensor& tensor, int src, const RecvOptions& options) {
-  auto work = backend_->recv(tensor, src, options);
+  auto work = irecv(tensor, src, options);
   work->wait();
   return work->source_rank();
 }

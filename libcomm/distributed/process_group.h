@@ -1,6 +1,7 @@
 // comm::ProcessGroup: a set of ranks that run collectives together, as in
-// torch.distributed. It owns a backend (looked up by name in the registry)
-// and the group's own scope in the store.
+// torch.distributed. It owns a backend per kind of device (looked up by name
+// in the registry), routes each call to the backend of its tensors' device,
+// and owns the group's own scope in the store.
 //
 // Collectives return a Work at once; call wait() on it (or use the blocking
 // send and recv). Every rank of a group must issue the same collectives in
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "libcomm/device.h"
 #include "libcomm/export.h"
 #include "store/store.h"
 
@@ -21,8 +23,12 @@ namespace comm {
 class COMM_API ProcessGroup {
  public:
   // Every rank of the group constructs one at about the same time, with
-  // the same store, backend name and group name. `timeout` bounds the
-  // set-up and is the default timeout of every operation.
+  // the same store, backend and group name. `backend` is a registered
+  // backend's name, which then serves tensors on every device, or one per
+  // kind of device, "cpu:tcp,cuda:nccl" (as c10d's); each backend of such a
+  // group keeps its own order and sequence numbers, and a call whose
+  // tensors sit on different kinds of device is InvalidArgument. `timeout`
+  // bounds the set-up and is the default timeout of every operation.
   ProcessGroup(std::shared_ptr<Store> store, int rank, int size,
                const std::string& backend = "tcp",
                std::chrono::milliseconds timeout = Store::kDefaultTimeout,
@@ -33,9 +39,12 @@ class COMM_API ProcessGroup {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  std::string backend_name() const { return backend_->name(); }
+  // The backend as given: a backend's name or a per-device spec.
+  const std::string& backend_name() const { return backend_name_; }
   const std::string& name() const { return name_; }
-  Backend& backend() { return *backend_; }
+  // The backend that runs calls on tensors of `device`, or null when the
+  // group has none for it.
+  std::shared_ptr<Backend> backend(DeviceType device) const;
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   std::shared_ptr<Work> broadcast(Tensor& tensor,
@@ -92,8 +101,15 @@ class COMM_API ProcessGroup {
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
-  std::shared_ptr<Backend> backend_;
+  // Indexed by DeviceType; both point to one backend when a single name
+  // was given.
+  std::shared_ptr<Backend> backends_[2];
   int subgroups_created_ = 0;
+
+  // The backend for `first`'s device, after checking that every tensor of
+  // `others` is on the same kind of device.
+  Backend& route(const char* op, const Tensor& first,
+                 const std::vector<Tensor>& others = {}) const;
 };
 
 // Rendezvous through `init_method` (see rendezvous.h), then the default

@@ -231,7 +231,8 @@ TEST_CASE("a Work on an aborted communicator fails instead of hanging",
     comm::CudaStreamGuard guard(0, slow.stream);
     work = group->all_reduce(t);
   }
-  dynamic_cast<comm::NcclBackend&>(group->backend()).abort("told to by a test");
+  dynamic_cast<comm::NcclBackend&>(*group->backend(comm::DeviceType::kCUDA))
+      .abort("told to by a test");
   CHECK_THROWS_WITH(work->wait(10s), Catch::Contains("told to by a test"));
   CHECK_FALSE(work->is_success());
 }

@@ -7,7 +7,6 @@
 #include <thread>
 #include "libcomm/distributed/backend_registry.h"
 #include "libcomm/config.h"
-#include "libcomm/distributed/device_router.h"
 #include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
 #include "store/hash_store.h"
@@ -16,7 +15,7 @@ using comm::DeviceType;
 using comm::InvalidArgument;
 using comm::ProcessGroup;
 using comm::Tensor;
-using comm::detail::parse_backend_spec;
+using comm::parse_backend_spec;
 
 TEST_CASE("backend strings name one backend per kind of device", "[router]") {
   using Routes = std::vector<std::pair<DeviceType, std::string>>;
