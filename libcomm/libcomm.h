@@ -1,4 +1,9 @@
-// The whole public C++ API of libcomm in one include.
+// The core of libcomm's public C++ API in one include: tensors and their
+// dtypes and devices, reduce ops and their kernels, errors, logging, Work
+// and the collectives' options. The layers above it have headers of their
+// own: store/store.h (and the stores beside it), backends/backend.h, and
+// libcomm/distributed/ (process groups, rendezvous, DDP), whose
+// process_group.h is where a program that runs collectives starts.
 #pragma once
 
 #include "libcomm/config.h"
@@ -8,9 +13,11 @@
 #include "libcomm/error.h"
 #include "libcomm/half.h"
 #include "libcomm/logging.h"
+#include "libcomm/options.h"
 #include "libcomm/reduce_kernels.h"
 #include "libcomm/reduce_op.h"
 #include "libcomm/storage.h"
 #include "libcomm/tensor.h"
 #include "libcomm/tensor_dlpack.h"
 #include "libcomm/version.h"
+#include "libcomm/work.h"

@@ -294,7 +294,7 @@ void check_reduce_op(ReduceOp op, DType dtype) {
   }
 }
 
-void reduce(ReduceOp op, DType dtype, void* dst, const void* a, const void* b,
+void reduce_pair_into(ReduceOp op, DType dtype, void* dst, const void* a, const void* b,
             std::size_t count) {
   check_reduce_op(op, dtype);
   if (count == 0) return;
@@ -319,7 +319,7 @@ void reduce(ReduceOp op, DType dtype, void* dst, const void* a, const void* b,
 
 void reduce_into(ReduceOp op, DType dtype, void* dst, const void* src,
                  std::size_t count) {
-  reduce(op, dtype, dst, dst, src, count);
+  reduce_pair_into(op, dtype, dst, dst, src, count);
 }
 
 void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src) {

@@ -36,8 +36,9 @@ COMM_API void reduce_into(ReduceOp op, DType dtype, void* dst, const void* src,
 // dst[i] = op(a[i], b[i]) for i in [0, count): an out-of-place reduction
 // that reads each operand once. dst may be a or b; no two of the three may
 // partly overlap.
-COMM_API void reduce(ReduceOp op, DType dtype, void* dst, const void* a,
-                     const void* b, std::size_t count);
+COMM_API void reduce_pair_into(ReduceOp op, DType dtype, void* dst,
+                               const void* a, const void* b,
+                               std::size_t count);
 
 // The same on tensors: both contiguous, on the CPU, of one dtype and numel.
 COMM_API void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src);

@@ -72,7 +72,7 @@ void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
         }
         round.recv(partner, partners.get(), bytes);
         ctx.run(round);
-        comm::reduce(op, dtype, data, current, partners.get(), count);
+        comm::reduce_pair_into(op, dtype, data, current, partners.get(), count);
       }
       current = data;
     }

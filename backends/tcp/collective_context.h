@@ -65,7 +65,7 @@ void barrier(CollectiveContext& ctx);
 // The largest all_reduce (bytes) that uses recursive doubling at
 // `world_size` ranks; larger ones use the ring. COMM_TCP_RING_THRESHOLD_BYTES
 // sets it for every world size; the defaults were measured on 2-core
-// machines with bench/compare and alternating runs of one size.
+// machines with bench/compare.py and alternating runs of one size.
 //
 // World 2: 1 MiB. Both algorithms move each byte once each way there, and
 // recursive doubling does it in one exchange, where the ring's stream

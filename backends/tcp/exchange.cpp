@@ -351,7 +351,7 @@ void Exchange::progress_recv(Transfer& t) {
       std::uint8_t* target = part->data + t.part_done;
       const std::uint8_t* other =
           part->base != nullptr ? part->base + t.part_done : target;
-      reduce(t.op, t.dtype, target, other, t.scratch.get(),
+      reduce_pair_into(t.op, t.dtype, target, other, t.scratch.get(),
              chunk / dtype_size(t.dtype));
       t.scratch_filled = 0;
       moved = chunk;

@@ -2,7 +2,7 @@
 """Runs store_perf --processes and torch_store_perf.py alternately, several
 times, and prints per operation the median rate of each and their ratio.
 
-    bench/store_compare [--build build] [--runs 5] [--clients 64] [--ops 2000]
+    bench/store_compare.py [--build build] [--runs 5] [--clients 64] [--ops 2000]
 
 Needs Debian's python3-torch for the torch side.
 """

@@ -4,7 +4,7 @@ through Debian's python3-torch, Open MPI over TCP) alternately, several
 times, and prints per size the median time of each and the ratios
 ours/Gloo and ours/Open MPI (below 1: libcomm is faster).
 
-    bench/compare [--np 2] [--runs 5] [--build build] [--peers ../shared/peers]
+    bench/compare.py [--np 2] [--runs 5] [--build build] [--peers ../shared/peers]
                   [--skip-gloo] [--skip-mpi] [--skip-iperf]
 
 Rounds alternate the order of the programs (ours, Open MPI, Gloo; then
@@ -119,7 +119,7 @@ def main():
     if needed:
         installer = os.path.join(HERE, "..", "tools", "install_packages")
         if subprocess.run([installer] + needed).returncode != 0:
-            sys.exit("bench/compare: the peers need " + " ".join(needed))
+            sys.exit("bench/compare.py: the peers need " + " ".join(needed))
     commands = {"libcomm": None}
     if not args.skip_mpi:
         mpi_binary = os.path.join(args.build, "bench", "mpi_allreduce_peer")
