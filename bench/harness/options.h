@@ -43,8 +43,7 @@ struct Options {
   // number; kAuto does so when the ranks fit the CPUs, as mpirun does by
   // default. kCore is the default because ranks that sleep while they wait
   // are not spread evenly by the kernel's load balancer when they outnumber
-  // the CPUs: unbound, 4 ranks on 2 CPUs ran a 1 KiB all_reduce in 13 us or
-  // in 15-20 us depending on where they landed; bound, 13 us every time.
+  // the CPUs, so unbound runs vary with where the ranks land.
   enum class Binding { kAuto, kCore, kNone } binding = Binding::kCore;
   std::chrono::seconds timeout{300};  // --timeout, per operation
 
