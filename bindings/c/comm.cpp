@@ -101,13 +101,14 @@ H* adopt(std::unique_ptr<H> handle) {
   return handle.release();
 }
 
+// Throws InvalidArgument naming `argument` unless `handle` is a live handle
+// of kind H. Called with the table's mutex held.
 template <typename H>
-H& live(H* handle, const char* argument) {
+void check_live_locked(H* handle, const char* argument) {
   if (handle == nullptr) {
     throw InvalidArgument(std::string("`") + argument + "` is NULL; pass a " +
                           type_name<H>() + " that a create call returned");
   }
-  std::lock_guard lock(handles().mutex);
   auto it = handles().live.find(handle);
   if (it == handles().live.end() || it->second != kind_of<H>()) {
     throw InvalidArgument(std::string("`") + argument + "` is not a live " +
@@ -115,14 +116,23 @@ H& live(H* handle, const char* argument) {
                           ": it was freed already, or is another kind of "
                           "handle, or was never created");
   }
-  return *handle;
 }
 
 template <typename H>
+H& live(H* handle, const char* argument) {
+  std::lock_guard lock(handles().mutex);
+  check_live_locked(handle, argument);
+  return *handle;
+}
+
+// Checks and forgets `handle` in one step under the table's mutex, so that
+// of two threads freeing one handle at once, one frees it and the other is
+// told it was freed already.
+template <typename H>
 void release(H* handle, const char* argument) {
-  live(handle, argument);
   {
     std::lock_guard lock(handles().mutex);
+    check_live_locked(handle, argument);
     handles().live.erase(handle);
   }
   delete handle;
@@ -335,8 +345,35 @@ comm::ProcessGroup& group_of(comm_group_t group) {
   return *live(group, "group").group;
 }
 
-std::size_t world(comm::ProcessGroup& group) {
-  return static_cast<std::size_t>(group.size());
+// count * group.size(): the elements of a buffer of one block per rank.
+// Throws InvalidArgument naming `argument` when the product does not fit.
+std::size_t times_world(std::size_t count, comm::ProcessGroup& group,
+                        const char* argument) {
+  std::size_t total = 0;
+  if (__builtin_mul_overflow(count, static_cast<std::size_t>(group.size()),
+                             &total)) {
+    throw InvalidArgument(std::string("`") + argument + "`: " +
+                          std::to_string(count) + " elements per rank times " +
+                          std::to_string(group.size()) +
+                          " ranks overflows size_t");
+  }
+  return total;
+}
+
+// The sum of `counts[0..n)`. Throws InvalidArgument naming `argument` when
+// it does not fit.
+std::size_t sum_of_counts(const std::size_t* counts, int n,
+                          const char* argument) {
+  std::size_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    if (__builtin_add_overflow(total, counts[r], &total)) {
+      throw InvalidArgument(std::string("`") + argument +
+                            "`: the counts add up past size_t (at rank " +
+                            std::to_string(r) + ", " +
+                            std::to_string(counts[r]) + ")");
+    }
+  }
+  return total;
 }
 
 // A borrowed view of a DLPack tensor: no deleter runs, as the header says.
@@ -661,7 +698,7 @@ comm_result_t comm_all_gather(const void* sendbuf, void* recvbuf,
     const DType type = dtype_of(dtype);
     Placement at(device, stream);
     Tensor send = at.view(sendbuf, sendcount, type, "sendbuf");
-    Tensor recv = at.view(recvbuf, sendcount * world(g), type, "recvbuf");
+    Tensor recv = at.view(recvbuf, times_world(sendcount, g, "recvbuf"), type, "recvbuf");
     send = apart_from(send, recv, at);
     at.finish(g.all_gather_into(recv, send), work);
   });
@@ -677,7 +714,7 @@ comm_result_t comm_reduce_scatter(const void* sendbuf, void* recvbuf,
     comm::ReduceScatterOptions options;
     options.op = op_of(op);
     Placement at(device, stream);
-    Tensor send = at.view(sendbuf, recvcount * world(g), type, "sendbuf");
+    Tensor send = at.view(sendbuf, times_world(recvcount, g, "sendbuf"), type, "sendbuf");
     Tensor recv = at.view(recvbuf, recvcount, type, "recvbuf");
     send = apart_from(send, recv, at);
     at.finish(
@@ -696,7 +733,7 @@ comm_result_t comm_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
     Tensor send = at.view(sendbuf, sendcount, type, "sendbuf");
     std::vector<Tensor> outputs;
     if (g.rank() == root) {
-      Tensor recv = at.view(recvbuf, sendcount * world(g), type, "recvbuf");
+      Tensor recv = at.view(recvbuf, times_world(sendcount, g, "recvbuf"), type, "recvbuf");
       send = apart_from(send, recv, at);
       outputs = blocks(recv, g.size(), sendcount);
     }
@@ -716,7 +753,7 @@ comm_result_t comm_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
     Tensor recv = at.view(recvbuf, recvcount, type, "recvbuf");
     std::vector<Tensor> inputs;
     if (g.rank() == root) {
-      Tensor send = at.view(sendbuf, recvcount * world(g), type, "sendbuf");
+      Tensor send = at.view(sendbuf, times_world(recvcount, g, "sendbuf"), type, "sendbuf");
       send = apart_from(send, recv, at);
       inputs = blocks(send, g.size(), recvcount);
     }
@@ -733,7 +770,7 @@ comm_result_t comm_all_to_all(const void* sendbuf, void* recvbuf, size_t count,
     comm::ProcessGroup& g = group_of(group);
     const DType type = dtype_of(dtype);
     Placement at(device, stream);
-    const std::size_t total = count * world(g);
+    const std::size_t total = times_world(count, g, "sendbuf");
     Tensor send = at.view(sendbuf, total, type, "sendbuf");
     Tensor recv = at.view(recvbuf, total, type, "recvbuf");
     send = apart_from(send, recv, at, /*whole_ok=*/true);
@@ -752,20 +789,22 @@ comm_result_t comm_all_to_allv(const void* sendbuf, const size_t* sendcounts,
       throw InvalidArgument(
           "`sendcounts` and `recvcounts` must each hold one count per rank");
     }
+    // The views check that each total fits an int64_t of elements of any
+    // dtype, so every count, a part of one, fits too.
+    const std::size_t send_total =
+        sum_of_counts(sendcounts, g.size(), "sendcounts");
+    const std::size_t recv_total =
+        sum_of_counts(recvcounts, g.size(), "recvcounts");
+    Placement at(device, stream);
+    Tensor send = at.view(sendbuf, send_total, type, "sendbuf");
+    Tensor recv = at.view(recvbuf, recv_total, type, "recvbuf");
     comm::AllToAllOptions options;
-    std::size_t send_total = 0;
-    std::size_t recv_total = 0;
     for (int r = 0; r < g.size(); ++r) {
-      send_total += sendcounts[r];
-      recv_total += recvcounts[r];
       options.input_split_sizes.push_back(
           static_cast<std::int64_t>(sendcounts[r]));
       options.output_split_sizes.push_back(
           static_cast<std::int64_t>(recvcounts[r]));
     }
-    Placement at(device, stream);
-    Tensor send = at.view(sendbuf, send_total, type, "sendbuf");
-    Tensor recv = at.view(recvbuf, recv_total, type, "recvbuf");
     send = apart_from(send, recv, at, /*whole_ok=*/true);
     at.finish(g.all_to_all(recv, send, options), work);
   });

@@ -1,7 +1,6 @@
 #include "libcomm/detail/collective_args.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "libcomm/error.h"
 
@@ -93,10 +92,15 @@ Splits all_to_all_splits(const std::vector<std::int64_t>& given,
     }
     rows.assign(n, t.size(0) / size);
   }
-  if (rows.size() != n ||
-      std::accumulate(rows.begin(), rows.end(), std::int64_t{0}) != t.size(0) ||
-      std::any_of(rows.begin(), rows.end(),
-                  [](std::int64_t r) { return r < 0; })) {
+  // Each count is checked against the total before it is added, so the sum
+  // cannot overflow.
+  bool fits = rows.size() == n;
+  std::int64_t sum = 0;
+  for (std::size_t p = 0; fits && p < n; ++p) {
+    fits = rows[p] >= 0 && rows[p] <= t.size(0) - sum;
+    if (fits) sum += rows[p];
+  }
+  if (!fits || sum != t.size(0)) {
     throw InvalidArgument(std::string("all_to_all: ") + which +
                           " split sizes must be one non-negative row count "
                           "per rank adding up to " +

@@ -12,6 +12,7 @@
 
 #include <comm/comm.h>
 #include <dlpack/dlpack.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -191,6 +192,43 @@ static void test_stores(void) {
 
 /* What rank r contributes at position i: distinct per rank and position. */
 static float value_of(int r, int i) { return (float)(100 * r + i); }
+
+/* Two threads free one handle at once: one frees it, the other is told it
+ * is no longer live; nothing is freed twice. */
+struct free_race {
+  comm_store_t store;
+  pthread_barrier_t* start;
+  comm_result_t result;
+};
+
+static void* free_store_at_once(void* argument) {
+  struct free_race* race = argument;
+  pthread_barrier_wait(race->start);
+  race->result = comm_store_free(race->store);
+  return NULL;
+}
+
+static void test_concurrent_free(void) {
+  for (int round = 0; round < 200; ++round) {
+    comm_store_t store = NULL;
+    OK(comm_store_create_hash(1000, &store));
+    pthread_barrier_t start;
+    CHECK(pthread_barrier_init(&start, NULL, 2) == 0);
+    struct free_race races[2] = {{store, &start, COMM_INTERNAL_ERROR},
+                                 {store, &start, COMM_INTERNAL_ERROR}};
+    pthread_t threads[2];
+    for (int t = 0; t < 2; ++t)
+      CHECK(pthread_create(&threads[t], NULL, free_store_at_once, &races[t]) ==
+            0);
+    for (int t = 0; t < 2; ++t) CHECK(pthread_join(threads[t], NULL) == 0);
+    pthread_barrier_destroy(&start);
+    const int freed = (races[0].result == COMM_SUCCESS) +
+                      (races[1].result == COMM_SUCCESS);
+    const int refused = (races[0].result == COMM_INVALID_ARGUMENT) +
+                        (races[1].result == COMM_INVALID_ARGUMENT);
+    CHECK(freed == 1 && refused == 1);
+  }
+}
 
 static void test_collectives(comm_group_t group, int rank, int size) {
   enum { kCount = 7 };
@@ -490,6 +528,44 @@ static void test_dlpack(comm_group_t group, int rank, int size) {
   OK(comm_barrier(group, NULL));
 }
 
+/* Counts whose products or sums do not fit a size_t are refused before
+ * anything moves, on every rank alike, and the group stays usable. */
+static void test_counts_that_overflow(comm_group_t group, int size) {
+  int64_t send[8] = {0}, recv[8] = {0};
+  size_t counts[8];
+  size_t ones[8];
+  for (int r = 0; r < size; ++r) {
+    counts[r] = r == 0 ? SIZE_MAX : 2; /* wraps to 1 + 2 (size - 2) */
+    ones[r] = 1;
+  }
+  EXPECT_RESULT(COMM_INVALID_ARGUMENT,
+                comm_all_to_allv(send, counts, recv, ones, COMM_INT64, group,
+                                 COMM_CPU, NULL, NULL));
+  CHECK(contains(comm_last_error(), size > 1 ? "sendcounts" : "too large"));
+  EXPECT_RESULT(COMM_INVALID_ARGUMENT,
+                comm_all_to_allv(send, ones, recv, counts, COMM_INT64, group,
+                                 COMM_CPU, NULL, NULL));
+  if (size > 1) {
+    const size_t wraps = SIZE_MAX / (size_t)size + 1;
+    EXPECT_RESULT(COMM_INVALID_ARGUMENT,
+                  comm_all_gather(send, recv, wraps, COMM_INT64, group,
+                                  COMM_CPU, NULL, NULL));
+    CHECK(contains(comm_last_error(), "too large") ||
+          contains(comm_last_error(), "overflows"));
+    EXPECT_RESULT(COMM_INVALID_ARGUMENT,
+                  comm_all_to_all(send, recv, wraps, COMM_INT64, group,
+                                  COMM_CPU, NULL, NULL));
+    EXPECT_RESULT(COMM_INVALID_ARGUMENT,
+                  comm_reduce_scatter(send, recv, wraps, COMM_INT64, COMM_SUM,
+                                      group, COMM_CPU, NULL, NULL));
+  }
+  for (int r = 0; r < 8; ++r) CHECK(recv[r] == 0);
+  int64_t one = 1;
+  OK(comm_all_reduce(&one, &one, 1, COMM_INT64, COMM_SUM, group, COMM_CPU,
+                     NULL, NULL));
+  CHECK(one == size);
+}
+
 static void test_subgroup(comm_group_t group, int rank, int size) {
   /* The even ranks. */
   int evens[8], count = 0;
@@ -545,6 +621,7 @@ static int run_rank(const char* store_path, int rank, int size) {
   test_async(group, rank, size);
   test_dlpack(group, rank, size);
   test_subgroup(group, rank, size);
+  test_counts_that_overflow(group, size);
   OK(comm_barrier(group, NULL));
   if (size > 1) test_mismatch(group, rank);
   OK(comm_group_free(group));
@@ -575,6 +652,7 @@ int main(int argc, char** argv) {
   test_results_and_version();
   test_bad_handles_and_enums();
   test_stores();
+  test_concurrent_free();
 
   int failed = 0;
   for (int r = 0; r < size; ++r) {

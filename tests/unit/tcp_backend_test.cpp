@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -516,6 +517,10 @@ TEST_CASE("bad arguments are InvalidArgument before anything is sent",
     std::vector<Tensor> one = {t};
     refuses([&] { group.all_gather(one, t); }, "one output tensor per rank");
     refuses([&] { group.send(t, group.rank()); }, "destination");
+    // Split sizes whose sum would overflow an int64_t.
+    comm::AllToAllOptions huge;
+    huge.input_split_sizes = {std::numeric_limits<std::int64_t>::max(), 5};
+    refuses([&] { group.all_to_all(t, t, huge); }, "split sizes");
     // Nothing was sent: the group still works.
     group.all_reduce(t)->wait();
   });
