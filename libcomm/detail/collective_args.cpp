@@ -2,19 +2,43 @@
 
 #include <algorithm>
 
+#include "libcomm/cuda.h"
 #include "libcomm/error.h"
 
 namespace comm::detail {
 
+namespace {
+
+// The CUDA devices this process sees, asked once: the answer does not
+// change while the process runs.
+int visible_cuda_devices() {
+  static const int count = cuda_device_count();
+  return count;
+}
+
+}  // namespace
+
 void check_tensor(const Tensor& tensor, std::string_view op,
                   std::string_view role) {
-  if (tensor.defined() && tensor.is_contiguous()) return;
+  if (tensor.defined() && tensor.is_contiguous() &&
+      (tensor.device().is_cpu() ||
+       tensor.device().index < visible_cuda_devices())) {
+    return;
+  }
   std::string name(op);
   if (!role.empty()) name.append(" ").append(role);
   if (!tensor.defined()) {
     throw InvalidArgument(name + " got an undefined tensor");
   }
   tensor.check_contiguous(name);
+  const int visible = visible_cuda_devices();
+  throw InvalidArgument(
+      name + ": " + tensor.describe() + " is on " + tensor.device().str() +
+      ", but this process sees " + std::to_string(visible) + " CUDA device" +
+      (visible == 1 ? "" : "s") +
+      (visible == 0 ? "" : " (cuda:0 to cuda:" + std::to_string(visible - 1) +
+                               ")") +
+      "; pass a tensor on a device that exists");
 }
 
 bool overlaps(const Tensor& a, const Tensor& b) {

@@ -13,8 +13,9 @@
 
 namespace comm::detail {
 
-// Defined and contiguous. The error names "<op> <role>" (or just op); the
-// name is composed only when the check fails, since it runs on every call.
+// Defined, contiguous, and in host memory or on a CUDA device this process
+// sees. The error names "<op> <role>" (or just op); the name is composed
+// only when the check fails, since it runs on every call.
 void check_tensor(const Tensor& tensor, std::string_view op,
                   std::string_view role = {});
 

@@ -566,6 +566,20 @@ static void test_counts_that_overflow(comm_group_t group, int size) {
   CHECK(one == size);
 }
 
+/* A device that does not exist is an argument error on every rank before
+ * anything moves; it does not fail the group. */
+static void test_device_that_does_not_exist(comm_group_t group, int size) {
+  float data[4] = {1, 2, 3, 4};
+  EXPECT_RESULT(COMM_INVALID_ARGUMENT,
+                comm_all_reduce(data, data, 4, COMM_FLOAT32, COMM_SUM, group,
+                                99, NULL, NULL));
+  CHECK(contains(comm_last_error(), "cuda:99"));
+  CHECK(data[0] == 1 && data[3] == 4);
+  OK(comm_all_reduce(data, data, 4, COMM_FLOAT32, COMM_SUM, group, COMM_CPU,
+                     NULL, NULL));
+  CHECK(data[0] == (float)size && data[3] == 4.0f * (float)size);
+}
+
 static void test_subgroup(comm_group_t group, int rank, int size) {
   /* The even ranks. */
   int evens[8], count = 0;
@@ -622,6 +636,7 @@ static int run_rank(const char* store_path, int rank, int size) {
   test_dlpack(group, rank, size);
   test_subgroup(group, rank, size);
   test_counts_that_overflow(group, size);
+  test_device_that_does_not_exist(group, size);
   OK(comm_barrier(group, NULL));
   if (size > 1) test_mismatch(group, rank);
   OK(comm_group_free(group));
