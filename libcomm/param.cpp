@@ -15,7 +15,7 @@ namespace {
 // translation units' static initialisers run in.
 struct Registry {
   std::mutex mutex;
-  std::vector<Param*> params;
+  std::vector<const Param*> params;
 };
 
 Registry& registry() {
@@ -24,10 +24,10 @@ Registry& registry() {
 }
 
 // The declarations, sorted by name, under the registry's lock.
-std::vector<Param*> sorted_params() {
+std::vector<const Param*> sorted_params() {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  std::vector<Param*> params = r.params;
+  std::vector<const Param*> params = r.params;
   std::sort(params.begin(), params.end(), [](const Param* a, const Param* b) {
     return a->name() < b->name();
   });
@@ -76,7 +76,7 @@ void Param::load() const {
   if (!error_.empty()) throw InvalidArgument(error_);
 }
 
-void Param::reset() {
+void Param::reset() const {
   std::lock_guard lock(mutex_);
   loaded_.store(false, std::memory_order_release);
 }
@@ -159,7 +159,7 @@ void read_params(std::string_view prefix) {
 }
 
 void reset_params() {
-  for (Param* param : sorted_params()) param->reset();
+  for (const Param* param : sorted_params()) param->reset();
 }
 
 }  // namespace comm

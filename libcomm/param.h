@@ -59,8 +59,9 @@ class COMM_API Param {
   void load() const;
 
   // Forgets the cached value, so that the next use reads the environment
-  // again. For tests; see reset_params().
-  void reset();
+  // again. For tests; see reset_params(). Declarations are const objects,
+  // so this touches only the cache, which is mutable.
+  void reset() const;
 
  protected:
   // Registers the knob in the process-wide list. `name` must start with
