@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -10,6 +9,7 @@
 
 #include "libcomm/detail/log.h"
 #include "libcomm/detail/strings.h"
+#include "libcomm/enum_param.h"
 #include "libcomm/error.h"
 
 namespace comm {
@@ -17,6 +17,11 @@ namespace {
 
 constexpr const char* kLevelNames[] = {"trace", "debug", "info",
                                        "warn",  "error", "off"};
+
+const EnumParam kLogLevel{"COMM_LOG_LEVEL",
+                          {"off", "error", "warn", "info", "debug", "trace"},
+                          "warn",
+                          "the least severe log lines written to stderr"};
 
 spdlog::level::level_enum to_spdlog(LogLevel level) {
   switch (level) {
@@ -53,10 +58,10 @@ struct LoggerState {
     logger->set_pattern(make_pattern(-1));
     logger->set_level(spdlog::level::warn);
     logger->flush_on(spdlog::level::trace);
-    const char* env = std::getenv("COMM_LOG_LEVEL");
-    if (env == nullptr || *env == '\0') return;
+    // The log cannot throw, since it is used everywhere, destructors
+    // included: a bad level is reported on the log itself instead.
     try {
-      logger->set_level(to_spdlog(parse_log_level(env)));
+      logger->set_level(to_spdlog(parse_log_level(kLogLevel.get())));
     } catch (const InvalidArgument& e) {
       logger->warn("{}; using warn", e.what());
     }

@@ -12,11 +12,18 @@
 #include <immintrin.h>
 #endif
 
+#include "libcomm/enum_param.h"
 #include "libcomm/error.h"
 #include "libcomm/tensor.h"
 
 namespace comm {
 namespace {
+
+const EnumParam kReduceKernels{
+    "COMM_REDUCE_KERNELS",
+    {"auto", "portable"},
+    "auto",
+    "portable keeps the reduction kernels on their portable loops"};
 
 // Two's-complement arithmetic without signed overflow: compute in the
 // unsigned type of the same width, whose overflow is defined.
@@ -152,13 +159,10 @@ void apply_all(void* dst, const void* a, const void* b, std::size_t count) {
 #define COMM_X86_64_V3 __attribute__((target("avx2,f16c,fma")))
 
 bool use_x86_64_v3_kernels() {
-  static const bool use = [] {
-    const char* choice = std::getenv("COMM_REDUCE_KERNELS");
-    if (choice != nullptr && std::string(choice) == "portable") return false;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-           __builtin_cpu_supports("fma");
-  }();
-  return use;
+  static const bool supported = __builtin_cpu_supports("avx2") &&
+                                __builtin_cpu_supports("f16c") &&
+                                __builtin_cpu_supports("fma");
+  return supported && kReduceKernels.get() != "portable";
 }
 
 template <typename Element, typename T>

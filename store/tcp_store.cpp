@@ -35,8 +35,8 @@ TCPStore::TCPStore(TCPStoreOptions options)
   std::string token;
   if (options.token) {
     token = *options.token;
-  } else if (const char* env = std::getenv("COMM_STORE_TOKEN")) {
-    token = env;
+  } else {
+    token = TCPStoreServer::environment_token();
   }
   if (options.is_server) {
     TCPStoreServerOptions server_options;

@@ -14,6 +14,7 @@
 #include "libcomm/detail/log.h"
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
+#include "libcomm/string_param.h"
 #include "store/key_value_table.h"
 #include "store/tcp_store_protocol.h"
 
@@ -22,6 +23,11 @@ namespace comm {
 namespace proto = tcp_store_protocol;
 
 namespace {
+
+const StringParam kStoreToken{
+    "COMM_STORE_TOKEN", "no token",
+    "a secret a TCPStore server demands from its clients and they present",
+    ParamVisibility::kSecret};
 
 // Compares without an early exit, so the time taken does not reveal how much
 // of a guessed token was right.
@@ -127,8 +133,8 @@ TCPStoreServer::Impl::Impl(const TCPStoreServerOptions& options)
     : host(options.host) {
   if (options.token) {
     token = *options.token;
-  } else if (const char* env = std::getenv("COMM_STORE_TOKEN")) {
-    token = env;
+  } else {
+    token = TCPStoreServer::environment_token();
   }
   if (token.size() > proto::kMaxTokenSize) {
     throw InvalidArgument("TCPStore token of " + std::to_string(token.size()) +
@@ -542,6 +548,10 @@ TCPStoreServer::TCPStoreServer(TCPStoreServerOptions options)
     : impl_(std::make_unique<Impl>(options)) {}
 
 TCPStoreServer::~TCPStoreServer() { stop(); }
+
+std::string TCPStoreServer::environment_token() {
+  return kStoreToken.get().value_or("");
+}
 
 const std::string& TCPStoreServer::host() const { return impl_->host; }
 std::uint16_t TCPStoreServer::port() const { return impl_->port; }

@@ -41,6 +41,10 @@ class COMM_API TCPStoreServer {
   TCPStoreServer(const TCPStoreServer&) = delete;
   TCPStoreServer& operator=(const TCPStoreServer&) = delete;
 
+  // COMM_STORE_TOKEN's value, or "" (no token) when it is unset: what a
+  // server demands and a client presents when their options name no token.
+  static std::string environment_token();
+
   const std::string& host() const;
   std::uint16_t port() const;
   // Connections open now (greeted or not).

@@ -6,15 +6,22 @@
 // lies. Both give every rank bitwise the same result: each element's
 // reduction is computed once by one rank (ring), or symmetrically by both
 // partners of a commutative op (recursive doubling).
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "backends/tcp/collective_context.h"
+#include "libcomm/optional_int_param.h"
 #include "libcomm/reduce_kernels.h"
 
 namespace comm::tcp {
 namespace {
+
+const OptionalIntParam kRingThresholdBytes{
+    "COMM_TCP_RING_THRESHOLD_BYTES", "1048576 at world size 2, else 65536", 0,
+    std::numeric_limits<std::int64_t>::max(),
+    "the largest all_reduce that uses recursive doubling instead of the ring"};
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
@@ -137,14 +144,9 @@ void ring(CollectiveContext& ctx, const std::uint8_t* input, std::uint8_t* data,
 }  // namespace
 
 std::size_t ring_threshold_bytes(int world_size) {
-  static const long long configured = [] {
-    if (const char* env = std::getenv("COMM_TCP_RING_THRESHOLD_BYTES")) {
-      const long long parsed = std::atoll(env);
-      if (parsed >= 0) return parsed;
-    }
-    return -1LL;
-  }();
-  if (configured >= 0) return static_cast<std::size_t>(configured);
+  if (auto configured = kRingThresholdBytes.get()) {
+    return static_cast<std::size_t>(*configured);
+  }
   return world_size == 2 ? std::size_t{1} << 20 : std::size_t{64} << 10;
 }
 

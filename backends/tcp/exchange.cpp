@@ -12,10 +12,18 @@
 #include <optional>
 #include <system_error>
 
+#include "libcomm/int_param.h"
 #include "libcomm/reduce_kernels.h"
 
 namespace comm::tcp {
 namespace {
+
+const IntParam kChunkBytes{
+    "COMM_TCP_CHUNK_BYTES", 256 << 10, 64, 1 << 30,
+    "bytes a ring step receives and reduces at a time (rounded down to 64)"};
+const IntParam kSpinUs{
+    "COMM_TCP_SPIN_US", 50, 0, 10000,
+    "microseconds a waiting TCP step polls its sockets before it sleeps"};
 
 bool would_block(int error) {
   return error == EAGAIN || error == EWOULDBLOCK || error == EINTR;
@@ -32,26 +40,11 @@ int remaining_ms(detail::Clock::time_point deadline) {
 }  // namespace
 
 std::size_t chunk_bytes() {
-  static const std::size_t value = [] {
-    std::size_t bytes = 256 << 10;
-    if (const char* env = std::getenv("COMM_TCP_CHUNK_BYTES")) {
-      const long long parsed = std::atoll(env);
-      if (parsed >= 64) bytes = static_cast<std::size_t>(parsed);
-    }
-    return bytes / 64 * 64;
-  }();
-  return value;
+  return static_cast<std::size_t>(kChunkBytes.get()) / 64 * 64;
 }
 
 std::chrono::microseconds spin_budget() {
-  static const std::chrono::microseconds value = [] {
-    long long micros = 50;
-    if (const char* env = std::getenv("COMM_TCP_SPIN_US")) {
-      micros = std::clamp(std::atoll(env), 0LL, 10000LL);
-    }
-    return std::chrono::microseconds(micros);
-  }();
-  return value;
+  return std::chrono::microseconds(kSpinUs.get());
 }
 
 std::vector<std::uint8_t> encode_abort(const CallInfo& call, ErrorKind kind,

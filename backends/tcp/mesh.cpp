@@ -16,9 +16,19 @@
 
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
+#include "libcomm/int_param.h"
+#include "libcomm/string_param.h"
 
 namespace comm::tcp {
 namespace {
+
+const IntParam kLocalSendBufferBytes{
+    "COMM_TCP_LOCAL_SNDBUF_BYTES", 256 << 10, 0, 1 << 30,
+    "SO_SNDBUF of connections to ranks on this host; 0 keeps autotuning"};
+const StringParam kListenAddress{
+    "COMM_TCP_ADDR",
+    "127.0.0.1, or the local address that routes to a remote MASTER_ADDR",
+    "the address the TCP backend listens on"};
 
 constexpr std::uint32_t kHandshakeMagic = 0x48544d43;  // "CMTH" on the wire
 
@@ -85,13 +95,7 @@ bool peer_is_local(int fd) {
 // less at world 4, with 256 KiB than with autotuning (64 KiB was slower at
 // world 4). Remote peers keep autotuning, which a long network path needs.
 void limit_local_send_buffer(int fd) {
-  static const int bytes = [] {
-    long long value = 256 << 10;
-    if (const char* env = std::getenv("COMM_TCP_LOCAL_SNDBUF_BYTES")) {
-      value = std::clamp(std::atoll(env), 0LL, 1LL << 30);
-    }
-    return static_cast<int>(value);
-  }();
+  const int bytes = static_cast<int>(kLocalSendBufferBytes.get());
   if (bytes > 0 && peer_is_local(fd)) {
     // Best effort: a refusal leaves autotuning on, which is only slower.
     (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
@@ -105,9 +109,7 @@ bool is_loopback(const std::string& host) {
 }  // namespace
 
 std::string listen_address() {
-  if (const char* explicit_address = std::getenv("COMM_TCP_ADDR")) {
-    return explicit_address;
-  }
+  if (auto explicit_address = kListenAddress.get()) return *explicit_address;
   const char* master = std::getenv("MASTER_ADDR");
   if (master == nullptr || is_loopback(master)) return "127.0.0.1";
   // Ask the routing table which local address reaches the master: a UDP

@@ -18,6 +18,7 @@
 #include "libcomm/detail/collective_args.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
+#include "libcomm/param.h"
 #include "libcomm/reduce_kernels.h"
 
 namespace comm {
@@ -206,6 +207,10 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
     throw InvalidArgument("TcpBackend: rank " + std::to_string(rank) +
                           " is outside [0, " + std::to_string(size) + ")");
   }
+  // A malformed knob fails here, when the group is created, rather than in
+  // the middle of the first collective that reads it.
+  read_params("COMM_TCP_");
+  read_params("COMM_REDUCE_");
   mesh_ = std::make_unique<tcp::Mesh>(*store, rank, size, timeout);
   p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "libcomm/error.h"
+#include "libcomm/param.h"
 
 namespace comm::bench {
 namespace {
@@ -137,6 +138,10 @@ Options parse_options(const std::string& program,
                  "else none, as mpirun)");
   app.add_option("--timeout", timeout,
                  "seconds each operation may take (default 300)");
+  bool print_config = false;
+  app.add_flag("--print-config", print_config,
+               "print every COMM_* environment variable libcomm reads, with "
+               "its value, default and meaning, and exit");
 
   // nccl-tests and mpirun users type -np; CLI11's short options are one
   // letter, so it is rewritten before parsing.
@@ -151,6 +156,7 @@ Options parse_options(const std::string& program,
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
+  if (print_config) throw HelpRequested(comm::format_params());
 
   options.min_bytes = parse_size("-b", min_bytes);
   options.max_bytes = parse_size("-e", max_bytes);

@@ -60,7 +60,8 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// --help was asked for; what() is the help text.
+// --help or --print-config was asked for; what() is the text to print on
+// stdout before exiting with status 0.
 struct HelpRequested : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

@@ -6,6 +6,8 @@
 
 #include <dlpack/dlpack.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -19,8 +21,9 @@
 
 #include "libcomm/cuda.h"
 #include "libcomm/detail/collective_args.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
+#include "libcomm/param.h"
 #include "libcomm/tensor.h"
 #include "libcomm/tensor_dlpack.h"
 #include "libcomm/version.h"
@@ -413,6 +416,19 @@ const char* comm_result_string(comm_result_t result) {
 const char* comm_last_error(void) { return last_error.c_str(); }
 
 int comm_version(void) { return COMM_VERSION_CODE; }
+
+// ---- Configuration --------------------------------------------------------
+
+comm_result_t comm_config_dump(FILE* stream) {
+  return guarded(__func__, [&] {
+    if (stream == nullptr) throw InvalidArgument("`stream` is NULL");
+    const std::string text = comm::format_params();
+    if (std::fwrite(text.data(), 1, text.size(), stream) != text.size() ||
+        std::fflush(stream) != 0) {
+      throw comm::SystemError(errno, "writing the configuration");
+    }
+  });
+}
 
 // ---- Stores ---------------------------------------------------------------
 

@@ -13,6 +13,7 @@
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/logging.h"
+#include "libcomm/optional_int_param.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
@@ -24,6 +25,10 @@ constexpr const char* kJoinPrefix = "rendezvous/";
 // The value of rendezvous/complete: kJoined, or kConflict and what it was.
 constexpr std::string_view kJoined = "ok";
 constexpr std::string_view kConflict = "conflict: ";
+
+const OptionalIntParam kRdzvTimeout{
+    "COMM_RDZV_TIMEOUT", "the caller's timeout", 1, 1 << 30,
+    "seconds an env:// rendezvous may take, in place of the caller's timeout"};
 
 // Parses a whole decimal integer in [low, high]; `what` names the source
 // in the error ("RANK", "the rank= parameter of tcp://...").
@@ -258,9 +263,8 @@ RendezvousResult rendezvous(const std::string& init_method, int rank,
       result.local_world_size = static_cast<int>(
           parse_integer(*local, "LOCAL_WORLD_SIZE", 1, 1 << 30));
     }
-    if (auto seconds = env("COMM_RDZV_TIMEOUT")) {
-      timeout = std::chrono::seconds(
-          parse_integer(*seconds, "COMM_RDZV_TIMEOUT", 1, 1 << 30));
+    if (auto seconds = kRdzvTimeout.get()) {
+      timeout = std::chrono::seconds(*seconds);
     }
   } else if (url.scheme == "tcp") {
     split_host_port(init_method, url.rest, &host, &port);

@@ -70,6 +70,55 @@ static void test_results_and_version(void) {
         0);
 }
 
+/* The whole dump of comm_config_dump, read back through a temporary file. */
+static void dump_config(char* text, size_t size) {
+  FILE* file = tmpfile();
+  CHECK(file != NULL);
+  OK(comm_config_dump(file));
+  rewind(file);
+  const size_t length = fread(text, 1, size - 1, file);
+  text[length] = '\0';
+  fclose(file);
+}
+
+/* In a child, whose environment and cached knobs the other tests never see:
+ * the dump lists the knobs with their values and sources, hides the store
+ * token, and a malformed TCP knob fails group creation by name. */
+static void test_config_dump(void) {
+  const pid_t child = fork();
+  CHECK(child >= 0);
+  if (child == 0) {
+    EXPECT_RESULT(COMM_INVALID_ARGUMENT, comm_config_dump(NULL));
+    CHECK(unsetenv("COMM_LOG_LEVEL") == 0);
+    CHECK(unsetenv("COMM_TCP_LOCAL_SNDBUF_BYTES") == 0);
+    CHECK(setenv("COMM_STORE_TOKEN", "do-not-print-me", 1) == 0);
+    CHECK(setenv("COMM_TCP_SPIN_US", "7", 1) == 0);
+    CHECK(setenv("COMM_TCP_CHUNK_BYTES", "64Ki", 1) == 0);
+    static char text[65536];
+    dump_config(text, sizeof text);
+    CHECK(contains(text, "COMM_TCP_SPIN_US = 7 (from the environment)"));
+    CHECK(contains(text, "COMM_TCP_LOCAL_SNDBUF_BYTES = 262144 (default)"));
+    CHECK(contains(text, "COMM_LOG_LEVEL = warn (default)"));
+    CHECK(contains(text, "COMM_STORE_TOKEN = set (from the environment)"));
+    CHECK(!contains(text, "do-not-print-me"));
+    CHECK(contains(text,
+                   "COMM_TCP_CHUNK_BYTES = (invalid) "
+                   "COMM_TCP_CHUNK_BYTES='64Ki' is not an integer"));
+
+    comm_store_t store = NULL;
+    comm_group_t group = NULL;
+    OK(comm_store_create_hash(COMM_DEFAULT_TIMEOUT, &store));
+    EXPECT_RESULT(COMM_INVALID_ARGUMENT,
+                  comm_group_create(store, 0, 1, "tcp", 10000, &group));
+    CHECK(contains(comm_last_error(), "COMM_TCP_CHUNK_BYTES='64Ki'"));
+    OK(comm_store_free(store));
+    _exit(0);
+  }
+  int status = 0;
+  CHECK(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 static void test_bad_handles_and_enums(void) {
   int value = 0;
   EXPECT_RESULT(COMM_INVALID_ARGUMENT, comm_group_rank(NULL, &value));
@@ -665,6 +714,7 @@ int main(int argc, char** argv) {
   }
 
   test_results_and_version();
+  test_config_dump();
   test_bad_handles_and_enums();
   test_stores();
   test_concurrent_free();

@@ -161,6 +161,17 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
   CHECK_THROWS_AS(parse({"--help"}), comm::bench::HelpRequested);
 }
 
+TEST_CASE("--print-config prints the knobs and nothing else", "[bench]") {
+  try {
+    parse({"--print-config"});
+    FAIL("--print-config ran the benchmark");
+  } catch (const comm::bench::HelpRequested& e) {
+    CHECK_THAT(e.what(), Catch::StartsWith("COMM_") &&
+                             Catch::Contains("\nCOMM_TCP_SPIN_US = ") &&
+                             Catch::Contains("\nCOMM_STORE_TOKEN = "));
+  }
+}
+
 TEST_CASE("bandwidths follow nccl-tests' formulas", "[bench]") {
   using comm::bench::find_collective;
   // 1 GB in one second at 4 ranks: algbw 1 GB/s; busbw by the collective.

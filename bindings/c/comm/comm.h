@@ -30,6 +30,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <libcomm/version.h>
 
@@ -120,6 +121,19 @@ COMM_C_API const char* comm_last_error(void);
 /* COMM_VERSION_CODE of the library that is linked, which may be newer than
  * the header a program was compiled with. */
 COMM_C_API int comm_version(void);
+
+/* ---- Configuration ------------------------------------------------------ */
+
+/* Writes every COMM_* environment variable libcomm reads to `stream`, as
+ * text for people: per variable a line "NAME = value (source)", then its
+ * accepted values and default, then its meaning, each indented. The source
+ * says whether the value came from the environment or is the default; a
+ * secret (COMM_STORE_TOKEN) shows only "set" or "unset", and a malformed
+ * value shows the error that using it will raise. Reading the variables here
+ * fixes their values for the life of the process, as any first use does.
+ * Returns COMM_INVALID_ARGUMENT for a NULL stream and COMM_SYSTEM_ERROR when
+ * the stream refuses the text. */
+COMM_C_API comm_result_t comm_config_dump(FILE* stream);
 
 /* ---- Stores: the key-value store ranks meet through -------------------- */
 
