@@ -299,6 +299,7 @@ void FileStore::do_append(const std::string& key, const Bytes& value) {
   std::lock_guard<std::mutex> guard(mutex_);
   FileLock lock(fd_, path_, true);
   catch_up();
+  table_.check_append(key, value);
   write_record(RecordKind::kAppend, key, value);
 }
 

@@ -82,7 +82,21 @@ Bytes KeyValueTable::compare_set(const std::string& key, const Bytes& expected,
   return value == nullptr ? expected : *value;
 }
 
+void KeyValueTable::check_append(const std::string& key,
+                                 const Bytes& value) const {
+  const Bytes* now = find(key);
+  const std::size_t before = now == nullptr ? 0 : now->size();
+  if (value.size() > Store::kMaxValueSize - before) {
+    throw InvalidArgument(
+        "append to '" + key + "' would make its value " +
+        std::to_string(before + value.size()) + " bytes, over the limit of " +
+        std::to_string(Store::kMaxValueSize) +
+        " bytes per value; the value was left as it was");
+  }
+}
+
 void KeyValueTable::append(const std::string& key, const Bytes& value) {
+  check_append(key, value);
   Bytes& slot = map_[key];
   slot.insert(slot.end(), value.begin(), value.end());
 }

@@ -31,7 +31,11 @@ class KeyValueTable {
                     const Bytes& desired, bool* stored);
   // Whether compare_set(key, expected, ...) would store its value.
   bool compare_matches(const std::string& key, const Bytes& expected) const;
+  // Appends `value` to the value of `key`. Throws InvalidArgument, leaving
+  // the table unchanged, when the result would exceed Store::kMaxValueSize.
   void append(const std::string& key, const Bytes& value);
+  // Throws what append(key, value) would throw, without appending.
+  void check_append(const std::string& key, const Bytes& value) const;
   bool erase(const std::string& key);
   std::int64_t size() const { return static_cast<std::int64_t>(map_.size()); }
 

@@ -126,16 +126,7 @@ proto::Message TCPStore::read_response() {
   return response;
 }
 
-proto::Message TCPStore::call(const proto::Message& request) {
-  if (proto::encoded_size(request) > proto::kMaxPayload) {
-    throw InvalidArgument(
-        "TCPStore request of " + std::to_string(proto::encoded_size(request)) +
-        " bytes is over the limit of " + std::to_string(proto::kMaxPayload) +
-        "; split the multi_set");
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  send_request(request);
-  proto::Message response = read_response();
+proto::Message TCPStore::checked_answer(proto::Message response) {
   if (response.code == static_cast<std::uint8_t>(proto::Status::kError)) {
     throw InvalidArgument(name_ + ": " +
                           (response.values.empty()
@@ -149,17 +140,24 @@ proto::Message TCPStore::call(const proto::Message& request) {
   return response;
 }
 
+proto::Message TCPStore::call(const proto::Message& request) {
+  if (proto::encoded_size(request) > proto::kMaxPayload) {
+    throw InvalidArgument(
+        "TCPStore request of " + std::to_string(proto::encoded_size(request)) +
+        " bytes is over the limit of " + std::to_string(proto::kMaxPayload) +
+        "; split the multi_set");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  send_request(request);
+  return checked_answer(read_response());
+}
+
 proto::Message TCPStore::call_blocking(const proto::Message& request,
                                        Duration timeout) {
   std::lock_guard<std::mutex> lock(mutex_);
   send_request(request);
   if (socket_->wait_readable(detail::deadline_after(timeout))) {
-    proto::Message response = read_response();
-    if (response.code != static_cast<std::uint8_t>(proto::Status::kOk)) {
-      throw PeerError(-1, name_ + " answered a blocking request with status " +
-                              std::to_string(response.code));
-    }
-    return response;
+    return checked_answer(read_response());
   }
   // Cancel, then read until the server confirms. The answer may have been
   // sent just before the cancel arrived: then it comes first, and wins.
@@ -168,7 +166,7 @@ proto::Message TCPStore::call_blocking(const proto::Message& request,
   for (int frames = 0; frames < 2; ++frames) {
     proto::Message response = read_response();
     if (response.code == static_cast<std::uint8_t>(proto::Status::kCanceled)) {
-      if (answer) return *answer;
+      if (answer) return checked_answer(std::move(*answer));
       throw_store_timeout(
           name_, response.keys.empty() ? request.keys : response.keys, timeout);
     }

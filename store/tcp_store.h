@@ -83,6 +83,11 @@ class COMM_API TCPStore final : public Store {
   // Receives until inbox_ holds a whole frame, which it then hands out.
   void read_frame(std::chrono::steady_clock::time_point deadline);
   tcp_store_protocol::Message read_response();
+  // `response` when its status is kOk. Throws InvalidArgument with the
+  // server's message for kError (the request had no effect, and the
+  // connection stays usable), PeerError for any other status.
+  tcp_store_protocol::Message checked_answer(
+      tcp_store_protocol::Message response);
 
   std::string host_;
   std::uint16_t port_;

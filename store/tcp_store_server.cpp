@@ -392,7 +392,12 @@ void TCPStoreServer::Impl::handle_request(Connection* c,
       for (const std::string& key : request.keys) key_changed(key);
       return;
     case Op::kAppend:
-      table.append(request.keys[0], request.values[0]);
+      try {
+        table.append(request.keys[0], request.values[0]);
+      } catch (const InvalidArgument& e) {
+        send_status(c, Status::kError, {to_bytes(e.what())});
+        return;
+      }
       send_status(c, Status::kOk);
       key_changed(request.keys[0]);
       return;
@@ -425,6 +430,23 @@ void TCPStoreServer::Impl::answer_when_ready(Connection* c, proto::Op op,
 void TCPStoreServer::Impl::answer_pending(Connection* c) {
   std::vector<Bytes> values;
   if (c->pending_op == proto::Op::kGet) {
+    // Sized before anything is copied: a get that names large values, or
+    // one large value many times, is refused instead of built.
+    std::size_t reply = 64;
+    for (const std::string& key : c->pending_keys)
+      reply += 4 + table.find(key)->size();
+    if (reply > proto::kMaxPayload) {
+      const std::size_t keys = c->pending_keys.size();
+      forget_pending(c);
+      send_status(c, proto::Status::kError,
+                  {to_bytes("a get of " + std::to_string(keys) +
+                            " keys whose values come to " +
+                            std::to_string(reply) +
+                            " bytes is over the protocol's limit of " +
+                            std::to_string(proto::kMaxPayload) +
+                            " bytes per reply; get them in smaller groups")});
+      return;
+    }
     values.reserve(c->pending_keys.size());
     for (const std::string& key : c->pending_keys)
       values.push_back(*table.find(key));

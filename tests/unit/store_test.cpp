@@ -207,6 +207,38 @@ TEST_CASE("keys and values over the limits are InvalidArgument", "[store]") {
   CHECK(fixture.store().get(max_key).size() == Store::kMaxValueSize);
 }
 
+TEST_CASE("an append past the value limit is refused and changes nothing",
+          "[store]") {
+  const std::string kind = kind_under_test();
+  INFO("store: " << kind);
+  StoreFixture fixture(kind);
+  Store& store = fixture.store();
+  store.set("grow", Bytes(Store::kMaxValueSize - 10, 1));
+  CHECK_THROWS_WITH(store.append("grow", Bytes(11, 2)),
+                    Catch::Contains("over the limit"));
+  CHECK(store.get("grow").size() == Store::kMaxValueSize - 10);
+  store.append("grow", Bytes(10, 2));
+  const Bytes full = store.get("grow");
+  CHECK(full.size() == Store::kMaxValueSize);
+  CHECK(full.back() == 2);
+  CHECK(store.add("counter", 1) == 1);  // the store is still usable
+}
+
+TEST_CASE("a TCPStore get whose reply is over the frame limit is refused",
+          "[store]") {
+  StoreFixture fixture("tcp");
+  Store& store = fixture.store();
+  store.set("large", Bytes(Store::kMaxValueSize, 3));
+  CHECK_THROWS_WITH(store.multi_get({"large", "large"}, 10s),
+                    Catch::Contains("smaller groups"));
+  // One large value, many times: refused before the reply is built.
+  std::vector<std::string> repeated(64, "large");
+  CHECK_THROWS_AS(store.multi_get(repeated, 10s), comm::InvalidArgument);
+  // The refusal left the connection usable.
+  CHECK(store.get("large").size() == Store::kMaxValueSize);
+  CHECK(store.add("counter", 2) == 2);
+}
+
 TEST_CASE("32 threads adding to one key sum exactly", "[store]") {
   const std::string kind = kind_under_test();
   INFO("store: " << kind);
