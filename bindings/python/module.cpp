@@ -12,7 +12,9 @@
 
 #include <dlpack/dlpack.h>
 
+#include <bit>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -73,6 +75,29 @@ void release_deferred() {
   }
 }
 
+// ---- Timeouts --------------------------------------------------------------
+
+// The longest timeout taken, about 31 years: a longer one would overflow the
+// deadlines computed from it.
+constexpr double kMaxTimeoutSeconds = 1e9;
+
+// `seconds` as milliseconds: positive (or zero where `zero_ok`), and finite
+// up to kMaxTimeoutSeconds. Anything else, NaN included, is InvalidArgument
+// saying what was given.
+Millis millis_of(double seconds, bool zero_ok) {
+  const bool in_range = zero_ok ? seconds >= 0 : seconds > 0;
+  if (!in_range || !(seconds <= kMaxTimeoutSeconds)) {
+    char given[64];
+    std::snprintf(given, sizeof(given), "%g", seconds);
+    throw InvalidArgument(std::string("timeout must be a ") +
+                          (zero_ok ? "non-negative" : "positive") +
+                          " number of seconds up to 1e9 (or a "
+                          "datetime.timedelta), got " +
+                          given);
+  }
+  return Millis(static_cast<std::int64_t>(seconds * 1e3));
+}
+
 // ---- Arrays to Tensors -----------------------------------------------------
 
 std::string type_name(py::handle object) {
@@ -81,9 +106,20 @@ std::string type_name(py::handle object) {
 
 DType dtype_of_format(const std::string& format, Py_ssize_t itemsize,
                       const std::string& what) {
-  // The struct-module code, without a byte-order or alignment prefix.
+  // The struct-module code, without a byte-order or alignment prefix. Data
+  // in the other byte order would be reduced as garbage: refused.
   std::string code = format;
   if (!code.empty() && std::strchr("@=<>!", code[0]) != nullptr) {
+    const bool big = code[0] == '>' || code[0] == '!';
+    const bool little = code[0] == '<';
+    const bool native_big = std::endian::native == std::endian::big;
+    if (itemsize > 1 && ((big && !native_big) || (little && native_big))) {
+      throw InvalidArgument(
+          what + " has element format '" + format + "', " +
+          (big ? "big" : "little") +
+          "-endian, which is not this machine's byte order; pass an array "
+          "in native byte order (numpy: a.astype(a.dtype.newbyteorder('=')))");
+    }
     code.erase(0, 1);
   }
   if (code == "e") return DType::kF16;
@@ -117,8 +153,12 @@ Tensor from_buffer(py::handle object, bool writes, const std::string& what) {
           "writable array (numpy: a.copy(), or set "
           "a.flags.writeable = True when you own the memory)");
     }
+    // The failed request left a Python error set; an exception raised
+    // over it would turn into SystemError.
+    PyErr_Clear();
     throw InvalidArgument(what + " (" + type_name(object) +
-                          ") does not expose a strided buffer");
+                          ") does not expose a strided buffer of a dtype "
+                          "libcomm supports");
   }
   Py_buffer* raw = view.get();
   auto release = [raw](void*) { release_buffer(raw); };
@@ -230,10 +270,13 @@ class PyWork {
       : work_(std::move(work)), then_(std::move(then)) {}
 
   bool wait(std::optional<double> timeout_seconds) {
+    const std::optional<Millis> timeout =
+        timeout_seconds ? std::optional<Millis>(millis_of(*timeout_seconds, true))
+                        : std::nullopt;
     {
       py::gil_scoped_release no_gil;
-      if (timeout_seconds) {
-        work_->wait(Millis(static_cast<std::int64_t>(*timeout_seconds * 1e3)));
+      if (timeout) {
+        work_->wait(*timeout);
       } else {
         work_->wait();
       }
@@ -311,15 +354,7 @@ py::object python_exception(std::exception_ptr error) {
 using Group = comm::ProcessGroup;
 using GroupPtr = std::shared_ptr<comm::ProcessGroup>;
 
-Millis millis(double seconds) {
-  if (!(seconds > 0)) {
-    throw InvalidArgument(
-        "timeout must be a positive number of seconds (or "
-        "a datetime.timedelta), got " +
-        std::to_string(seconds));
-  }
-  return Millis(static_cast<std::int64_t>(seconds * 1e3));
-}
+Millis millis(double seconds) { return millis_of(seconds, false); }
 
 // Issues `call` without the GIL: the backend may block briefly, and its
 // threads may drop views whose release would otherwise wait for the GIL.
