@@ -18,20 +18,11 @@ struct CollectiveContext {
   CallInfo call;
   detail::Clock::time_point deadline;
   int wake_fd = -1;
-  // Set when the failure being thrown was reported by a peer.
-  bool relayed = false;
 
   int rank() const { return mesh.rank(); }
   int size() const { return mesh.size(); }
   Exchange step() { return Exchange(mesh, call, deadline, wake_fd); }
-  void run(Exchange& exchange) {
-    try {
-      exchange.run();
-    } catch (...) {
-      relayed = exchange.relayed();
-      throw;
-    }
-  }
+  void run(Exchange& exchange) { exchange.run(); }
 };
 
 // The algorithms, one per file. Buffers are host memory; sizes are bytes

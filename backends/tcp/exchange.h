@@ -38,6 +38,7 @@
 #include <poll.h>
 #include <sys/uio.h>
 
+#include "backends/tcp/control_message.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
 #include "libcomm/error.h"
@@ -51,13 +52,6 @@ std::size_t chunk_bytes();
 // How long a waiting step polls, from its start or its last progress,
 // before it sleeps: COMM_TCP_SPIN_US microseconds, or 50; 0 sleeps at once.
 std::chrono::microseconds spin_budget();
-
-// A control message telling peers that this rank's call failed: what kind
-// of error, which rank it blames (or -1), and the message.
-// `waiting_for` lists, for a timeout, the ranks this rank was still owed.
-std::vector<std::uint8_t> encode_abort(
-    const CallInfo& call, ErrorKind kind, int culprit,
-    const std::string& message, const std::vector<int>& waiting_for = {});
 
 // One non-blocking sendmsg of header[header_done, kWireSize) (nothing once
 // header_done is kWireSize) followed by the `count` regions of `payload`,
@@ -117,15 +111,13 @@ class Exchange {
   void relay(int peer, std::vector<Part> parts, std::size_t ready, int source);
 
   // Progresses every transfer until all are done. Throws PeerError when a
-  // peer closes or resets its connection, MismatchError when a peer's
-  // message belongs to another call, TimeoutError at the deadline naming
-  // the peers still owed, and rethrows failures that peers report on the
-  // control channel (then relayed() is true).
+  // peer closes or resets its connection and MismatchError when a peer's
+  // message belongs to another call. Throws ReportedFailure, whose error()
+  // is the call's error, for what the other ranks already know of: a
+  // failure a peer reported on the control channel, or a timeout at the
+  // deadline (a TimeoutError naming the peers nobody heard from), which
+  // run() itself tells the others about.
   void run();
-
-  // Whether the failure run() threw came from a peer's control message, so
-  // that the backend does not report it back to everyone.
-  bool relayed() const { return relayed_; }
 
  private:
   struct Transfer {
@@ -175,15 +167,12 @@ class Exchange {
   // A peer's failure report from the control channel.
   struct Report {
     int from = -1;
-    ErrorKind kind = ErrorKind::kBackend;
-    int culprit = -1;
-    std::string message;
-    std::vector<int> waiting_for;
+    ControlMessage message;
   };
   std::optional<Report> read_report(int peer);
   // Reads a report from `peer`, if a whole one is there, and throws it.
   void read_control(int peer);
-  // Throws a peer's report as this call's error.
+  // Throws a peer's report as this call's error, in a ReportedFailure.
   [[noreturn]] void raise(const Report& report);
   std::vector<int> owed_peers() const;
   // Appends a POLLIN entry for every peer's open control socket, and the
@@ -191,7 +180,8 @@ class Exchange {
   void watch_control(std::vector<pollfd>& fds, std::vector<int>& peers) const;
   // The deadline passed, here or (per `reports`) at a peer: tells the
   // others whom this rank waited for, gathers their reports for a moment,
-  // and throws TimeoutError naming the ranks nobody heard from.
+  // and throws TimeoutError naming the ranks nobody heard from, in a
+  // ReportedFailure.
   [[noreturn]] void time_out(std::vector<Report> reports);
   // Reads any report already waiting (or arriving within `grace`) on the
   // control channels; throws the first one.
@@ -202,7 +192,6 @@ class Exchange {
   detail::Clock::time_point deadline_;
   int wake_fd_;
   std::vector<Transfer> transfers_;
-  bool relayed_ = false;
 };
 
 }  // namespace comm::tcp

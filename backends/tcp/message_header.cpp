@@ -34,7 +34,6 @@ const char* collective_name(Collective collective) {
     case Collective::kAllToAll: return "all_to_all";
     case Collective::kBarrier: return "barrier";
     case Collective::kSend: return "send";
-    case Collective::kAbort: return "abort";
   }
   return "unknown";
 }
@@ -81,7 +80,7 @@ bool MessageHeader::decode(const std::uint8_t* in) {
   const auto op = take<std::uint8_t>(in);
   take<std::uint8_t>(in);
   if (collective < 1 ||
-      collective > static_cast<std::uint8_t>(Collective::kAbort) ||
+      collective > static_cast<std::uint8_t>(Collective::kSend) ||
       dtype > static_cast<std::uint8_t>(DType::kBool) ||
       op > static_cast<std::uint8_t>(ReduceOp::kBxor)) {
     return false;

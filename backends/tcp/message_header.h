@@ -24,8 +24,7 @@ enum class Collective : std::uint8_t {
   kReduceScatter,
   kAllToAll,
   kBarrier,
-  kSend,   // point-to-point; `root` holds the tag
-  kAbort,  // on the control channel: the sender's call failed
+  kSend,  // point-to-point; `root` holds the tag
 };
 
 const char* collective_name(Collective collective);

@@ -5,8 +5,10 @@
 
 #include "backends/tcp/collective_context.h"
 #include "backends/tcp/collective_scheduler.h"
+#include "backends/tcp/control_message.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/point_to_point.h"
+#include "backends/tcp/reported_failure.h"
 #include "libcomm/detail/collective_args.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
@@ -92,30 +94,33 @@ void TcpBackend::execute(const CallInfo& call,
                         scheduler_->interrupt_fd()};
   try {
     body(ctx);
+  } catch (const tcp::ReportedFailure& reported) {
+    // The others know already: a peer reported it, or it is a timeout the
+    // exchange told them about.
+    std::rethrow_exception(reported.error());
   } catch (...) {
-    const auto error = std::current_exception();
-    if (!ctx.relayed) {
-      // Tell the others why, so that they fail now rather than at their
-      // timeouts. Best effort: a dead peer just misses it.
-      ErrorKind kind = ErrorKind::kBackend;
-      int culprit = rank();
-      std::string message = "unknown error";
-      try {
-        std::rethrow_exception(error);
-      } catch (const PeerError& e) {
-        kind = e.kind();
-        culprit = e.peer_rank();
-        message = e.what();
-      } catch (const Error& e) {
-        kind = e.kind();
-        message = e.what();
-      } catch (const std::exception& e) {
-        message = e.what();
-      }
-      COMM_LOG_ERROR("{} failed: {}", call.describe(), message);
-      mesh_->broadcast_control(tcp::encode_abort(call, kind, culprit, message),
-                               std::chrono::milliseconds(200));
+    // This rank's own failure: tell the others why, so that they fail now
+    // rather than at their timeouts. Best effort: a dead peer just misses
+    // it.
+    tcp::ControlMessage abort;
+    abort.call = call;
+    abort.blamed = rank();
+    abort.text = "unknown error";
+    try {
+      throw;
+    } catch (const PeerError& e) {
+      abort.error = e.kind();
+      abort.blamed = e.peer_rank();
+      abort.text = e.what();
+    } catch (const Error& e) {
+      abort.error = e.kind();
+      abort.text = e.what();
+    } catch (const std::exception& e) {
+      abort.text = e.what();
+    } catch (...) {
     }
+    COMM_LOG_ERROR("{} failed: {}", call.describe(), abort.text);
+    mesh_->broadcast_control(abort.encode(), std::chrono::milliseconds(200));
     throw;
   }
 }
