@@ -10,18 +10,15 @@
 //
 // A step that must wait first polls its sockets without sleeping for a
 // short, bounded time (spin_budget()), yielding the processor between
-// polls, and only then sleeps in poll(). Waking a sleeping thread costs
-// more than a whole small message on a loopback mesh (about 10 us on a
-// virtual machine, where a halted virtual CPU must be resumed by its
-// host); a partner that is a few microseconds behind is met while still
-// polling. The budget runs from the start of the step and again from each
-// round that found a socket ready, so a large message whose bytes keep
-// coming is not slept on between them (1 MiB at world 2, 2200 calls:
-// 3350 context switches against 4700-6800 with a budget from the start
-// only, and 217-220 us per call against 227-272). The yield hands the
-// core to any runnable rank that shares it, so ranks that outnumber the
-// cores keep making progress, and a rank whose peer is truly absent costs
-// one budget of polling per step before it sleeps.
+// polls, and only then sleeps in poll(): waking a sleeping thread costs
+// more than a whole small message on a loopback mesh, and a partner that
+// is a few microseconds behind is met while still polling. The budget runs
+// from the start of the step and again from each round that found a socket
+// ready, so a large message whose bytes keep coming is not slept on between
+// them, while a rank whose peer is truly absent costs one budget of polling
+// per step before it sleeps. The yield hands the core to any runnable rank
+// that shares it, so ranks that outnumber the cores keep making progress.
+// bench/README.md ("The TCP backend's tuning") has the measurements.
 //
 // While waiting, run() also watches every peer's control channel and the
 // backend's wake-up descriptor, so that a failure elsewhere in the group or
@@ -38,6 +35,7 @@
 #include <poll.h>
 #include <sys/uio.h>
 
+#include "backends/collective_step.h"
 #include "backends/tcp/control_message.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
@@ -70,36 +68,28 @@ int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
                  const std::uint8_t* data, std::size_t bytes,
                  std::size_t& payload_done);
 
-// A transfer list holds at most one send and one receive per peer: the
-// messages of one peer arrive in order on one socket.
-class Exchange {
+// The TCP backend's CollectiveStep, over a Mesh. A step holds at most one
+// send and one receive per peer: the messages of one peer arrive in order
+// on one socket.
+class Exchange final : public CollectiveStep {
  public:
-  // One stretch of a message's payload in memory. A message may gather
-  // several, in order. A received part is stored, or with `reduce` combined
-  // into `data` (dtype elements, the receive's op): data op received, or
-  // base op received where `base` is set, so that an out-of-place call
-  // reads its input where it lies.
-  struct Part {
-    std::uint8_t* data = nullptr;
-    std::size_t bytes = 0;
-    bool reduce = false;
-    const std::uint8_t* base = nullptr;
-  };
+  using Part = CollectiveStep::Part;
 
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
   Exchange(Mesh& mesh, const CallInfo& call, detail::Clock::time_point deadline,
            int wake_fd);
 
-  void send(int peer, const void* data, std::size_t bytes);
-  void recv(int peer, void* data, std::size_t bytes);
+  void send(int peer, const void* data, std::size_t bytes) override;
+  void recv(int peer, void* data, std::size_t bytes) override;
   // Receives `bytes` and reduces them into `data` (dtype elements, op),
   // or into base op received with `base` (see Part).
   void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
-                   ReduceOp op, const void* base = nullptr);
+                   ReduceOp op, const void* base = nullptr) override;
 
   // Receives one message whose payload fills `parts` in order, and returns
   // a handle for relay().
-  int recv_parts(int peer, std::vector<Part> parts, DType dtype, ReduceOp op);
+  int recv_parts(int peer, std::vector<Part> parts, DType dtype,
+                 ReduceOp op) override;
   // Sends one message gathered from `parts`, of which only the first
   // `ready` bytes can go at once: byte ready + x goes once the receive
   // `source` has completed (stored or reduced) and published its byte x.
@@ -108,7 +98,8 @@ class Exchange {
   // read. This is how a ring or a tree forwards what it receives while the
   // rest is still on its way, instead of waiting for a whole step; the
   // caller makes the parts past `ready` the memory that the receive fills.
-  void relay(int peer, std::vector<Part> parts, std::size_t ready, int source);
+  void relay(int peer, std::vector<Part> parts, std::size_t ready,
+             int source) override;
 
   // Progresses every transfer until all are done. Throws PeerError when a
   // peer closes or resets its connection and MismatchError when a peer's
@@ -117,7 +108,7 @@ class Exchange {
   // failure a peer reported on the control channel, or a timeout at the
   // deadline (a TimeoutError naming the peers nobody heard from), which
   // run() itself tells the others about.
-  void run();
+  void run() override;
 
  private:
   struct Transfer {
@@ -155,9 +146,8 @@ class Exchange {
   std::size_t sendable(const Transfer& t) const;
   // Progresses transfer `index` until its socket would block; then, for a
   // receive that published bytes, the relays it feeds. Reading all that is
-  // there before relaying any of it makes fewer, larger sends: relaying
-  // each chunk as it was reduced made a 16 MiB all_reduce at world 2 about
-  // 25% slower.
+  // there before relaying any of it makes fewer, larger sends, which large
+  // rings need (see bench/README.md).
   void advance(std::size_t index);
   // Moves bytes while the socket takes or gives them, until it would block.
   void progress(Transfer& t);

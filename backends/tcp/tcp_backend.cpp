@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/tcp/algorithms.h"
 #include "backends/tcp/collective_context.h"
 #include "backends/tcp/collective_scheduler.h"
 #include "backends/tcp/control_message.h"
@@ -23,6 +24,9 @@ using detail::overlaps;
 using tcp::CallInfo;
 using tcp::Collective;
 using tcp::CollectiveContext;
+// The collective algorithms; never plain `reduce`, which names the kernel
+// and the Backend method.
+namespace alg = tcp::algorithms;
 
 namespace {
 
@@ -137,7 +141,7 @@ std::shared_ptr<Work> TcpBackend::broadcast(Tensor& tensor,
                    const bool is_root = rank() == options.root;
                    Tensor staged;
                    const Tensor& host = on_host(tensor, is_root, staged);
-                   tcp::broadcast(ctx, host.data_ptr(), host.nbytes(),
+                   alg::broadcast(ctx, host.data_ptr(), host.nbytes(),
                                   options.root);
                    from_host(tensor, host);
                  });
@@ -154,7 +158,7 @@ std::shared_ptr<Work> TcpBackend::reduce(Tensor& tensor,
                  [this, tensor, options](CollectiveContext& ctx) mutable {
                    Tensor staged;
                    const Tensor& host = on_host(tensor, true, staged);
-                   tcp::reduce(ctx, host.data_ptr(),
+                   alg::reduce(ctx, host.data_ptr(),
                                static_cast<std::size_t>(host.numel()),
                                host.dtype(), options.op, options.root);
                    if (rank() == options.root) {
@@ -195,7 +199,7 @@ std::shared_ptr<Work> TcpBackend::start_all_reduce(
         const Tensor& host_input =
             in_place ? host : on_host(input, true, staged_input);
         const auto count = static_cast<std::size_t>(host.numel());
-        tcp::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
+        alg::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
                         host.dtype(), options.op);
         if (options.op == ReduceOp::kAvg)
           divide_by(host.dtype(), host.data_ptr(), count, size());
@@ -221,7 +225,7 @@ std::shared_ptr<Work> TcpBackend::all_gather(std::vector<Tensor>& outputs,
           blocks.push_back(hosts.back().data_ptr());
         }
         hosts[rank()].copy_(on_host(input, true).view(hosts[rank()].shape()));
-        tcp::all_gather(ctx, blocks, input.nbytes());
+        alg::all_gather(ctx, blocks, input.nbytes());
         for (int r = 0; r < size(); ++r) from_host(outputs[r], hosts[r]);
       });
 }
@@ -249,7 +253,7 @@ std::shared_ptr<Work> TcpBackend::all_gather_into(
                    Tensor mine = on_host(input, true);
                    if (bytes > 0)
                      std::memmove(blocks[rank()], mine.data_ptr(), bytes);
-                   tcp::all_gather(ctx, blocks, bytes);
+                   alg::all_gather(ctx, blocks, bytes);
                    from_host(output, host);
                  });
 }
@@ -275,7 +279,7 @@ std::shared_ptr<Work> TcpBackend::gather(std::vector<Tensor>& outputs,
           hosts.push_back(on_host(output, false));
           blocks.push_back(hosts.back().data_ptr());
         }
-        tcp::gather(ctx, mine.data_ptr(), blocks, input.nbytes(), options.root);
+        alg::gather(ctx, mine.data_ptr(), blocks, input.nbytes(), options.root);
         for (std::size_t r = 0; r < outputs.size(); ++r)
           from_host(outputs[r], hosts[r]);
       });
@@ -302,7 +306,7 @@ std::shared_ptr<Work> TcpBackend::scatter(Tensor& output,
                      hosts.push_back(on_host(input, true));
                      blocks.push_back(hosts.back().data_ptr());
                    }
-                   tcp::scatter(ctx, blocks, host.data_ptr(), output.nbytes(),
+                   alg::scatter(ctx, blocks, host.data_ptr(), output.nbytes(),
                                 options.root);
                    from_host(output, host);
                  });
@@ -340,7 +344,7 @@ std::shared_ptr<Work> TcpBackend::reduce_scatter(
           blocks.push_back(hosts.back().data_ptr());
         }
         const auto count = static_cast<std::size_t>(output.numel());
-        tcp::reduce_scatter(ctx, blocks, host.data_ptr(), count, output.dtype(),
+        alg::reduce_scatter(ctx, blocks, host.data_ptr(), count, output.dtype(),
                             options.op);
         if (options.op == ReduceOp::kAvg) {
           divide_by(output.dtype(), host.data_ptr(), count, size());
@@ -380,7 +384,7 @@ std::shared_ptr<Work> TcpBackend::all_to_all(Tensor& output,
                    // early would overwrite one not yet sent: send from a
                    // copy.
                    if (overlaps(in, out)) in = in.clone();
-                   tcp::all_to_all(ctx, bytes_of(in), send_offsets, send_bytes,
+                   alg::all_to_all(ctx, bytes_of(in), send_offsets, send_bytes,
                                    bytes_of(out), recv_offsets, recv_bytes);
                    from_host(output, out);
                  });
@@ -389,7 +393,7 @@ std::shared_ptr<Work> TcpBackend::all_to_all(Tensor& output,
 std::shared_ptr<Work> TcpBackend::barrier(const BarrierOptions& options) {
   CallInfo call{Collective::kBarrier, 0, DType::kU8, 0, ReduceOp::kSum, -1};
   return enqueue(call, options.timeout,
-                 [](CollectiveContext& ctx) { tcp::barrier(ctx); });
+                 [](CollectiveContext& ctx) { alg::barrier(ctx); });
 }
 
 std::shared_ptr<Work> TcpBackend::point_to_point_work(const char* kind,
