@@ -61,12 +61,12 @@ constexpr std::size_t kFixedBody = 4 + 8 + 8 + 4 + 1 + 3 + 4 + 4;
 }  // namespace
 
 std::vector<std::uint8_t> ControlMessage::encode() const {
-  // The text is cut so that the body never exceeds what a reader accepts.
-  const std::size_t ranks = waiting_for.size() * 4;
-  const std::size_t room = kMaxBodyBytes > kFixedBody + ranks + 4
-                               ? kMaxBodyBytes - kFixedBody - ranks - 4
-                               : 0;
-  const std::size_t text_bytes = std::min(text.size(), room);
+  // The rank list, then the text, are cut so that the body never exceeds
+  // what a reader accepts.
+  constexpr std::size_t kRoom = kMaxBodyBytes - kFixedBody - 4;
+  const std::size_t rank_count = std::min(waiting_for.size(), kRoom / 4);
+  const std::size_t ranks = rank_count * 4;
+  const std::size_t text_bytes = std::min(text.size(), kRoom - ranks);
   const std::size_t body = kFixedBody + ranks + 4 + text_bytes;
   std::vector<std::uint8_t> bytes;
   bytes.reserve(kPrefixSize + body);
@@ -87,8 +87,10 @@ std::vector<std::uint8_t> ControlMessage::encode() const {
   out.put<std::uint8_t>(0);
   out.put<std::uint16_t>(0);
   out.put<std::int32_t>(blamed);
-  out.put<std::uint32_t>(static_cast<std::uint32_t>(waiting_for.size()));
-  for (int rank : waiting_for) out.put<std::int32_t>(rank);
+  out.put<std::uint32_t>(static_cast<std::uint32_t>(rank_count));
+  for (std::size_t i = 0; i < rank_count; ++i) {
+    out.put<std::int32_t>(waiting_for[i]);
+  }
   out.put<std::uint32_t>(static_cast<std::uint32_t>(text_bytes));
   out.put_bytes(text.data(), text_bytes);
   return bytes;

@@ -32,7 +32,8 @@ struct ControlMessage {
   static constexpr std::uint32_t kMagic = 0x4c434d43;  // "CMCL" on the wire
   static constexpr std::uint8_t kVersion = 1;
   static constexpr std::size_t kPrefixSize = 12;
-  // The most body bytes a reader accepts; encode() cuts the text to fit.
+  // The most body bytes a reader accepts; encode() cuts the rank list and
+  // the text to fit.
   static constexpr std::size_t kMaxBodyBytes = 8192;
 
   ControlKind kind = ControlKind::kAbort;

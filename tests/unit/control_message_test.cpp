@@ -57,6 +57,18 @@ TEST_CASE("a control message's text is cut to what a reader accepts") {
   CHECK(got->text.size() < sent.text.size());
 }
 
+TEST_CASE("a control message's rank list is cut to what a reader accepts") {
+  ControlMessage sent = sample();
+  sent.waiting_for.assign(100000, 7);
+  const std::vector<std::uint8_t> bytes = sent.encode();
+  CHECK(bytes.size() <=
+        ControlMessage::kPrefixSize + ControlMessage::kMaxBodyBytes);
+  const auto got = ControlMessage::decode(bytes.data(), bytes.size());
+  REQUIRE(got);
+  CHECK_FALSE(got->waiting_for.empty());
+  CHECK(got->waiting_for.size() < sent.waiting_for.size());
+}
+
 TEST_CASE("decode refuses malformed control messages") {
   const std::vector<std::uint8_t> good = sample().encode();
   SECTION("every truncation") {
