@@ -52,8 +52,7 @@ class CollectiveStep {
   virtual void relay(int peer, std::vector<Part> parts, std::size_t ready,
                      int source) = 0;
   // Progresses every transfer until all are done; throws the call's error
-  // (a comm::Error, or a transport's own type for a failure the other
-  // ranks already know of) when one fails.
+  // (a comm::Error) when one fails.
   virtual void run() = 0;
 
  protected:

@@ -483,20 +483,13 @@ void Exchange::raise(const Report& report) {
   const std::string text = call_.describe() + " failed: rank " +
                            std::to_string(report.from) +
                            " reported: " + report.message.text;
-  std::exception_ptr error;
   switch (report.message.error) {
     case ErrorKind::kPeer:
-      error = std::make_exception_ptr(PeerError(report.message.blamed, text));
-      break;
-    case ErrorKind::kMismatch:
-      error = std::make_exception_ptr(MismatchError(text));
-      break;
-    case ErrorKind::kTimeout:
-      error = std::make_exception_ptr(TimeoutError(text));
-      break;
-    default: error = std::make_exception_ptr(BackendError(text)); break;
+      throw Reported<PeerError>(report.message.blamed, text);
+    case ErrorKind::kMismatch: throw Reported<MismatchError>(text);
+    case ErrorKind::kTimeout: throw Reported<TimeoutError>(text);
+    default: throw Reported<BackendError>(text);
   }
-  throw ReportedFailure(error);
 }
 
 std::vector<int> Exchange::owed_peers() const {
@@ -573,11 +566,11 @@ void Exchange::time_out(std::vector<Report> reports) {
     names += (i ? ", rank " : "rank ") + std::to_string(silent[i]);
   }
   // The others were told above.
-  throw ReportedFailure(std::make_exception_ptr(TimeoutError(
+  throw Reported<TimeoutError>(
       call_.describe() + " timed out on rank " + std::to_string(mesh_.rank()) +
       ": " + names + (silent.size() == 1 ? " did" : " each did") +
       " not send or receive in time (stopped, overloaded, or not "
-      "calling this collective)")));
+      "calling this collective)");
 }
 
 }  // namespace comm::tcp

@@ -102,12 +102,12 @@ class Exchange final : public CollectiveStep {
              int source) override;
 
   // Progresses every transfer until all are done. Throws PeerError when a
-  // peer closes or resets its connection and MismatchError when a peer's
-  // message belongs to another call. Throws ReportedFailure, whose error()
-  // is the call's error, for what the other ranks already know of: a
-  // failure a peer reported on the control channel, or a timeout at the
-  // deadline (a TimeoutError naming the peers nobody heard from), which
-  // run() itself tells the others about.
+  // peer closes or resets its connection, MismatchError when a peer's
+  // message belongs to another call, TimeoutError at the deadline naming
+  // the peers nobody heard from, and a peer's reported failure as the
+  // error it names. The last two are Reported<E> (reported_failure.h): the
+  // other ranks know of them already, run() having told them of its
+  // timeout.
   void run() override;
 
  private:
@@ -162,7 +162,7 @@ class Exchange final : public CollectiveStep {
   std::optional<Report> read_report(int peer);
   // Reads a report from `peer`, if a whole one is there, and throws it.
   void read_control(int peer);
-  // Throws a peer's report as this call's error, in a ReportedFailure.
+  // Throws a peer's report as this call's error, a Reported<E>.
   [[noreturn]] void raise(const Report& report);
   std::vector<int> owed_peers() const;
   // Appends a POLLIN entry for every peer's open control socket, and the
@@ -170,8 +170,8 @@ class Exchange final : public CollectiveStep {
   void watch_control(std::vector<pollfd>& fds, std::vector<int>& peers) const;
   // The deadline passed, here or (per `reports`) at a peer: tells the
   // others whom this rank waited for, gathers their reports for a moment,
-  // and throws TimeoutError naming the ranks nobody heard from, in a
-  // ReportedFailure.
+  // and throws TimeoutError naming the ranks nobody heard from, as a
+  // Reported<TimeoutError>.
   [[noreturn]] void time_out(std::vector<Report> reports);
   // Reads any report already waiting (or arriving within `grace`) on the
   // control channels; throws the first one.

@@ -98,10 +98,10 @@ void TcpBackend::execute(const CallInfo& call,
                         scheduler_->interrupt_fd()};
   try {
     body(ctx);
-  } catch (const tcp::ReportedFailure& reported) {
+  } catch (const tcp::ReportedFailure&) {
     // The others know already: a peer reported it, or it is a timeout the
     // exchange told them about.
-    std::rethrow_exception(reported.error());
+    throw;
   } catch (...) {
     // This rank's own failure: tell the others why, so that they fail now
     // rather than at their timeouts. Best effort: a dead peer just misses
