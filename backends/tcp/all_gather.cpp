@@ -2,33 +2,33 @@
 // its right, then passes on every block it receives from its left as the
 // bytes arrive, so n - 1 steps fill every rank's n blocks without waiting
 // for one another.
-#include "backends/tcp/collective_context.h"
+#include "backends/tcp/algorithms.h"
 
-namespace comm::tcp {
+namespace comm::tcp::algorithms {
 
-void all_gather(CollectiveContext& ctx, const std::vector<void*>& blocks,
+void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
                 std::size_t bytes) {
   const int size = ctx.size();
   const int rank = ctx.rank();
   if (size == 1) return;
   auto block = [&](int r) {
-    return Exchange::Part{static_cast<std::uint8_t*>(blocks[(r + size) % size]),
-                          bytes};
+    return CollectiveStep::Part{
+        static_cast<std::uint8_t*>(blocks[(r + size) % size]), bytes};
   };
   // Step s receives block rank - s - 1 and sends block rank - s: what the
   // step before received.
-  std::vector<Exchange::Part> incoming;
-  std::vector<Exchange::Part> outgoing{block(rank)};
+  std::vector<CollectiveStep::Part> incoming;
+  std::vector<CollectiveStep::Part> outgoing{block(rank)};
   for (int s = 0; s < size - 1; ++s) {
     incoming.push_back(block(rank - s - 1));
     if (s + 1 < size - 1) outgoing.push_back(block(rank - s - 1));
   }
-  Exchange flow = ctx.step();
+  CollectiveStep& flow = ctx.step();
   const int source =
       flow.recv_parts((rank + size - 1) % size, std::move(incoming), DType::kU8,
                       ReduceOp::kSum);
   flow.relay((rank + 1) % size, std::move(outgoing), bytes, source);
-  ctx.run(flow);
+  flow.run();
 }
 
-}  // namespace comm::tcp
+}  // namespace comm::tcp::algorithms

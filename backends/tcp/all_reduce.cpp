@@ -11,11 +11,11 @@
 #include <limits>
 #include <memory>
 
-#include "backends/tcp/collective_context.h"
+#include "backends/tcp/algorithms.h"
 #include "libcomm/optional_int_param.h"
 #include "libcomm/reduce_kernels.h"
 
-namespace comm::tcp {
+namespace comm::tcp::algorithms {
 namespace {
 
 const OptionalIntParam kRingThresholdBytes{
@@ -31,7 +31,7 @@ int mod(int a, int n) { return ((a % n) + n) % n; }
 // that sends `data` receives the partner's into scratch and reduces once
 // the send is done; one that does not (round one, out of place) reduces
 // into `data` chunk by chunk as the partner's arrives.
-void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
+void recursive_doubling(CollectiveTransport& ctx, const std::uint8_t* input,
                         std::uint8_t* data, std::size_t count, DType dtype,
                         ReduceOp op) {
   const int rank = ctx.rank();
@@ -49,13 +49,13 @@ void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
   int virtual_rank = -1;
   if (rank < 2 * extra) {
     if (rank % 2 == 0) {
-      Exchange fold = ctx.step();
+      CollectiveStep& fold = ctx.step();
       fold.send(rank + 1, input, bytes);
-      ctx.run(fold);
+      fold.run();
     } else {
-      Exchange fold = ctx.step();
+      CollectiveStep& fold = ctx.step();
       fold.recv_reduce(rank - 1, data, bytes, dtype, op, input);
-      ctx.run(fold);
+      fold.run();
       current = data;
       virtual_rank = rank / 2;
     }
@@ -66,37 +66,37 @@ void recursive_doubling(CollectiveContext& ctx, const std::uint8_t* input,
     std::unique_ptr<std::uint8_t[]> partners;  // allocated when needed
     for (int mask = 1; mask < pow2; mask <<= 1) {
       const int partner = real_rank(virtual_rank ^ mask);
-      Exchange round = ctx.step();
+      CollectiveStep& round = ctx.step();
       round.send(partner, current, bytes);
       if (current != data) {
         // Out of place, `data` is not being sent: reduce into it chunk by
         // chunk while the rest arrives.
         round.recv_reduce(partner, data, bytes, dtype, op, current);
-        ctx.run(round);
+        round.run();
       } else {
         if (!partners) {
           partners = std::make_unique_for_overwrite<std::uint8_t[]>(bytes);
         }
         round.recv(partner, partners.get(), bytes);
-        ctx.run(round);
+        round.run();
         comm::reduce_pair_into(op, dtype, data, current, partners.get(), count);
       }
       current = data;
     }
   }
   if (rank < 2 * extra) {
-    Exchange unfold = ctx.step();
+    CollectiveStep& unfold = ctx.step();
     if (rank % 2 == 0) {
       unfold.recv(rank + 1, data, bytes);
     } else {
       unfold.send(rank - 1, data, bytes);
     }
-    ctx.run(unfold);
+    unfold.run();
   }
 }
 
-void ring(CollectiveContext& ctx, const std::uint8_t* input, std::uint8_t* data,
-          std::size_t count, DType dtype, ReduceOp op) {
+void ring(CollectiveTransport& ctx, const std::uint8_t* input,
+          std::uint8_t* data, std::size_t count, DType dtype, ReduceOp op) {
   const int rank = ctx.rank();
   const int size = ctx.size();
   const std::size_t element = dtype_size(dtype);
@@ -109,14 +109,14 @@ void ring(CollectiveContext& ctx, const std::uint8_t* input, std::uint8_t* data,
     const std::size_t begin = (u * base + std::min(u, longer)) * element;
     const std::size_t end =
         ((u + 1) * base + std::min(u + 1, longer)) * element;
-    return Exchange::Part{data + begin, end - begin, reduce,
-                          reduce ? input + begin : nullptr};
+    return CollectiveStep::Part{data + begin, end - begin, reduce,
+                                reduce ? input + begin : nullptr};
   };
   // What arrives from the left, in order: in reduce-scatter step s the
   // running reduction of segment rank - s - 1, to which this rank adds its
   // own (out of place, from the input where it lies); in all-gather step s
   // the finished segment rank - s.
-  std::vector<Exchange::Part> incoming;
+  std::vector<CollectiveStep::Part> incoming;
   for (int s = 0; s < size - 1; ++s)
     incoming.push_back(segment(rank - s - 1, true));
   for (int s = 0; s < size - 1; ++s)
@@ -126,19 +126,19 @@ void ring(CollectiveContext& ctx, const std::uint8_t* input, std::uint8_t* data,
   // the steps flow into one another and a chunk is forwarded while it is
   // still in cache. Receiving a segment never overwrites bytes not yet
   // sent: what arrives for a byte depends on what this rank sent from it.
-  std::vector<Exchange::Part> outgoing;
-  Exchange::Part own = segment(rank, false);
+  std::vector<CollectiveStep::Part> outgoing;
+  CollectiveStep::Part own = segment(rank, false);
   own.data = const_cast<std::uint8_t*>(input) + (own.data - data);
   outgoing.push_back(own);
   for (int s = 0; s + 1 < 2 * (size - 1); ++s) {
     outgoing.push_back({incoming[static_cast<std::size_t>(s)].data,
                         incoming[static_cast<std::size_t>(s)].bytes});
   }
-  Exchange flow = ctx.step();
+  CollectiveStep& flow = ctx.step();
   const int source =
       flow.recv_parts(mod(rank - 1, size), std::move(incoming), dtype, op);
   flow.relay(mod(rank + 1, size), std::move(outgoing), own.bytes, source);
-  ctx.run(flow);
+  flow.run();
 }
 
 }  // namespace
@@ -150,7 +150,7 @@ std::size_t ring_threshold_bytes(int world_size) {
   return world_size == 2 ? std::size_t{1} << 20 : std::size_t{64} << 10;
 }
 
-void all_reduce(CollectiveContext& ctx, const void* input, void* output,
+void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
                 std::size_t count, DType dtype, ReduceOp op) {
   auto* data = static_cast<std::uint8_t*>(output);
   const auto* source = static_cast<const std::uint8_t*>(input);
@@ -166,4 +166,4 @@ void all_reduce(CollectiveContext& ctx, const void* input, void* output,
   }
 }
 
-}  // namespace comm::tcp
+}  // namespace comm::tcp::algorithms

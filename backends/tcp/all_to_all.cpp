@@ -2,11 +2,11 @@
 // receives from rank - k, so every pair meets once and no rank is swamped.
 #include <cstring>
 
-#include "backends/tcp/collective_context.h"
+#include "backends/tcp/algorithms.h"
 
-namespace comm::tcp {
+namespace comm::tcp::algorithms {
 
-void all_to_all(CollectiveContext& ctx, const std::uint8_t* input,
+void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
                 const std::vector<std::size_t>& send_offsets,
                 const std::vector<std::size_t>& send_bytes,
                 std::uint8_t* output,
@@ -21,11 +21,11 @@ void all_to_all(CollectiveContext& ctx, const std::uint8_t* input,
   for (int k = 1; k < size; ++k) {
     const int to = (rank + k) % size;
     const int from = (rank - k + size) % size;
-    Exchange step = ctx.step();
+    CollectiveStep& step = ctx.step();
     step.send(to, input + send_offsets[to], send_bytes[to]);
     step.recv(from, output + recv_offsets[from], recv_bytes[from]);
-    ctx.run(step);
+    step.run();
   }
 }
 
-}  // namespace comm::tcp
+}  // namespace comm::tcp::algorithms

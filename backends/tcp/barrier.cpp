@@ -1,19 +1,19 @@
 // barrier: dissemination; in round k every rank signals rank + 2^k and
 // waits for rank - 2^k, so after ceil(log2 n) rounds each rank has heard,
 // directly or through others, from all.
-#include "backends/tcp/collective_context.h"
+#include "backends/tcp/algorithms.h"
 
-namespace comm::tcp {
+namespace comm::tcp::algorithms {
 
-void barrier(CollectiveContext& ctx) {
+void barrier(CollectiveTransport& ctx) {
   const int size = ctx.size();
   const int rank = ctx.rank();
   for (int distance = 1; distance < size; distance <<= 1) {
-    Exchange round = ctx.step();
+    CollectiveStep& round = ctx.step();
     round.send((rank + distance) % size, nullptr, 0);
     round.recv((rank - distance + size) % size, nullptr, 0);
-    ctx.run(round);
+    round.run();
   }
 }
 
-}  // namespace comm::tcp
+}  // namespace comm::tcp::algorithms

@@ -2,18 +2,18 @@
 // receives from its parent and passes the bytes on to its children as they
 // arrive, so a large message crosses the log2(n) levels at once instead of
 // one level after another.
-#include "backends/tcp/collective_context.h"
+#include "backends/tcp/algorithms.h"
 
-namespace comm::tcp {
+namespace comm::tcp::algorithms {
 
-void broadcast(CollectiveContext& ctx, void* data, std::size_t bytes,
+void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
                int root) {
   const int size = ctx.size();
   if (size == 1) return;
   const int relative = (ctx.rank() - root + size) % size;
   auto real = [&](int r) { return (r + root) % size; };
-  const Exchange::Part whole{static_cast<std::uint8_t*>(data), bytes};
-  Exchange tree = ctx.step();
+  const CollectiveStep::Part whole{static_cast<std::uint8_t*>(data), bytes};
+  CollectiveStep& tree = ctx.step();
   // The root has everything at once; any other rank relays what its parent
   // sends.
   int source = -1;
@@ -34,7 +34,7 @@ void broadcast(CollectiveContext& ctx, void* data, std::size_t bytes,
       tree.relay(real(relative + mask), {whole}, 0, source);
     }
   }
-  ctx.run(tree);
+  tree.run();
 }
 
-}  // namespace comm::tcp
+}  // namespace comm::tcp::algorithms

@@ -12,6 +12,7 @@
 #include <optional>
 #include <system_error>
 
+#include "backends/tcp/reported_failure.h"
 #include "libcomm/int_param.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -47,25 +48,47 @@ std::chrono::microseconds spin_budget() {
   return std::chrono::microseconds(kSpinUs.get());
 }
 
-std::vector<std::uint8_t> encode_abort(const CallInfo& call, ErrorKind kind,
-                                       int culprit, const std::string& message,
-                                       const std::vector<int>& waiting_for) {
-  MessageHeader header;
-  header.call = call;
-  header.call.collective = Collective::kAbort;
-  header.call.root = culprit;
-  header.call.count = static_cast<std::int64_t>(kind);
-  std::string text = "waiting:";
-  for (std::size_t i = 0; i < waiting_for.size(); ++i) {
-    text += (i ? "," : "") + std::to_string(waiting_for[i]);
+long send_some(int fd, const std::uint8_t* header, std::size_t& header_done,
+               const iovec* payload, int count) {
+  iovec parts[1 + kMaxPayloadRegions];
+  int used = 0;
+  if (header_done < MessageHeader::kWireSize) {
+    parts[used++] = {const_cast<std::uint8_t*>(header) + header_done,
+                     MessageHeader::kWireSize - header_done};
   }
-  text += "\n" + message.substr(0, 4000);
-  header.payload_bytes = text.size();
-  std::vector<std::uint8_t> bytes(MessageHeader::kWireSize + text.size());
-  header.encode(bytes.data());
-  std::memcpy(bytes.data() + MessageHeader::kWireSize, text.data(),
-              text.size());
-  return bytes;
+  for (int i = 0; i < count && i < kMaxPayloadRegions; ++i) {
+    parts[used++] = payload[i];
+  }
+  msghdr message{};
+  message.msg_iov = parts;
+  message.msg_iovlen = static_cast<std::size_t>(used);
+  ssize_t n;
+  do {
+    n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return -1;
+  const auto moved = static_cast<std::size_t>(n);
+  const std::size_t to_header =
+      std::min(moved, MessageHeader::kWireSize - header_done);
+  header_done += to_header;
+  return static_cast<long>(moved - to_header);
+}
+
+int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
+                 const std::uint8_t* data, std::size_t bytes,
+                 std::size_t& payload_done) {
+  // Bounded: every round moves bytes or returns.
+  while (header_done < MessageHeader::kWireSize || payload_done < bytes) {
+    const iovec rest{const_cast<std::uint8_t*>(data) + payload_done,
+                     bytes - payload_done};
+    const long sent =
+        send_some(fd, header, header_done, &rest, payload_done < bytes ? 1 : 0);
+    if (sent < 0) {
+      return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
+    }
+    payload_done += static_cast<std::size_t>(sent);
+  }
+  return 1;
 }
 
 Exchange::Exchange(Mesh& mesh, const CallInfo& call,
@@ -413,65 +436,52 @@ void Exchange::read_pending_control(std::chrono::milliseconds grace) {
 
 std::optional<Exchange::Report> Exchange::read_report(int peer) {
   detail::Socket& socket = mesh_.socket(peer, Channel::kControl);
-  std::uint8_t bytes[MessageHeader::kWireSize];
+  std::uint8_t prefix[ControlMessage::kPrefixSize];
   const ssize_t n =
-      ::recv(socket.fd(), bytes, sizeof(bytes), MSG_PEEK | MSG_DONTWAIT);
+      ::recv(socket.fd(), prefix, sizeof(prefix), MSG_PEEK | MSG_DONTWAIT);
   if (n == 0 || (n < 0 && !would_block(errno))) {
     // The peer is gone or going. Whether that matters shows on the channels
     // this call uses; stop watching this one.
     socket.close();
     return std::nullopt;
   }
-  if (n < static_cast<ssize_t>(sizeof(bytes))) return std::nullopt;
-  const auto deadline = detail::deadline_after(std::chrono::seconds(1));
-  socket.recv_all(bytes, sizeof(bytes), deadline, mesh_.peer_name(peer), peer);
-  MessageHeader header;
-  if (!header.decode(bytes) || header.call.collective != Collective::kAbort ||
-      header.payload_bytes > 8192) {
+  if (n < static_cast<ssize_t>(sizeof(prefix))) return std::nullopt;
+  const std::optional<std::size_t> body = ControlMessage::body_size(prefix);
+  if (!body) {
+    // Not the control protocol: nothing more on this channel can be trusted.
     socket.close();
     return std::nullopt;
   }
-  std::string payload(header.payload_bytes, '\0');
-  socket.recv_all(payload.data(), payload.size(), deadline,
-                  mesh_.peer_name(peer), peer);
-  Report report;
-  report.from = peer;
-  report.kind = static_cast<ErrorKind>(header.call.count);
-  report.culprit = header.call.root;
-  // "waiting:2,0\n<message>"
-  const auto newline = payload.find('\n');
-  const std::string waiting =
-      payload.substr(0, newline).substr(std::string("waiting:").size());
-  report.message =
-      newline == std::string::npos ? "" : payload.substr(newline + 1);
-  std::size_t start = 0;
-  while (start < waiting.size()) {
-    const auto comma = waiting.find(',', start);
-    const std::string item = waiting.substr(start, comma - start);
-    if (!item.empty()) report.waiting_for.push_back(std::atoi(item.c_str()));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+  std::vector<std::uint8_t> bytes(ControlMessage::kPrefixSize + *body);
+  const auto deadline = detail::deadline_after(std::chrono::seconds(1));
+  socket.recv_all(bytes.data(), bytes.size(), deadline, mesh_.peer_name(peer),
+                  peer);
+  std::optional<ControlMessage> message =
+      ControlMessage::decode(bytes.data(), bytes.size());
+  if (!message || message->kind != ControlKind::kAbort) {
+    socket.close();
+    return std::nullopt;
   }
-  return report;
+  return Report{peer, std::move(*message)};
 }
 
 void Exchange::read_control(int peer) {
   auto report = read_report(peer);
   if (!report) return;
-  if (report->kind == ErrorKind::kTimeout) time_out({*report});
+  if (report->message.error == ErrorKind::kTimeout) time_out({*report});
   raise(*report);
 }
 
 void Exchange::raise(const Report& report) {
-  relayed_ = true;
   const std::string text = call_.describe() + " failed: rank " +
                            std::to_string(report.from) +
-                           " reported: " + report.message;
-  switch (report.kind) {
-    case ErrorKind::kPeer: throw PeerError(report.culprit, text);
-    case ErrorKind::kMismatch: throw MismatchError(text);
-    case ErrorKind::kTimeout: throw TimeoutError(text);
-    default: throw BackendError(text);
+                           " reported: " + report.message.text;
+  switch (report.message.error) {
+    case ErrorKind::kPeer:
+      throw Reported<PeerError>(report.message.blamed, text);
+    case ErrorKind::kMismatch: throw Reported<MismatchError>(text);
+    case ErrorKind::kTimeout: throw Reported<TimeoutError>(text);
+    default: throw Reported<BackendError>(text);
   }
 }
 
@@ -495,14 +505,16 @@ void Exchange::time_out(std::vector<Report> reports) {
   std::string mine = call_.describe() + " on rank " +
                      std::to_string(mesh_.rank()) + " timed out waiting for";
   for (int peer : owed) mine += " rank " + std::to_string(peer);
-  mesh_.broadcast_control(
-      encode_abort(call_, ErrorKind::kTimeout, -1, mine, owed),
-      std::chrono::milliseconds(200));
-  relayed_ = true;
+  ControlMessage abort;
+  abort.call = call_;
+  abort.error = ErrorKind::kTimeout;
+  abort.waiting_for = owed;
+  abort.text = mine;
+  mesh_.broadcast_control(abort.encode(), std::chrono::milliseconds(200));
 
   Report own;
   own.from = mesh_.rank();
-  own.waiting_for = owed;
+  own.message.waiting_for = owed;
   reports.push_back(own);
   // Everyone has spoken: nothing more to wait for.
   auto accounted = [&] {
@@ -523,14 +535,14 @@ void Exchange::time_out(std::vector<Report> reports) {
       auto report = read_report(peers[k]);
       if (!report) continue;
       // A real cause (a dead peer, a mismatch) beats a timeout.
-      if (report->kind != ErrorKind::kTimeout) raise(*report);
+      if (report->message.error != ErrorKind::kTimeout) raise(*report);
       reports.push_back(*report);
     }
   }
 
   std::vector<int> silent;
   for (const Report& r : reports) {
-    for (int w : r.waiting_for) {
+    for (int w : r.message.waiting_for) {
       const bool reported =
           std::any_of(reports.begin(), reports.end(),
                       [&](const Report& x) { return x.from == w; });
@@ -546,7 +558,8 @@ void Exchange::time_out(std::vector<Report> reports) {
   for (std::size_t i = 0; i < silent.size(); ++i) {
     names += (i ? ", rank " : "rank ") + std::to_string(silent[i]);
   }
-  throw TimeoutError(
+  // The others were told above.
+  throw Reported<TimeoutError>(
       call_.describe() + " timed out on rank " + std::to_string(mesh_.rank()) +
       ": " + names + (silent.size() == 1 ? " did" : " each did") +
       " not send or receive in time (stopped, overloaded, or not "

@@ -10,18 +10,15 @@
 //
 // A step that must wait first polls its sockets without sleeping for a
 // short, bounded time (spin_budget()), yielding the processor between
-// polls, and only then sleeps in poll(). Waking a sleeping thread costs
-// more than a whole small message on a loopback mesh (about 10 us on a
-// virtual machine, where a halted virtual CPU must be resumed by its
-// host); a partner that is a few microseconds behind is met while still
-// polling. The budget runs from the start of the step and again from each
-// round that found a socket ready, so a large message whose bytes keep
-// coming is not slept on between them (1 MiB at world 2, 2200 calls:
-// 3350 context switches against 4700-6800 with a budget from the start
-// only, and 217-220 us per call against 227-272). The yield hands the
-// core to any runnable rank that shares it, so ranks that outnumber the
-// cores keep making progress, and a rank whose peer is truly absent costs
-// one budget of polling per step before it sleeps.
+// polls, and only then sleeps in poll(): waking a sleeping thread costs
+// more than a whole small message on a loopback mesh, and a partner that
+// is a few microseconds behind is met while still polling. The budget runs
+// from the start of the step and again from each round that found a socket
+// ready, so a large message whose bytes keep coming is not slept on between
+// them, while a rank whose peer is truly absent costs one budget of polling
+// per step before it sleeps. The yield hands the core to any runnable rank
+// that shares it, so ranks that outnumber the cores keep making progress.
+// bench/README.md ("The TCP backend's tuning") has the measurements.
 //
 // While waiting, run() also watches every peer's control channel and the
 // backend's wake-up descriptor, so that a failure elsewhere in the group or
@@ -36,7 +33,10 @@
 #include <vector>
 
 #include <poll.h>
+#include <sys/uio.h>
 
+#include "backends/collective_step.h"
+#include "backends/tcp/control_message.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
 #include "libcomm/error.h"
@@ -51,43 +51,45 @@ std::size_t chunk_bytes();
 // before it sleeps: COMM_TCP_SPIN_US microseconds, or 50; 0 sleeps at once.
 std::chrono::microseconds spin_budget();
 
-// A control message telling peers that this rank's call failed: what kind
-// of error, which rank it blames (or -1), and the message.
-// `waiting_for` lists, for a timeout, the ranks this rank was still owed.
-std::vector<std::uint8_t> encode_abort(
-    const CallInfo& call, ErrorKind kind, int culprit,
-    const std::string& message, const std::vector<int>& waiting_for = {});
+// One non-blocking sendmsg of header[header_done, kWireSize) (nothing once
+// header_done is kWireSize) followed by the `count` regions of `payload`,
+// at most kMaxPayloadRegions. Advances header_done and returns the payload
+// bytes sent, or -1 with errno set: EAGAIN when the socket would block,
+// another error when sending failed.
+inline constexpr int kMaxPayloadRegions = 8;
+long send_some(int fd, const std::uint8_t* header, std::size_t& header_done,
+               const iovec* payload, int count);
 
-// A transfer list holds at most one send and one receive per peer: the
-// messages of one peer arrive in order on one socket.
-class Exchange {
+// Sends, without blocking, as much as `fd` takes of header[header_done,
+// kWireSize) followed by data[payload_done, bytes), in one sendmsg per
+// round, advancing both counts. Returns 1 once everything is sent, 0 when
+// the socket would block, and -1 with errno set when sending failed.
+int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
+                 const std::uint8_t* data, std::size_t bytes,
+                 std::size_t& payload_done);
+
+// The TCP backend's CollectiveStep, over a Mesh. A step holds at most one
+// send and one receive per peer: the messages of one peer arrive in order
+// on one socket.
+class Exchange final : public CollectiveStep {
  public:
-  // One stretch of a message's payload in memory. A message may gather
-  // several, in order. A received part is stored, or with `reduce` combined
-  // into `data` (dtype elements, the receive's op): data op received, or
-  // base op received where `base` is set, so that an out-of-place call
-  // reads its input where it lies.
-  struct Part {
-    std::uint8_t* data = nullptr;
-    std::size_t bytes = 0;
-    bool reduce = false;
-    const std::uint8_t* base = nullptr;
-  };
+  using Part = CollectiveStep::Part;
 
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
   Exchange(Mesh& mesh, const CallInfo& call, detail::Clock::time_point deadline,
            int wake_fd);
 
-  void send(int peer, const void* data, std::size_t bytes);
-  void recv(int peer, void* data, std::size_t bytes);
+  void send(int peer, const void* data, std::size_t bytes) override;
+  void recv(int peer, void* data, std::size_t bytes) override;
   // Receives `bytes` and reduces them into `data` (dtype elements, op),
   // or into base op received with `base` (see Part).
   void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
-                   ReduceOp op, const void* base = nullptr);
+                   ReduceOp op, const void* base = nullptr) override;
 
   // Receives one message whose payload fills `parts` in order, and returns
   // a handle for relay().
-  int recv_parts(int peer, std::vector<Part> parts, DType dtype, ReduceOp op);
+  int recv_parts(int peer, std::vector<Part> parts, DType dtype,
+                 ReduceOp op) override;
   // Sends one message gathered from `parts`, of which only the first
   // `ready` bytes can go at once: byte ready + x goes once the receive
   // `source` has completed (stored or reduced) and published its byte x.
@@ -96,18 +98,17 @@ class Exchange {
   // read. This is how a ring or a tree forwards what it receives while the
   // rest is still on its way, instead of waiting for a whole step; the
   // caller makes the parts past `ready` the memory that the receive fills.
-  void relay(int peer, std::vector<Part> parts, std::size_t ready, int source);
+  void relay(int peer, std::vector<Part> parts, std::size_t ready,
+             int source) override;
 
   // Progresses every transfer until all are done. Throws PeerError when a
   // peer closes or resets its connection, MismatchError when a peer's
   // message belongs to another call, TimeoutError at the deadline naming
-  // the peers still owed, and rethrows failures that peers report on the
-  // control channel (then relayed() is true).
-  void run();
-
-  // Whether the failure run() threw came from a peer's control message, so
-  // that the backend does not report it back to everyone.
-  bool relayed() const { return relayed_; }
+  // the peers nobody heard from, and a peer's reported failure as the
+  // error it names. The last two are Reported<E> (reported_failure.h): the
+  // other ranks know of them already, run() having told them of its
+  // timeout.
+  void run() override;
 
  private:
   struct Transfer {
@@ -145,9 +146,8 @@ class Exchange {
   std::size_t sendable(const Transfer& t) const;
   // Progresses transfer `index` until its socket would block; then, for a
   // receive that published bytes, the relays it feeds. Reading all that is
-  // there before relaying any of it makes fewer, larger sends: relaying
-  // each chunk as it was reduced made a 16 MiB all_reduce at world 2 about
-  // 25% slower.
+  // there before relaying any of it makes fewer, larger sends, which large
+  // rings need (see bench/README.md).
   void advance(std::size_t index);
   // Moves bytes while the socket takes or gives them, until it would block.
   void progress(Transfer& t);
@@ -157,15 +157,12 @@ class Exchange {
   // A peer's failure report from the control channel.
   struct Report {
     int from = -1;
-    ErrorKind kind = ErrorKind::kBackend;
-    int culprit = -1;
-    std::string message;
-    std::vector<int> waiting_for;
+    ControlMessage message;
   };
   std::optional<Report> read_report(int peer);
   // Reads a report from `peer`, if a whole one is there, and throws it.
   void read_control(int peer);
-  // Throws a peer's report as this call's error.
+  // Throws a peer's report as this call's error, a Reported<E>.
   [[noreturn]] void raise(const Report& report);
   std::vector<int> owed_peers() const;
   // Appends a POLLIN entry for every peer's open control socket, and the
@@ -173,7 +170,8 @@ class Exchange {
   void watch_control(std::vector<pollfd>& fds, std::vector<int>& peers) const;
   // The deadline passed, here or (per `reports`) at a peer: tells the
   // others whom this rank waited for, gathers their reports for a moment,
-  // and throws TimeoutError naming the ranks nobody heard from.
+  // and throws TimeoutError naming the ranks nobody heard from, as a
+  // Reported<TimeoutError>.
   [[noreturn]] void time_out(std::vector<Report> reports);
   // Reads any report already waiting (or arriving within `grace`) on the
   // control channels; throws the first one.
@@ -184,7 +182,6 @@ class Exchange {
   detail::Clock::time_point deadline_;
   int wake_fd_;
   std::vector<Transfer> transfers_;
-  bool relayed_ = false;
 };
 
 }  // namespace comm::tcp

@@ -2,25 +2,25 @@
 // at once.
 #include <cstring>
 
-#include "backends/tcp/collective_context.h"
+#include "backends/tcp/algorithms.h"
 
-namespace comm::tcp {
+namespace comm::tcp::algorithms {
 
-void gather(CollectiveContext& ctx, const void* input,
+void gather(CollectiveTransport& ctx, const void* input,
             const std::vector<void*>& outputs, std::size_t bytes, int root) {
   if (ctx.rank() != root) {
-    Exchange to_root = ctx.step();
+    CollectiveStep& to_root = ctx.step();
     to_root.send(root, input, bytes);
-    ctx.run(to_root);
+    to_root.run();
     return;
   }
   if (bytes > 0 && outputs[root] != input)
     std::memmove(outputs[root], input, bytes);
-  Exchange from_all = ctx.step();
+  CollectiveStep& from_all = ctx.step();
   for (int peer = 0; peer < ctx.size(); ++peer) {
     if (peer != root) from_all.recv(peer, outputs[peer], bytes);
   }
-  ctx.run(from_all);
+  from_all.run();
 }
 
-}  // namespace comm::tcp
+}  // namespace comm::tcp::algorithms

@@ -90,10 +90,9 @@ bool peer_is_local(int fd) {
 // kernel's autotuning grows it to megabytes (net.ipv4.tcp_wmem), so a
 // sender runs far ahead of its receiver, and the queued data has left the
 // cache by the time the receiver copies it out; over loopback the copies
-// are the whole cost. A fixed buffer keeps the queue in cache: a 64 MiB
-// all_reduce over loopback took 15-25% less time at world 2, and 5-15%
-// less at world 4, with 256 KiB than with autotuning (64 KiB was slower at
-// world 4). Remote peers keep autotuning, which a long network path needs.
+// are the whole cost. A fixed buffer (COMM_TCP_LOCAL_SNDBUF_BYTES, 256 KiB)
+// keeps the queue in cache; bench/README.md has the measurements. Remote
+// peers keep autotuning, which a long network path needs.
 void limit_local_send_buffer(int fd) {
   const int bytes = static_cast<int>(kLocalSendBufferBytes.get());
   if (bytes > 0 && peer_is_local(fd)) {

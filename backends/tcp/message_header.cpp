@@ -1,10 +1,5 @@
 #include "backends/tcp/message_header.h"
 
-#include <sys/socket.h>
-#include <sys/uio.h>
-
-#include <algorithm>
-#include <cerrno>
 #include <cstring>
 
 namespace comm::tcp {
@@ -39,7 +34,6 @@ const char* collective_name(Collective collective) {
     case Collective::kAllToAll: return "all_to_all";
     case Collective::kBarrier: return "barrier";
     case Collective::kSend: return "send";
-    case Collective::kAbort: return "abort";
   }
   return "unknown";
 }
@@ -86,7 +80,7 @@ bool MessageHeader::decode(const std::uint8_t* in) {
   const auto op = take<std::uint8_t>(in);
   take<std::uint8_t>(in);
   if (collective < 1 ||
-      collective > static_cast<std::uint8_t>(Collective::kAbort) ||
+      collective > static_cast<std::uint8_t>(Collective::kSend) ||
       dtype > static_cast<std::uint8_t>(DType::kBool) ||
       op > static_cast<std::uint8_t>(ReduceOp::kBxor)) {
     return false;
@@ -100,49 +94,6 @@ bool MessageHeader::decode(const std::uint8_t* in) {
   take<std::uint32_t>(in);
   payload_bytes = take<std::uint64_t>(in);
   return true;
-}
-
-long send_some(int fd, const std::uint8_t* header, std::size_t& header_done,
-               const iovec* payload, int count) {
-  iovec parts[1 + kMaxPayloadRegions];
-  int used = 0;
-  if (header_done < MessageHeader::kWireSize) {
-    parts[used++] = {const_cast<std::uint8_t*>(header) + header_done,
-                     MessageHeader::kWireSize - header_done};
-  }
-  for (int i = 0; i < count && i < kMaxPayloadRegions; ++i) {
-    parts[used++] = payload[i];
-  }
-  msghdr message{};
-  message.msg_iov = parts;
-  message.msg_iovlen = static_cast<std::size_t>(used);
-  ssize_t n;
-  do {
-    n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return -1;
-  const auto moved = static_cast<std::size_t>(n);
-  const std::size_t to_header =
-      std::min(moved, MessageHeader::kWireSize - header_done);
-  header_done += to_header;
-  return static_cast<long>(moved - to_header);
-}
-
-int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
-                 const std::uint8_t* data, std::size_t bytes,
-                 std::size_t& payload_done) {
-  // Bounded: every round moves bytes or returns.
-  while (header_done < MessageHeader::kWireSize || payload_done < bytes) {
-    const iovec rest{const_cast<std::uint8_t*>(data) + payload_done,
-                     bytes - payload_done};
-    const long sent =
-        send_some(fd, header, header_done, &rest, payload_done < bytes ? 1 : 0);
-    if (sent < 0) {
-      return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
-    }
-    payload_done += static_cast<std::size_t>(sent);
-  }
-  return 1;
 }
 
 }  // namespace comm::tcp

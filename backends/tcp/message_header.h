@@ -9,8 +9,6 @@
 #include <cstdint>
 #include <string>
 
-#include <sys/uio.h>
-
 #include "libcomm/dtype.h"
 #include "libcomm/reduce_op.h"
 
@@ -26,8 +24,7 @@ enum class Collective : std::uint8_t {
   kReduceScatter,
   kAllToAll,
   kBarrier,
-  kSend,   // point-to-point; `root` holds the tag
-  kAbort,  // on the control channel: the sender's call failed
+  kSend,  // point-to-point; `root` holds the tag
 };
 
 const char* collective_name(Collective collective);
@@ -60,22 +57,5 @@ struct MessageHeader {
   // collective, dtype or op.
   bool decode(const std::uint8_t* in);
 };
-
-// One non-blocking sendmsg of header[header_done, kWireSize) (nothing once
-// header_done is kWireSize) followed by the `count` regions of `payload`,
-// at most kMaxPayloadRegions. Advances header_done and returns the payload
-// bytes sent, or -1 with errno set: EAGAIN when the socket would block,
-// another error when sending failed.
-inline constexpr int kMaxPayloadRegions = 8;
-long send_some(int fd, const std::uint8_t* header, std::size_t& header_done,
-               const iovec* payload, int count);
-
-// Sends, without blocking, as much as `fd` takes of header[header_done,
-// kWireSize) followed by data[payload_done, bytes), in one sendmsg per
-// round, advancing both counts. Returns 1 once everything is sent, 0 when
-// the socket would block, and -1 with errno set when sending failed.
-int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
-                 const std::uint8_t* data, std::size_t bytes,
-                 std::size_t& payload_done);
 
 }  // namespace comm::tcp

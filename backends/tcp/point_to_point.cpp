@@ -11,6 +11,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "backends/tcp/exchange.h"
 #include "libcomm/error.h"
 #include "libcomm/options.h"
 

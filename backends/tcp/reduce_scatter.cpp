@@ -7,11 +7,11 @@
 #include <cstring>
 #include <memory>
 
-#include "backends/tcp/collective_context.h"
+#include "backends/tcp/algorithms.h"
 
-namespace comm::tcp {
+namespace comm::tcp::algorithms {
 
-void reduce_scatter(CollectiveContext& ctx,
+void reduce_scatter(CollectiveTransport& ctx,
                     const std::vector<const void*>& inputs, void* output,
                     std::size_t count, DType dtype, ReduceOp op) {
   const int size = ctx.size();
@@ -35,11 +35,11 @@ void reduce_scatter(CollectiveContext& ctx,
     const int in = (rank - s - 2 + 2 * size) % size;
     const void* outgoing = s == 0 ? inputs[out] : accumulator(s - 1);
     std::uint8_t* incoming = accumulator(s);
-    Exchange step = ctx.step();
+    CollectiveStep& step = ctx.step();
     step.send(right, outgoing, bytes);
     step.recv_reduce(left, incoming, bytes, dtype, op, inputs[in]);
-    ctx.run(step);
+    step.run();
   }
 }
 
-}  // namespace comm::tcp
+}  // namespace comm::tcp::algorithms

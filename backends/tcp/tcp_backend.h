@@ -10,11 +10,10 @@
 // that names the first failure, as after an NCCL communicator abort.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <thread>
 
 #include "backends/backend.h"
 #include "store/store.h"
@@ -24,6 +23,7 @@ namespace comm {
 namespace tcp {
 class Mesh;
 class PointToPoint;
+class CollectiveScheduler;
 struct CollectiveContext;
 struct CallInfo;
 }  // namespace tcp
@@ -75,17 +75,17 @@ class COMM_API TcpBackend final : public Backend {
                              const RecvOptions& options) override;
 
   using Body = std::function<void(tcp::CollectiveContext&)>;
-  struct Task;
-  struct Scheduler;
 
   // Queues a collective: stamps it with the next sequence number; `body`
   // runs with the call's deadline, on the worker thread or on the thread
   // that waits for it, whichever comes first, always in issue order.
   std::shared_ptr<Work> enqueue(tcp::CallInfo call, OpTimeout timeout,
                                 Body body);
-  void run_worker();
-  // Runs one task, on whichever thread holds the scheduler's turn.
-  void execute(Task& task);
+  // Runs one collective's body within `timeout`, on whichever thread holds
+  // the scheduler's turn; a failure is reported to the other ranks (unless
+  // they reported it) and thrown.
+  void execute(const tcp::CallInfo& call, std::chrono::milliseconds timeout,
+               const Body& body);
   // The Work of a send or receive, numbered in this rank's point-to-point
   // order ("send #3 (float32 x 16, tag 0) to rank 1"). Throws when shut down.
   std::shared_ptr<Work> point_to_point_work(const char* kind,
@@ -97,12 +97,10 @@ class COMM_API TcpBackend final : public Backend {
   std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Mesh> mesh_;
   std::unique_ptr<tcp::PointToPoint> p2p_;
-  int wake_fd_ = -1;
   // Shared with the progress hooks of the Work handed out, which may
   // outlive this backend.
-  std::shared_ptr<Scheduler> scheduler_;
-  std::uint64_t next_p2p_ = 0;
-  std::thread worker_;
+  std::shared_ptr<tcp::CollectiveScheduler> scheduler_;
+  std::atomic<std::uint64_t> next_p2p_{0};
 };
 
 }  // namespace comm

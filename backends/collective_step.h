@@ -1,0 +1,64 @@
+// comm::CollectiveStep: one step of a collective algorithm, as a transport
+// runs it: a set of sends, receives and relays to and from peers that
+// progress together and run to completion.
+//
+// The algorithms (backends/tcp/algorithms.h) are written against this and
+// CollectiveTransport only, so that every CPU transport can run them; the
+// TCP backend's Exchange implements it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "libcomm/dtype.h"
+#include "libcomm/reduce_op.h"
+
+namespace comm {
+
+class CollectiveStep {
+ public:
+  // One stretch of a message's payload in memory. A message may gather
+  // several, in order. A received part is stored, or with `reduce` combined
+  // into `data` (dtype elements, the receive's op): data op received, or
+  // base op received where `base` is set, so that an out-of-place call
+  // reads its input where it lies.
+  struct Part {
+    std::uint8_t* data = nullptr;
+    std::size_t bytes = 0;
+    bool reduce = false;
+    const std::uint8_t* base = nullptr;
+  };
+
+  virtual ~CollectiveStep() = default;
+
+  // A step holds at most one send and one receive per peer: the messages
+  // between two ranks arrive in order.
+  virtual void send(int peer, const void* data, std::size_t bytes) = 0;
+  virtual void recv(int peer, void* data, std::size_t bytes) = 0;
+  // Receives `bytes` and reduces them into `data` (dtype elements, op),
+  // or into base op received with `base` (see Part).
+  virtual void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
+                           ReduceOp op, const void* base = nullptr) = 0;
+  // Receives one message whose payload fills `parts` in order, and returns
+  // a handle for relay().
+  virtual int recv_parts(int peer, std::vector<Part> parts, DType dtype,
+                         ReduceOp op) = 0;
+  // Sends one message gathered from `parts`, of which only the first
+  // `ready` bytes can go at once: byte ready + x goes once the receive
+  // `source` has stored or reduced its byte x. This is how a ring or a tree
+  // forwards what it receives while the rest is still on its way; the
+  // caller makes the parts past `ready` the memory that the receive fills.
+  virtual void relay(int peer, std::vector<Part> parts, std::size_t ready,
+                     int source) = 0;
+  // Progresses every transfer until all are done; throws the call's error
+  // (a comm::Error) when one fails.
+  virtual void run() = 0;
+
+ protected:
+  CollectiveStep() = default;
+  CollectiveStep(const CollectiveStep&) = default;
+  CollectiveStep& operator=(const CollectiveStep&) = default;
+};
+
+}  // namespace comm

@@ -1,0 +1,32 @@
+// comm::CollectiveTransport: what a collective algorithm sees of the ranks
+// of one call: its rank, the group's size, and steps (CollectiveStep) to
+// run one after another.
+//
+// The TCP backend implements it per call (tcp::CollectiveContext); a
+// shared-memory transport is to implement it too, so that both run the
+// same algorithms.
+#pragma once
+
+#include "backends/collective_step.h"
+
+namespace comm {
+
+class CollectiveTransport {
+ public:
+  virtual ~CollectiveTransport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Begins the call's next step and returns it, empty. The step returned
+  // before is over: it must have run (or thrown), and the reference to it
+  // is no longer valid. A transport keeps the step's storage, so that a
+  // step costs no allocation beyond its transfers'.
+  virtual CollectiveStep& step() = 0;
+
+ protected:
+  CollectiveTransport() = default;
+  CollectiveTransport(const CollectiveTransport&) = default;
+  CollectiveTransport& operator=(const CollectiveTransport&) = default;
+};
+
+}  // namespace comm

@@ -1,0 +1,57 @@
+// comm::tcp::algorithms: the collective algorithms, one per file, written
+// against CollectiveTransport and CollectiveStep only, so that any CPU
+// transport can run them. Buffers are host memory; sizes are bytes except
+// where a count of elements is named.
+//
+// The namespace keeps them apart from the reduction kernel comm::reduce and
+// from Backend::reduce; call them qualified (algorithms::reduce).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backends/collective_transport.h"
+#include "libcomm/dtype.h"
+#include "libcomm/reduce_op.h"
+
+namespace comm::tcp::algorithms {
+
+void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
+               int root);
+void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
+            DType dtype, ReduceOp op, int root);
+// `output` becomes op over every rank's `input`; the two are the same
+// memory (in place) or apart.
+void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
+                std::size_t count, DType dtype, ReduceOp op);
+void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
+                std::size_t bytes);
+void gather(CollectiveTransport& ctx, const void* input,
+            const std::vector<void*>& outputs, std::size_t bytes, int root);
+void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
+             void* output, std::size_t bytes, int root);
+void reduce_scatter(CollectiveTransport& ctx,
+                    const std::vector<const void*>& inputs, void* output,
+                    std::size_t count, DType dtype, ReduceOp op);
+// Sends input[send_offsets[p], + send_bytes[p]) to each rank p and receives
+// rank p's part into output[recv_offsets[p], + recv_bytes[p]).
+void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
+                const std::vector<std::size_t>& send_offsets,
+                const std::vector<std::size_t>& send_bytes,
+                std::uint8_t* output,
+                const std::vector<std::size_t>& recv_offsets,
+                const std::vector<std::size_t>& recv_bytes);
+void barrier(CollectiveTransport& ctx);
+
+// The largest all_reduce (bytes) that uses recursive doubling at
+// `world_size` ranks; larger ones use the ring. COMM_TCP_RING_THRESHOLD_BYTES
+// sets it for every world size; the defaults (1 MiB at world 2, where both
+// algorithms move each byte once each way and recursive doubling does it in
+// one exchange; 64 KiB otherwise, where recursive doubling sends the whole
+// message log2(n) times) were measured, see bench/README.md ("The TCP
+// backend's tuning"). It also bounds the scratch memory of a small
+// all_reduce: recursive doubling's scratch is one message.
+std::size_t ring_threshold_bytes(int world_size);
+
+}  // namespace comm::tcp::algorithms

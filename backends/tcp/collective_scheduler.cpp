@@ -1,0 +1,212 @@
+#include "backends/tcp/collective_scheduler.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "libcomm/error.h"
+
+namespace comm::tcp {
+namespace {
+
+// Sets `timer` (a timerfd) to fire once after `delay`, or disarms it when
+// `delay` is zero.
+void arm_timer(int timer, std::chrono::nanoseconds delay) {
+  itimerspec when{};
+  if (delay.count() > 0) {
+    when.it_value.tv_sec = static_cast<time_t>(delay.count() / 1000000000);
+    when.it_value.tv_nsec = static_cast<long>(delay.count() % 1000000000);
+  }
+  timerfd_settime(timer, 0, &when, nullptr);
+}
+
+}  // namespace
+
+void CollectiveTask::progress() {
+  if (auto alive = scheduler_.lock()) alive->help(*this);
+}
+
+CollectiveScheduler::CollectiveScheduler(int rank, Execute execute)
+    : rank_(rank), execute_(std::move(execute)) {
+  interrupt_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (interrupt_fd_ < 0) throw SystemError(errno, "eventfd");
+  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (timer_fd_ < 0) {
+    const int error = errno;
+    close(interrupt_fd_);
+    throw SystemError(error, "timerfd_create");
+  }
+}
+
+std::shared_ptr<CollectiveScheduler> CollectiveScheduler::start(
+    int rank, Execute execute) {
+  std::shared_ptr<CollectiveScheduler> scheduler(
+      new CollectiveScheduler(rank, std::move(execute)));
+  CollectiveScheduler* self = scheduler.get();
+  scheduler->worker_ = std::thread([self] { self->run_worker(); });
+  return scheduler;
+}
+
+CollectiveScheduler::~CollectiveScheduler() {
+  // The last owner is the backend, or a Work's progress hook after the
+  // backend shut the scheduler down; the worker never owns it.
+  shutdown();
+  close(timer_fd_);
+  close(interrupt_fd_);
+}
+
+std::shared_ptr<Work> CollectiveScheduler::enqueue(
+    CallInfo call, std::chrono::milliseconds timeout,
+    CollectiveTask::Body body) {
+  std::shared_ptr<CollectiveTask> task;
+  std::chrono::nanoseconds arm{0};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) {
+      throw BackendError("the process group was shut down; create a new one");
+    }
+    call.sequence = next_sequence_++;
+    task = std::make_shared<CollectiveTask>(call, timeout, std::move(body),
+                                            rank_, weak_from_this());
+    queue_.push_back(task);
+    arm = claim_timer();
+  }
+  if (arm.count() > 0) arm_timer(timer_fd_, arm);
+  return task;
+}
+
+void CollectiveScheduler::check_open() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopping_) {
+    throw BackendError("the process group was shut down; create a new one");
+  }
+}
+
+std::chrono::nanoseconds CollectiveScheduler::claim_timer() {
+  if (timer_armed_) return std::chrono::nanoseconds(0);
+  timer_armed_ = true;
+  return grace_;
+}
+
+void CollectiveScheduler::wake_worker_later() {
+  const std::chrono::nanoseconds delay = claim_timer();
+  if (delay.count() > 0) arm_timer(timer_fd_, delay);
+}
+
+void CollectiveScheduler::help(Work& target) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!target.is_completed() && !stopping_ && !running_ && !queue_.empty()) {
+    std::shared_ptr<CollectiveTask> task = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lock.unlock();
+    run(*task);
+    lock.lock();
+    running_ = false;
+    changed_.notify_all();
+  }
+  // Whatever is left belongs to the worker.
+  if (!stopping_ && !queue_.empty()) wake_worker_later();
+}
+
+void CollectiveScheduler::run_worker() {
+  pollfd watched[2] = {{timer_fd_, POLLIN, 0}, {interrupt_fd_, POLLIN, 0}};
+  // Runs until shutdown; each round sleeps in poll until the timer says a
+  // task has waited its grace, or the scheduler shuts down.
+  while (true) {
+    if (::poll(watched, 2, -1) < 0 && errno != EINTR) return;
+    if (watched[1].revents != 0) return;
+    std::uint64_t expirations;
+    (void)!read(timer_fd_, &expirations, sizeof(expirations));
+    std::unique_lock<std::mutex> lock(mutex_);
+    timer_armed_ = false;
+    bool started = false;
+    std::chrono::nanoseconds rearm{0};
+    while (!stopping_ && !running_ && !queue_.empty()) {
+      const auto due = queue_.front()->queued_at + grace_;
+      const auto now = detail::Clock::now();
+      if (now < due) {
+        // Armed below, outside the mutex; nobody else arms it meanwhile.
+        rearm = due - now;
+        timer_armed_ = true;
+        break;
+      }
+      std::shared_ptr<CollectiveTask> task = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      grace_ = kAsyncGrace;  // nobody waited for this one
+      started = true;
+      lock.unlock();
+      run(*task);
+      lock.lock();
+      running_ = false;
+      changed_.notify_all();
+    }
+    if (!started && rearm.count() == 0) grace_ = kWaitedGrace;  // wasted
+    if (stopping_) return;
+    lock.unlock();
+    if (rearm.count() > 0) arm_timer(timer_fd_, rearm);
+  }
+}
+
+void CollectiveScheduler::run(CollectiveTask& task) {
+  const CollectiveTask::Body body = task.take_body();
+  std::exception_ptr broken;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken = broken_;
+  }
+  if (broken) {
+    try {
+      std::rethrow_exception(broken);
+    } catch (const std::exception& e) {
+      task.finish(std::make_exception_ptr(BackendError(
+          task.call.describe() +
+          " cannot run: the process group failed earlier: " + e.what())));
+    }
+    return;
+  }
+  try {
+    execute_(task.call, task.timeout, body);
+    task.finish();
+  } catch (...) {
+    const auto error = std::current_exception();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!broken_) broken_ = error;
+    }
+    task.finish(error);
+  }
+}
+
+bool CollectiveScheduler::shutdown() {
+  std::deque<std::shared_ptr<CollectiveTask>> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return false;
+    stopping_ = true;
+    abandoned.swap(queue_);
+  }
+  const auto error = std::make_exception_ptr(BackendError(
+      "the process group was shut down before this operation ran"));
+  for (auto& task : abandoned) {
+    task->take_body();
+    task->finish(error);
+  }
+  // Interrupt a collective in progress (on the worker or a waiting
+  // caller), wait until its thread gives the turn back, then stop.
+  const std::uint64_t one = 1;
+  (void)!write(interrupt_fd_, &one, sizeof(one));
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return !running_; });
+  }
+  if (worker_.joinable()) worker_.join();
+  return true;
+}
+
+}  // namespace comm::tcp

@@ -1,0 +1,124 @@
+// comm::tcp::CollectiveScheduler: runs the TCP backend's collectives one
+// at a time, in the order they were issued, on the thread that waits for
+// one or on a worker thread of its own.
+//
+// One thread at a time holds the turn, so tasks run one after another in
+// issue order whether the worker or a waiting caller runs them. A caller
+// that waits at once runs its task itself (help()), without the two thread
+// hand-offs that cost more than a whole small collective; work nobody
+// waits on is started by the worker.
+//
+// The worker is woken by a timer, not by every enqueue, and the timer is
+// armed lazily: a task that finds it idle arms it for the grace, and nobody
+// disarms it, so a stream of waited-on calls costs one timer arm and one
+// wake-up per grace rather than system calls and a hand-off per call. The
+// grace is kWaitedGrace (1 ms) at start-up and after a wake-up that found
+// nothing to start or the turn held by a caller, because such a wasted
+// wake-up stalls the thread it preempts; it is kAsyncGrace (100 us) once
+// the worker has had to start a task itself. A wake-up that finds a task
+// not yet due re-arms for it. bench/README.md ("The TCP backend's tuning")
+// has the measurements behind these choices.
+//
+// The first task that fails breaks the scheduler: every later task fails
+// at once with an error naming that first failure, as after an NCCL
+// communicator abort. shutdown() fails the queued tasks, interrupts the
+// running one and stops the worker.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "backends/tcp/collective_task.h"
+
+namespace comm::tcp {
+
+class CollectiveScheduler final
+    : public std::enable_shared_from_this<CollectiveScheduler> {
+ public:
+  // Runs a task's body for its call within `timeout`; throws the call's
+  // error when it fails.
+  using Execute = std::function<void(const CallInfo& call,
+                                     std::chrono::milliseconds timeout,
+                                     const CollectiveTask::Body& body)>;
+
+  // How long a queued task waits for its caller before the worker starts
+  // it: kWaitedGrace at start-up and after a wasted wake-up, kAsyncGrace
+  // while the worker starts tasks itself.
+  static constexpr std::chrono::nanoseconds kAsyncGrace =
+      std::chrono::microseconds(100);
+  static constexpr std::chrono::nanoseconds kWaitedGrace =
+      std::chrono::milliseconds(1);
+
+  // Creates the scheduler of rank `rank` and starts its worker. `execute`
+  // is never called once shutdown() has returned. Shared, because the Work
+  // handed out reaches it (weakly) and may outlive the backend.
+  static std::shared_ptr<CollectiveScheduler> start(int rank, Execute execute);
+  // Shuts down if shutdown() was not called.
+  ~CollectiveScheduler();
+  CollectiveScheduler(const CollectiveScheduler&) = delete;
+  CollectiveScheduler& operator=(const CollectiveScheduler&) = delete;
+
+  // Queues a collective: stamps `call` with the next sequence number and
+  // returns its Work. Throws BackendError once shut down.
+  std::shared_ptr<Work> enqueue(CallInfo call,
+                                std::chrono::milliseconds timeout,
+                                CollectiveTask::Body body);
+
+  // Runs queued tasks on the calling thread until `target` completes,
+  // unless another thread holds the turn (then the caller just waits).
+  void help(Work& target);
+
+  // Throws BackendError once shut down.
+  void check_open() const;
+
+  // Becomes readable when shutdown begins, so that a running task that
+  // watches it stops waiting for its peers.
+  int interrupt_fd() const { return interrupt_fd_; }
+
+  // Fails the queued tasks, interrupts the running one, waits until its
+  // thread gives the turn back and stops the worker. Returns false when the
+  // scheduler was already shut down.
+  bool shutdown();
+
+ private:
+  explicit CollectiveScheduler(int rank, Execute execute);
+  void run_worker();
+  // Runs one task, on whichever thread holds the turn: refuses it when the
+  // scheduler is broken, and breaks the scheduler when it fails.
+  void run(CollectiveTask& task);
+  // The delay the caller, which holds `mutex_`, must arm the timer with:
+  // the grace for the first to find it idle, zero (do not arm) for the
+  // others. The caller arms it after letting go of the mutex, so that no
+  // system call runs inside the critical section that callers and the
+  // worker share (waking a waiter that found it taken costs more than a
+  // small collective).
+  std::chrono::nanoseconds claim_timer();
+  // Makes sure the worker looks at the queue within the grace. Called with
+  // `mutex_` held, off the hot path.
+  void wake_worker_later();
+
+  const int rank_;
+  const Execute execute_;
+  int timer_fd_ = -1;
+  int interrupt_fd_ = -1;
+  std::thread worker_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;  // `running_` went false
+  bool timer_armed_ = false;         // set until the worker has seen it fire
+  std::chrono::nanoseconds grace_ = kWaitedGrace;
+  std::deque<std::shared_ptr<CollectiveTask>> queue_;
+  std::uint64_t next_sequence_ = 0;
+  bool running_ = false;
+  bool stopping_ = false;
+  std::exception_ptr broken_;  // the first failure; tasks refuse after it
+};
+
+}  // namespace comm::tcp

@@ -1,0 +1,60 @@
+// comm::tcp::ControlMessage: a message of the TCP backend's control
+// protocol, sent on the control connections (Channel::kControl), never on
+// the collective ones.
+//
+// Today its one kind is an abort: "my call failed, and this is why", sent
+// to every peer so that they fail now rather than at their timeouts, naming
+// the first cause. Heartbeats are to be another kind.
+//
+// On the wire (little-endian): a fixed prefix of kPrefixSize bytes (magic
+// "CMCL", version, kind, the byte count of the body), then the body: the
+// failed call's CallInfo, the error kind, the rank blamed or -1, the ranks
+// the sender was still owed (for a timeout) and the text. decode() checks
+// every length against the bytes it was given.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/tcp/message_header.h"
+#include "libcomm/error.h"
+
+namespace comm::tcp {
+
+enum class ControlKind : std::uint8_t {
+  kAbort = 1,  // the sender's call failed
+};
+
+struct ControlMessage {
+  static constexpr std::uint32_t kMagic = 0x4c434d43;  // "CMCL" on the wire
+  static constexpr std::uint8_t kVersion = 1;
+  static constexpr std::size_t kPrefixSize = 12;
+  // The most body bytes a reader accepts; encode() cuts the rank list and
+  // the text to fit.
+  static constexpr std::size_t kMaxBodyBytes = 8192;
+
+  ControlKind kind = ControlKind::kAbort;
+  CallInfo call;  // the call that failed
+  ErrorKind error = ErrorKind::kBackend;
+  std::int32_t blamed = -1;      // the rank the failure is blamed on, or -1
+  std::vector<int> waiting_for;  // for a timeout: the ranks still owed
+  std::string text;              // the sender's error message
+
+  // The whole message, prefix and body.
+  std::vector<std::uint8_t> encode() const;
+  // The body's byte count that a prefix (kPrefixSize bytes) announces, or
+  // nothing when they are not a control message of a known version, or
+  // announce more than kMaxBodyBytes.
+  static std::optional<std::size_t> body_size(const std::uint8_t* prefix);
+  // Reads one whole message of `size` bytes, prefix and body. Returns
+  // nothing when it is malformed: a bad prefix, a size other than the one
+  // the prefix announces, an unknown kind, collective, dtype, op or error
+  // kind, a field that runs past the end, or bytes left over.
+  static std::optional<ControlMessage> decode(const std::uint8_t* bytes,
+                                              std::size_t size);
+};
+
+}  // namespace comm::tcp
