@@ -23,11 +23,10 @@ void check_peer(const char* op, const char* role, int peer, int rank, int size,
                 bool any) {
   if (any && peer == kAnySource) return;
   if (peer < 0 || peer >= size || peer == rank) {
-    throw InvalidArgument(std::string(op) + ": " + role + " " +
-                          std::to_string(peer) +
-                          " is not another rank of the group of " +
-                          std::to_string(size) +
-                          (any ? " (or kAnySource)" : ""));
+    throw InvalidArgument(
+        std::string(op) + ": " + role + " " + std::to_string(peer) +
+        " is not another rank of the group of " + std::to_string(size) +
+        (any ? " (or kAnySource)" : ""));
   }
 }
 

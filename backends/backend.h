@@ -124,9 +124,9 @@ class COMM_API Backend {
   virtual std::shared_ptr<Work> do_gather(std::vector<Tensor>& outputs,
                                           const Tensor& input,
                                           const GatherOptions& options) = 0;
-  virtual std::shared_ptr<Work> do_scatter(
-      Tensor& output, const std::vector<Tensor>& inputs,
-      const ScatterOptions& options) = 0;
+  virtual std::shared_ptr<Work> do_scatter(Tensor& output,
+                                           const std::vector<Tensor>& inputs,
+                                           const ScatterOptions& options) = 0;
   virtual std::shared_ptr<Work> do_reduce_scatter(
       Tensor& output, const std::vector<Tensor>& inputs,
       const ReduceScatterOptions& options) = 0;

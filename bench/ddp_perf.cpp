@@ -28,8 +28,8 @@
 #include <CLI/CLI.hpp>
 
 #include "examples/mlp.h"
-#include "libcomm/distributed/ddp/distributed_data_parallel.h"
 #include "libcomm/detail/socket.h"
+#include "libcomm/distributed/ddp/distributed_data_parallel.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/distributed/rendezvous.h"
 

@@ -25,8 +25,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "libcomm/error.h"
 #include "libcomm/distributed/rendezvous.h"
+#include "libcomm/error.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 

@@ -19,8 +19,8 @@
 #include "libcomm/distributed/ddp/checkpoint.h"
 #include "libcomm/distributed/ddp/distributed_data_parallel.h"
 #include "libcomm/distributed/distributed_sampler.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
 #include "store/hash_store.h"
 
 namespace {

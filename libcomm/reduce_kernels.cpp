@@ -151,9 +151,9 @@ void apply_all(void* dst, const void* a, const void* b, std::size_t count) {
 #if defined(__x86_64__)
 // Every loop, compiled a second time for CPUs with AVX2 and F16C
 // (x86-64-v3) and chosen at run time: 32-byte vectors instead of 16, and
-// float16 widened by F16C's instruction. Each element is one IEEE operation either
-// way, and narrowing stays the portable half_bits code, which gives every
-// NaN the one pattern, so both versions produce the same bits.
+// float16 widened by F16C's instruction. Each element is one IEEE operation
+// either way, and narrowing stays the portable half_bits code, which gives
+// every NaN the one pattern, so both versions produce the same bits.
 // COMM_REDUCE_KERNELS=portable keeps the portable loops (the unit tests
 // run both ways).
 #define COMM_X86_64_V3 __attribute__((target("avx2,f16c,fma")))
@@ -297,8 +297,8 @@ void check_reduce_op(ReduceOp op, DType dtype) {
   }
 }
 
-void reduce_pair_into(ReduceOp op, DType dtype, void* dst, const void* a, const void* b,
-            std::size_t count) {
+void reduce_pair_into(ReduceOp op, DType dtype, void* dst, const void* a,
+                      const void* b, std::size_t count) {
   check_reduce_op(op, dtype);
   if (count == 0) return;
   switch (op) {

@@ -37,8 +37,7 @@ COMM_API void reduce_into(ReduceOp op, DType dtype, void* dst, const void* src,
 // that reads each operand once. dst may be a or b; no two of the three may
 // partly overlap.
 COMM_API void reduce_pair_into(ReduceOp op, DType dtype, void* dst,
-                               const void* a, const void* b,
-                               std::size_t count);
+                               const void* a, const void* b, std::size_t count);
 
 // The same on tensors: both contiguous, on the CPU, of one dtype and numel.
 COMM_API void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src);

@@ -17,8 +17,8 @@
 #include <mutex>
 #include <string>
 
-#include "store/store.h"
 #include "store/key_value_table.h"
+#include "store/store.h"
 
 namespace comm {
 

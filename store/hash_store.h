@@ -5,8 +5,8 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "store/store.h"
 #include "store/key_value_table.h"
+#include "store/store.h"
 
 namespace comm {
 

@@ -87,11 +87,11 @@ void KeyValueTable::check_append(const std::string& key,
   const Bytes* now = find(key);
   const std::size_t before = now == nullptr ? 0 : now->size();
   if (value.size() > Store::kMaxValueSize - before) {
-    throw InvalidArgument(
-        "append to '" + key + "' would make its value " +
-        std::to_string(before + value.size()) + " bytes, over the limit of " +
-        std::to_string(Store::kMaxValueSize) +
-        " bytes per value; the value was left as it was");
+    throw InvalidArgument("append to '" + key + "' would make its value " +
+                          std::to_string(before + value.size()) +
+                          " bytes, over the limit of " +
+                          std::to_string(Store::kMaxValueSize) +
+                          " bytes per value; the value was left as it was");
   }
 }
 

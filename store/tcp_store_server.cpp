@@ -391,9 +391,7 @@ void TCPStoreServer::Impl::handle_request(Connection* c,
       send_status(c, Status::kOk);
       for (const std::string& key : request.keys) key_changed(key);
       return;
-    case Op::kAppend:
-      try {
-        table.append(request.keys[0], request.values[0]);
+    case Op::kAppend: try { table.append(request.keys[0], request.values[0]);
       } catch (const InvalidArgument& e) {
         send_status(c, Status::kError, {to_bytes(e.what())});
         return;
@@ -438,13 +436,13 @@ void TCPStoreServer::Impl::answer_pending(Connection* c) {
     if (reply > proto::kMaxPayload) {
       const std::size_t keys = c->pending_keys.size();
       forget_pending(c);
-      send_status(c, proto::Status::kError,
-                  {to_bytes("a get of " + std::to_string(keys) +
-                            " keys whose values come to " +
-                            std::to_string(reply) +
-                            " bytes is over the protocol's limit of " +
-                            std::to_string(proto::kMaxPayload) +
-                            " bytes per reply; get them in smaller groups")});
+      send_status(
+          c, proto::Status::kError,
+          {to_bytes("a get of " + std::to_string(keys) +
+                    " keys whose values come to " + std::to_string(reply) +
+                    " bytes is over the protocol's limit of " +
+                    std::to_string(proto::kMaxPayload) +
+                    " bytes per reply; get them in smaller groups")});
       return;
     }
     values.reserve(c->pending_keys.size());

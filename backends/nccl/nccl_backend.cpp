@@ -436,8 +436,8 @@ void NcclBackend::shutdown() {
 // what only NCCL needs (devices, ops), then issues NCCL calls on the group's
 // stream; `c.wait_for` turns NCCL's answer into an exception.
 
-std::shared_ptr<Work> NcclBackend::do_broadcast(Tensor& tensor,
-                                             const BroadcastOptions& options) {
+std::shared_ptr<Work> NcclBackend::do_broadcast(
+    Tensor& tensor, const BroadcastOptions& options) {
   const int device = device_for(tensor, "broadcast");
   const std::string what =
       describe("broadcast", tensor, "root " + std::to_string(options.root));
@@ -453,7 +453,7 @@ std::shared_ptr<Work> NcclBackend::do_broadcast(Tensor& tensor,
 }
 
 std::shared_ptr<Work> NcclBackend::do_reduce(Tensor& tensor,
-                                          const ReduceOptions& options) {
+                                             const ReduceOptions& options) {
   const ncclRedOp_t op = nccl_op(options.op, tensor.dtype());
   const int device = device_for(tensor, "reduce");
   const std::string what =
@@ -463,15 +463,15 @@ std::shared_ptr<Work> NcclBackend::do_reduce(Tensor& tensor,
   return issue(what, {tensor}, device, options.timeout,
                [tensor, options, op, what](Communicator& c) {
                  c.wait_for(ncclReduce(tensor.data_ptr(), tensor.data_ptr(),
-                                     static_cast<std::size_t>(tensor.numel()),
-                                     nccl_type(tensor.dtype()), op,
-                                     options.root, c.comm, c.stream),
-                          what);
+                                       static_cast<std::size_t>(tensor.numel()),
+                                       nccl_type(tensor.dtype()), op,
+                                       options.root, c.comm, c.stream),
+                            what);
                });
 }
 
-std::shared_ptr<Work> NcclBackend::do_all_reduce(Tensor& tensor,
-                                              const AllReduceOptions& options) {
+std::shared_ptr<Work> NcclBackend::do_all_reduce(
+    Tensor& tensor, const AllReduceOptions& options) {
   return start_all_reduce("all_reduce", tensor, tensor, options);
 }
 
@@ -488,14 +488,14 @@ std::shared_ptr<Work> NcclBackend::start_all_reduce(
   const int device = device_for(input, op_name);
   const std::string what =
       describe("all_reduce", input, reduce_op_name(options.op));
-  return issue(
-      what, {output, input}, device, options.timeout,
-      [output, input, op, what](Communicator& c) {
-        c.wait_for(ncclAllReduce(input.data_ptr(), output.data_ptr(),
-                               static_cast<std::size_t>(input.numel()),
-                               nccl_type(input.dtype()), op, c.comm, c.stream),
-                 what);
-      });
+  return issue(what, {output, input}, device, options.timeout,
+               [output, input, op, what](Communicator& c) {
+                 c.wait_for(ncclAllReduce(
+                                input.data_ptr(), output.data_ptr(),
+                                static_cast<std::size_t>(input.numel()),
+                                nccl_type(input.dtype()), op, c.comm, c.stream),
+                            what);
+               });
 }
 
 std::shared_ptr<Work> NcclBackend::do_all_gather_into(
@@ -513,9 +513,9 @@ std::shared_ptr<Work> NcclBackend::do_all_gather_into(
                });
 }
 
-std::shared_ptr<Work> NcclBackend::do_all_gather(std::vector<Tensor>& outputs,
-                                              const Tensor& input,
-                                              const AllGatherOptions& options) {
+std::shared_ptr<Work> NcclBackend::do_all_gather(
+    std::vector<Tensor>& outputs, const Tensor& input,
+    const AllGatherOptions& options) {
   const int device = device_for(input, "all_gather");
   for (const Tensor& out : outputs) device_for(out, "all_gather");
   // Gathered into one flat buffer by NCCL, then copied out on the stream.
@@ -529,9 +529,9 @@ std::shared_ptr<Work> NcclBackend::do_all_gather(std::vector<Tensor>& outputs,
       what, keep, device, options.timeout,
       [outputs, input, flat, what](Communicator& c) {
         c.wait_for(ncclAllGather(input.data_ptr(), flat.data_ptr(),
-                               static_cast<std::size_t>(input.numel()),
-                               nccl_type(input.dtype()), c.comm, c.stream),
-                 what);
+                                 static_cast<std::size_t>(input.numel()),
+                                 nccl_type(input.dtype()), c.comm, c.stream),
+                   what);
         const std::size_t bytes = input.nbytes();
         for (std::size_t r = 0; r < outputs.size(); ++r) {
           check_cuda(
@@ -559,28 +559,29 @@ std::shared_ptr<Work> NcclBackend::do_reduce_scatter(
   keep.push_back(flat);
   const std::string what =
       describe("reduce_scatter", output, reduce_op_name(options.op));
-  return issue(what, keep, device, options.timeout,
-               [output, inputs, flat, op, what](Communicator& c) {
-                 const std::size_t bytes = output.nbytes();
-                 for (std::size_t r = 0; r < inputs.size(); ++r) {
-                   check_cuda(cudaMemcpyAsync(
-                                  static_cast<std::uint8_t*>(flat.data_ptr()) +
-                                      r * bytes,
-                                  inputs[r].data_ptr(), bytes,
-                                  cudaMemcpyDeviceToDevice, c.stream),
-                              "cudaMemcpyAsync in " + what);
-                 }
-                 c.wait_for(ncclReduceScatter(
-                              flat.data_ptr(), output.data_ptr(),
+  return issue(
+      what, keep, device, options.timeout,
+      [output, inputs, flat, op, what](Communicator& c) {
+        const std::size_t bytes = output.nbytes();
+        for (std::size_t r = 0; r < inputs.size(); ++r) {
+          check_cuda(
+              cudaMemcpyAsync(
+                  static_cast<std::uint8_t*>(flat.data_ptr()) + r * bytes,
+                  inputs[r].data_ptr(), bytes, cudaMemcpyDeviceToDevice,
+                  c.stream),
+              "cudaMemcpyAsync in " + what);
+        }
+        c.wait_for(
+            ncclReduceScatter(flat.data_ptr(), output.data_ptr(),
                               static_cast<std::size_t>(output.numel()),
                               nccl_type(output.dtype()), op, c.comm, c.stream),
-                          what);
-               });
+            what);
+      });
 }
 
 std::shared_ptr<Work> NcclBackend::do_gather(std::vector<Tensor>& outputs,
-                                          const Tensor& input,
-                                          const GatherOptions& options) {
+                                             const Tensor& input,
+                                             const GatherOptions& options) {
   const int device = device_for(input, "gather");
   for (const Tensor& out : outputs) device_for(out, "gather");
   std::vector<Tensor> keep = outputs;
@@ -615,8 +616,8 @@ std::shared_ptr<Work> NcclBackend::do_gather(std::vector<Tensor>& outputs,
 }
 
 std::shared_ptr<Work> NcclBackend::do_scatter(Tensor& output,
-                                           const std::vector<Tensor>& inputs,
-                                           const ScatterOptions& options) {
+                                              const std::vector<Tensor>& inputs,
+                                              const ScatterOptions& options) {
   const int device = device_for(output, "scatter");
   for (const Tensor& in : inputs) device_for(in, "scatter");
   std::vector<Tensor> keep = inputs;
@@ -650,9 +651,8 @@ std::shared_ptr<Work> NcclBackend::do_scatter(Tensor& output,
       });
 }
 
-std::shared_ptr<Work> NcclBackend::do_all_to_all(Tensor& output,
-                                              const Tensor& input,
-                                              const AllToAllOptions& options) {
+std::shared_ptr<Work> NcclBackend::do_all_to_all(
+    Tensor& output, const Tensor& input, const AllToAllOptions& options) {
   // Checked by Backend::all_to_all.
   const detail::AllToAllLayout layout =
       detail::all_to_all_layout(output, input, options.input_split_sizes,
@@ -738,15 +738,15 @@ std::shared_ptr<Work> NcclBackend::do_barrier(const BarrierOptions& options) {
   return issue(
       what, {token}, device, options.timeout,
       [token, what](Communicator& c) {
-        c.wait_for(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclUint8,
-                               ncclSum, c.comm, c.stream),
-                 what);
+        c.wait_for(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1,
+                                 ncclUint8, ncclSum, c.comm, c.stream),
+                   what);
       },
       /*blocks_host=*/true);
 }
 
 std::shared_ptr<Work> NcclBackend::do_send(const Tensor& tensor, int dst,
-                                        const SendOptions& options) {
+                                           const SendOptions& options) {
   const int device = device_for(tensor, "send");
   const std::string what =
       describe("send", tensor, "to rank " + std::to_string(dst));
@@ -761,7 +761,7 @@ std::shared_ptr<Work> NcclBackend::do_send(const Tensor& tensor, int dst,
 }
 
 std::shared_ptr<Work> NcclBackend::do_recv(Tensor& tensor, int src,
-                                        const RecvOptions& options) {
+                                           const RecvOptions& options) {
   if (src == kAnySource) {
     throw InvalidArgument(
         "recv: NCCL cannot receive from any source; name the sending rank, "

@@ -368,7 +368,7 @@ void Exchange::progress_recv(Transfer& t) {
       const std::uint8_t* other =
           part->base != nullptr ? part->base + t.part_done : target;
       reduce_pair_into(t.op, t.dtype, target, other, t.scratch.get(),
-             chunk / dtype_size(t.dtype));
+                       chunk / dtype_size(t.dtype));
       t.scratch_filled = 0;
       moved = chunk;
     }

@@ -131,8 +131,8 @@ void TcpBackend::execute(const CallInfo& call,
   }
 }
 
-std::shared_ptr<Work> TcpBackend::do_broadcast(Tensor& tensor,
-                                            const BroadcastOptions& options) {
+std::shared_ptr<Work> TcpBackend::do_broadcast(
+    Tensor& tensor, const BroadcastOptions& options) {
   CallInfo call{Collective::kBroadcast, 0,
                 tensor.dtype(),         tensor.numel(),
                 ReduceOp::kSum,         options.root};
@@ -148,7 +148,7 @@ std::shared_ptr<Work> TcpBackend::do_broadcast(Tensor& tensor,
 }
 
 std::shared_ptr<Work> TcpBackend::do_reduce(Tensor& tensor,
-                                         const ReduceOptions& options) {
+                                            const ReduceOptions& options) {
   CallInfo call{Collective::kReduce, 0,          tensor.dtype(),
                 tensor.numel(),      options.op, options.root};
   return enqueue(call, options.timeout,
@@ -169,8 +169,8 @@ std::shared_ptr<Work> TcpBackend::do_reduce(Tensor& tensor,
                  });
 }
 
-std::shared_ptr<Work> TcpBackend::do_all_reduce(Tensor& tensor,
-                                             const AllReduceOptions& options) {
+std::shared_ptr<Work> TcpBackend::do_all_reduce(
+    Tensor& tensor, const AllReduceOptions& options) {
   return do_all_reduce_into(tensor, tensor, options);
 }
 
@@ -196,9 +196,9 @@ std::shared_ptr<Work> TcpBackend::do_all_reduce_into(
       });
 }
 
-std::shared_ptr<Work> TcpBackend::do_all_gather(std::vector<Tensor>& outputs,
-                                             const Tensor& input,
-                                             const AllGatherOptions& options) {
+std::shared_ptr<Work> TcpBackend::do_all_gather(
+    std::vector<Tensor>& outputs, const Tensor& input,
+    const AllGatherOptions& options) {
   CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
                 ReduceOp::kSum,         -1};
   return enqueue(
@@ -236,8 +236,8 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
 }
 
 std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
-                                         const Tensor& input,
-                                         const GatherOptions& options) {
+                                            const Tensor& input,
+                                            const GatherOptions& options) {
   CallInfo call{Collective::kGather, 0,           input.dtype(), input.numel(),
                 ReduceOp::kSum,      options.root};
   return enqueue(
@@ -257,8 +257,8 @@ std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
 }
 
 std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
-                                          const std::vector<Tensor>& inputs,
-                                          const ScatterOptions& options) {
+                                             const std::vector<Tensor>& inputs,
+                                             const ScatterOptions& options) {
   CallInfo call{Collective::kScatter, 0,
                 output.dtype(),       output.numel(),
                 ReduceOp::kSum,       options.root};
@@ -318,9 +318,8 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
       });
 }
 
-std::shared_ptr<Work> TcpBackend::do_all_to_all(Tensor& output,
-                                             const Tensor& input,
-                                             const AllToAllOptions& options) {
+std::shared_ptr<Work> TcpBackend::do_all_to_all(
+    Tensor& output, const Tensor& input, const AllToAllOptions& options) {
   // Checked by Backend::all_to_all; the TCP algorithm works in bytes.
   detail::AllToAllLayout layout =
       detail::all_to_all_layout(output, input, options.input_split_sizes,
@@ -370,7 +369,7 @@ std::shared_ptr<Work> TcpBackend::point_to_point_work(const char* kind,
 }
 
 std::shared_ptr<Work> TcpBackend::do_send(const Tensor& tensor, int dst,
-                                       const SendOptions& options) {
+                                          const SendOptions& options) {
   auto work = point_to_point_work("send", tensor, options.tag,
                                   "to rank " + std::to_string(dst));
   // A CUDA tensor is copied to the host now; the copy travels with the send.
@@ -382,7 +381,7 @@ std::shared_ptr<Work> TcpBackend::do_send(const Tensor& tensor, int dst,
 }
 
 std::shared_ptr<Work> TcpBackend::do_recv(Tensor& tensor, int src,
-                                       const RecvOptions& options) {
+                                          const RecvOptions& options) {
   auto work = point_to_point_work("recv", tensor, options.tag,
                                   src == kAnySource
                                       ? std::string("from any rank")

@@ -43,36 +43,36 @@ class COMM_API TcpBackend final : public Backend {
 
  private:
   std::shared_ptr<Work> do_broadcast(Tensor& tensor,
-                                  const BroadcastOptions& options) override;
+                                     const BroadcastOptions& options) override;
   std::shared_ptr<Work> do_reduce(Tensor& tensor,
-                               const ReduceOptions& options) override;
+                                  const ReduceOptions& options) override;
   std::shared_ptr<Work> do_all_reduce(Tensor& tensor,
-                                   const AllReduceOptions& options) override;
+                                      const AllReduceOptions& options) override;
   std::shared_ptr<Work> do_all_reduce_into(
       Tensor& output, const Tensor& input,
       const AllReduceOptions& options) override;
   std::shared_ptr<Work> do_all_gather(std::vector<Tensor>& outputs,
-                                   const Tensor& input,
-                                   const AllGatherOptions& options) override;
+                                      const Tensor& input,
+                                      const AllGatherOptions& options) override;
   std::shared_ptr<Work> do_all_gather_into(
       Tensor& output, const Tensor& input,
       const AllGatherOptions& options) override;
   std::shared_ptr<Work> do_gather(std::vector<Tensor>& outputs,
-                               const Tensor& input,
-                               const GatherOptions& options) override;
+                                  const Tensor& input,
+                                  const GatherOptions& options) override;
   std::shared_ptr<Work> do_scatter(Tensor& output,
-                                const std::vector<Tensor>& inputs,
-                                const ScatterOptions& options) override;
+                                   const std::vector<Tensor>& inputs,
+                                   const ScatterOptions& options) override;
   std::shared_ptr<Work> do_reduce_scatter(
       Tensor& output, const std::vector<Tensor>& inputs,
       const ReduceScatterOptions& options) override;
   std::shared_ptr<Work> do_all_to_all(Tensor& output, const Tensor& input,
-                                   const AllToAllOptions& options) override;
+                                      const AllToAllOptions& options) override;
   std::shared_ptr<Work> do_barrier(const BarrierOptions& options) override;
   std::shared_ptr<Work> do_send(const Tensor& tensor, int dst,
-                             const SendOptions& options) override;
+                                const SendOptions& options) override;
   std::shared_ptr<Work> do_recv(Tensor& tensor, int src,
-                             const RecvOptions& options) override;
+                                const RecvOptions& options) override;
 
   using Body = std::function<void(tcp::CollectiveContext&)>;
 

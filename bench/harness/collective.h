@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "libcomm/device.h"
-#include "libcomm/dtype.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/dtype.h"
 #include "libcomm/reduce_op.h"
 #include "libcomm/tensor.h"
 

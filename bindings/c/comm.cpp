@@ -355,10 +355,10 @@ std::size_t times_world(std::size_t count, comm::ProcessGroup& group,
   std::size_t total = 0;
   if (__builtin_mul_overflow(count, static_cast<std::size_t>(group.size()),
                              &total)) {
-    throw InvalidArgument(std::string("`") + argument + "`: " +
-                          std::to_string(count) + " elements per rank times " +
-                          std::to_string(group.size()) +
-                          " ranks overflows size_t");
+    throw InvalidArgument(
+        std::string("`") + argument + "`: " + std::to_string(count) +
+        " elements per rank times " + std::to_string(group.size()) +
+        " ranks overflows size_t");
   }
   return total;
 }
@@ -714,7 +714,8 @@ comm_result_t comm_all_gather(const void* sendbuf, void* recvbuf,
     const DType type = dtype_of(dtype);
     Placement at(device, stream);
     Tensor send = at.view(sendbuf, sendcount, type, "sendbuf");
-    Tensor recv = at.view(recvbuf, times_world(sendcount, g, "recvbuf"), type, "recvbuf");
+    Tensor recv =
+        at.view(recvbuf, times_world(sendcount, g, "recvbuf"), type, "recvbuf");
     send = apart_from(send, recv, at);
     at.finish(g.all_gather_into(recv, send), work);
   });
@@ -730,7 +731,8 @@ comm_result_t comm_reduce_scatter(const void* sendbuf, void* recvbuf,
     comm::ReduceScatterOptions options;
     options.op = op_of(op);
     Placement at(device, stream);
-    Tensor send = at.view(sendbuf, times_world(recvcount, g, "sendbuf"), type, "sendbuf");
+    Tensor send =
+        at.view(sendbuf, times_world(recvcount, g, "sendbuf"), type, "sendbuf");
     Tensor recv = at.view(recvbuf, recvcount, type, "recvbuf");
     send = apart_from(send, recv, at);
     at.finish(
@@ -749,7 +751,8 @@ comm_result_t comm_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
     Tensor send = at.view(sendbuf, sendcount, type, "sendbuf");
     std::vector<Tensor> outputs;
     if (g.rank() == root) {
-      Tensor recv = at.view(recvbuf, times_world(sendcount, g, "recvbuf"), type, "recvbuf");
+      Tensor recv = at.view(recvbuf, times_world(sendcount, g, "recvbuf"), type,
+                            "recvbuf");
       send = apart_from(send, recv, at);
       outputs = blocks(recv, g.size(), sendcount);
     }
@@ -769,7 +772,8 @@ comm_result_t comm_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
     Tensor recv = at.view(recvbuf, recvcount, type, "recvbuf");
     std::vector<Tensor> inputs;
     if (g.rank() == root) {
-      Tensor send = at.view(sendbuf, times_world(recvcount, g, "sendbuf"), type, "sendbuf");
+      Tensor send = at.view(sendbuf, times_world(recvcount, g, "sendbuf"), type,
+                            "sendbuf");
       send = apart_from(send, recv, at);
       inputs = blocks(send, g.size(), recvcount);
     }

@@ -24,8 +24,8 @@
 
 #include "libcomm/distributed/ddp/distributed_data_parallel.h"
 #include "libcomm/distributed/distributed_sampler.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
 #include "libcomm/tensor.h"
 #include "libcomm/tensor_dlpack.h"
 #include "libcomm/version.h"
@@ -271,8 +271,9 @@ class PyWork {
 
   bool wait(std::optional<double> timeout_seconds) {
     const std::optional<Millis> timeout =
-        timeout_seconds ? std::optional<Millis>(millis_of(*timeout_seconds, true))
-                        : std::nullopt;
+        timeout_seconds
+            ? std::optional<Millis>(millis_of(*timeout_seconds, true))
+            : std::nullopt;
     {
       py::gil_scoped_release no_gil;
       if (timeout) {

@@ -36,8 +36,8 @@ void check_tensor(const Tensor& tensor, std::string_view op,
       name + ": " + tensor.describe() + " is on " + tensor.device().str() +
       ", but this process sees " + std::to_string(visible) + " CUDA device" +
       (visible == 1 ? "" : "s") +
-      (visible == 0 ? "" : " (cuda:0 to cuda:" + std::to_string(visible - 1) +
-                               ")") +
+      (visible == 0 ? ""
+                    : " (cuda:0 to cuda:" + std::to_string(visible - 1) + ")") +
       "; pass a tensor on a device that exists");
 }
 

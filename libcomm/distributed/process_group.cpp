@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "libcomm/distributed/backend_registry.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/rendezvous.h"
+#include "libcomm/error.h"
 #include "store/prefix_store.h"
 
 namespace comm {

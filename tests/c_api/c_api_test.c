@@ -271,8 +271,8 @@ static void test_concurrent_free(void) {
             0);
     for (int t = 0; t < 2; ++t) CHECK(pthread_join(threads[t], NULL) == 0);
     pthread_barrier_destroy(&start);
-    const int freed = (races[0].result == COMM_SUCCESS) +
-                      (races[1].result == COMM_SUCCESS);
+    const int freed =
+        (races[0].result == COMM_SUCCESS) + (races[1].result == COMM_SUCCESS);
     const int refused = (races[0].result == COMM_INVALID_ARGUMENT) +
                         (races[1].result == COMM_INVALID_ARGUMENT);
     CHECK(freed == 1 && refused == 1);
@@ -610,8 +610,8 @@ static void test_counts_that_overflow(comm_group_t group, int size) {
   }
   for (int r = 0; r < 8; ++r) CHECK(recv[r] == 0);
   int64_t one = 1;
-  OK(comm_all_reduce(&one, &one, 1, COMM_INT64, COMM_SUM, group, COMM_CPU,
-                     NULL, NULL));
+  OK(comm_all_reduce(&one, &one, 1, COMM_INT64, COMM_SUM, group, COMM_CPU, NULL,
+                     NULL));
   CHECK(one == size);
 }
 

@@ -14,13 +14,13 @@
 #include <string>
 
 #include "examples/mlp.h"
+#include "libcomm/detail/socket.h"
 #include "libcomm/distributed/ddp/checkpoint.h"
 #include "libcomm/distributed/ddp/distributed_data_parallel.h"
-#include "libcomm/detail/socket.h"
 #include "libcomm/distributed/distributed_sampler.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/distributed/rendezvous.h"
+#include "libcomm/error.h"
 #include "support/child_process.h"
 #include "support/temp_path.h"
 

@@ -5,17 +5,17 @@
 #include <catch2/catch.hpp>
 
 #include <thread>
-#include "libcomm/distributed/backend_registry.h"
 #include "libcomm/config.h"
-#include "libcomm/error.h"
+#include "libcomm/distributed/backend_registry.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
 #include "store/hash_store.h"
 
 using comm::DeviceType;
 using comm::InvalidArgument;
+using comm::parse_backend_spec;
 using comm::ProcessGroup;
 using comm::Tensor;
-using comm::parse_backend_spec;
 
 TEST_CASE("backend strings name one backend per kind of device", "[router]") {
   using Routes = std::vector<std::pair<DeviceType, std::string>>;

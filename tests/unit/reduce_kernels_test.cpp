@@ -149,10 +149,12 @@ TEST_CASE("every dtype and op matches the scalar reference", "[reduce]") {
         comm::reduce_into(op, dtype, out.data(), b.data(), count);
       } else if (form == Form::kApart) {
         out = random_bytes(dtype, count, 5);
-        comm::reduce_pair_into(op, dtype, out.data(), a.data(), b.data(), count);
+        comm::reduce_pair_into(op, dtype, out.data(), a.data(), b.data(),
+                               count);
       } else {
         out = b;
-        comm::reduce_pair_into(op, dtype, out.data(), a.data(), out.data(), count);
+        comm::reduce_pair_into(op, dtype, out.data(), a.data(), out.data(),
+                               count);
       }
 
       std::size_t wrong = 0;
@@ -230,7 +232,8 @@ TEST_CASE("a float16 NaN result has one bit pattern, whichever kernel runs",
   for (ReduceOp op :
        {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
     std::vector<std::uint16_t> out(a.size());
-    comm::reduce_pair_into(op, DType::kF16, out.data(), a.data(), b.data(), out.size());
+    comm::reduce_pair_into(op, DType::kF16, out.data(), a.data(), b.data(),
+                           out.size());
     for (std::size_t i = 0; i < out.size(); ++i) {
       INFO(comm::reduce_op_name(op) << " element " << i);
       CHECK((out[i] & 0x7FFFu) == 0x7E00u);

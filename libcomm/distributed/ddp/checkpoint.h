@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "libcomm/export.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/export.h"
 #include "libcomm/tensor.h"
 
 namespace comm {

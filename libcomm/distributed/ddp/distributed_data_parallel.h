@@ -34,8 +34,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "libcomm/export.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/export.h"
 #include "libcomm/tensor.h"
 
 namespace comm {
