@@ -12,10 +12,10 @@
 
 #include "backends/nccl/nccl_backend.h"
 #include "libcomm/cuda.h"
-#include "libcomm/distributed/ddp/distributed_data_parallel.h"
 #include "libcomm/detail/dispatch.h"
-#include "libcomm/error.h"
+#include "libcomm/distributed/ddp/distributed_data_parallel.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
 #include "store/hash_store.h"
 
 using comm::Device;

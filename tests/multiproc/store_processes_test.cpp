@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "libcomm/detail/socket.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/rendezvous.h"
+#include "libcomm/error.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
 #include "support/child_process.h"

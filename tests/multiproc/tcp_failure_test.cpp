@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "libcomm/detail/socket.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
 #include "support/child_process.h"
 
 using comm::testing::ChildProcess;

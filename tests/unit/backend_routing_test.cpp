@@ -5,11 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <thread>
-#include "libcomm/distributed/backend_registry.h"
 #include "libcomm/config.h"
+#include "libcomm/distributed/backend_registry.h"
 #include "libcomm/distributed/device_router.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
 #include "store/hash_store.h"
 
 using comm::DeviceType;

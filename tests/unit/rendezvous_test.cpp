@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "libcomm/detail/socket.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/rendezvous.h"
+#include "libcomm/error.h"
 #include "store/hash_store.h"
 #include "support/temp_path.h"
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "libcomm/detail/dispatch.h"
-#include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"
 #include "support/thread_ranks.h"
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <thread>
 
-#include "libcomm/error.h"
 #include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
 #include "support/thread_ranks.h"
 
 using comm::DType;
