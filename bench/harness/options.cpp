@@ -72,11 +72,12 @@ int Options::iterations_for(std::int64_t size) const {
       std::clamp<std::int64_t>(fitting, std::min(3, iterations), iterations));
 }
 
-std::vector<std::int64_t> Options::sizes() const {
+std::vector<std::int64_t> Options::sizes(std::size_t limit) const {
   std::vector<std::int64_t> sizes;
   // Bounded: each step grows the size by at least one byte or a factor of 2,
   // and parse_options caps the count.
-  for (std::int64_t size = min_bytes; size <= max_bytes;) {
+  for (std::int64_t size = min_bytes;
+       size <= max_bytes && sizes.size() < limit;) {
     sizes.push_back(size);
     const std::int64_t next =
         step_factor > 1 ? size * step_factor : size + step_bytes;
@@ -169,7 +170,7 @@ Options parse_options(const std::string& program,
   } else if (options.step_bytes <= 0) {
     throw UsageError("-i takes a positive increment, not '" + step_bytes + "'");
   }
-  if (options.sizes().size() > 10000) {
+  if (options.sizes(10001).size() > 10000) {
     throw UsageError(
         "-b " + min_bytes + " to -e " + max_bytes + " with " +
         (step_factor.empty() ? "-i " + step_bytes : "-f " + step_factor) +

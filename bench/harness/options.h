@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -47,8 +48,11 @@ struct Options {
   enum class Binding { kAuto, kCore, kNone } binding = Binding::kCore;
   std::chrono::seconds timeout{300};  // --timeout, per operation
 
-  // The sizes to run, from min_bytes to max_bytes.
-  std::vector<std::int64_t> sizes() const;
+  // The sizes to run, from min_bytes to max_bytes; at most `limit` of them
+  // (the first ones), so that a range too fine to run is refused without
+  // making its whole list.
+  std::vector<std::int64_t> sizes(
+      std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
   // Timed iterations at `size`: -n, or with --iteration-bytes B, B / size
   // but at least 3 and at most -n, as the loops of ../shared/peers count
   // theirs (64 MiB / size, 3 to 200), so that one sweep can match them.

@@ -17,7 +17,6 @@
 #include "libcomm/detail/socket.h"
 #include "libcomm/distributed/ddp/checkpoint.h"
 #include "libcomm/distributed/ddp/distributed_data_parallel.h"
-#include "libcomm/distributed/distributed_sampler.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/distributed/rendezvous.h"
 #include "libcomm/error.h"
@@ -435,36 +434,6 @@ TEST_CASE("compression hooks average in half precision", "[ddp][multiproc]") {
     std::remove((out.str() + ".0").c_str());
     std::remove((out.str() + ".1").c_str());
   }
-}
-
-TEST_CASE("DistributedSampler splits epochs evenly and reproducibly",
-          "[ddp][sampler]") {
-  for (int world : {1, 2, 3, 4}) {
-    for (std::size_t n : {0, 1, 7, 12, 100}) {
-      std::vector<std::size_t> seen;
-      for (int r = 0; r < world; ++r) {
-        comm::DistributedSampler sampler(n, r, world, {.seed = 5});
-        sampler.set_epoch(3);
-        const auto mine = sampler.indices();
-        CHECK(mine.size() == (n + world - 1) / world);
-        CHECK(mine == sampler.indices());  // deterministic
-        seen.insert(seen.end(), mine.begin(), mine.end());
-        comm::DistributedSampler dropping(n, r, world,
-                                          {.seed = 5, .drop_last = true});
-        CHECK(dropping.indices().size() == n / world);
-      }
-      std::sort(seen.begin(), seen.end());
-      // Every sample is covered; disjoint when the world divides n.
-      for (std::size_t i = 0; i < n; ++i)
-        CHECK(std::binary_search(seen.begin(), seen.end(), i));
-      if (n % world == 0)
-        CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
-    }
-  }
-  comm::DistributedSampler a(100, 0, 2), b(100, 0, 2);
-  b.set_epoch(1);
-  CHECK(a.indices() != b.indices());  // a new shuffle per epoch
-  CHECK_THROWS_AS(comm::DistributedSampler(10, 2, 2), comm::InvalidArgument);
 }
 
 TEST_CASE("buffers follow rank 0's each step", "[ddp][multiproc]") {

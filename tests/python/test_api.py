@@ -84,13 +84,19 @@ def test_api_mirrors_torch_distributed(world_of_one):
     assert dist.is_initialized()
     assert (dist.get_rank(), dist.get_world_size(), dist.get_backend()) == \
         (0, 1, "tcp")
-    x = torch.ones(3)
-    work = dist.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True)
+    # At world 1 a correct all_reduce leaves its input as it is, so it could
+    # not tell a working call from one that does nothing; an all_gather
+    # writes an output that a call doing nothing would leave zero. (AVG and
+    # the other reductions are checked against references at world 3 in
+    # test_collectives.py.)
+    x = torch.arange(1.0, 4.0)
+    out = [torch.zeros(3)]
+    work = dist.all_gather(out, x, async_op=True)
     assert isinstance(work, dist.Work)
     assert work.wait(timeout=10) is True
     assert work.is_completed() and work.is_success()
     assert work.exception() is None
-    assert torch.equal(x, torch.ones(3))
+    assert torch.equal(out[0], torch.tensor([1.0, 2.0, 3.0]))
     # Every name torch.distributed users reach for exists.
     for name in ["all_reduce", "broadcast", "reduce", "all_gather", "gather",
                  "scatter", "reduce_scatter", "all_to_all", "barrier", "send",

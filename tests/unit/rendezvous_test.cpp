@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +41,12 @@ class ScopedEnv {
     }
   }
 };
+
+// Throws where a rank's thread finds something wrong: Catch2's assertions
+// are not thread-safe, so rank threads report through run_ranks' errors.
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw std::runtime_error(what);
+}
 
 // Runs `world` ranks as threads; returns each rank's error message, empty
 // where the rank succeeded.
@@ -156,7 +163,8 @@ TEST_CASE("8 ranks join over tcp:// and see one store", "[rendezvous]") {
   auto errors = run_ranks(8, [&](int rank) {
     auto joined =
         comm::rendezvous(url + "&rank=" + std::to_string(rank), -1, -1, 30s);
-    CHECK(joined.world_size == 8);
+    expect(joined.world_size == 8,
+           "world_size " + std::to_string(joined.world_size));
     joined.store->add("sum", rank);
     joined.store->add("done", 1);
     joined.store->wait({"done"}, 30s);
@@ -172,7 +180,7 @@ TEST_CASE("ranks join over file://", "[rendezvous]") {
   auto errors = run_ranks(4, [&](int rank) {
     auto joined =
         comm::rendezvous(url + "&rank=" + std::to_string(rank), -1, -1, 30s);
-    CHECK(joined.rank == rank);
+    expect(joined.rank == rank, "rank " + std::to_string(joined.rank));
   });
   for (const auto& error : errors) CHECK(error == "");
   CHECK(access(path.str().c_str(), F_OK) != 0);  // the last user removed it

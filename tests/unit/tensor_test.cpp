@@ -156,7 +156,25 @@ TEST_CASE("a from_blob deleter runs exactly once, after the last view",
   }
 }
 
-TEST_CASE("CUDA tensors need a CUDA build and device", "[tensor]") {
-  if (comm::cuda_device_count() > 0) return;  // covered by the gpu suite
-  CHECK_THROWS(Tensor::empty({4}, DType::kF32, comm::Device::cuda(0)));
+TEST_CASE(
+    "CUDA tensors are made on a device that exists and refused on one "
+    "that does not",
+    "[tensor]") {
+  const int devices = comm::cuda_device_count();
+  if (devices == 0) {
+    // Only the refusal can be checked here; the gpu suite covers the rest.
+    WARN("no CUDA device"
+         << (comm::built_with_cuda() ? "" : " (libcomm built without CUDA)")
+         << ": CUDA tensors are checked to be refused, not made");
+    CHECK_THROWS_AS(Tensor::empty({4}, DType::kF32, comm::Device::cuda(0)),
+                    comm::Error);
+    return;
+  }
+  Tensor made = Tensor::full({4}, 2.5, DType::kF32, comm::Device::cuda(0));
+  CHECK(made.device() == comm::Device::cuda(0));
+  CHECK(made.numel() == 4);
+  const Tensor back = made.to(comm::Device::cpu());
+  for (int i = 0; i < 4; ++i) CHECK(back.data<float>()[i] == 2.5f);
+  CHECK_THROWS_AS(Tensor::empty({4}, DType::kF32, comm::Device::cuda(devices)),
+                  comm::Error);
 }

@@ -1,0 +1,164 @@
+// comm::tcp::Mesh: the TCP backend's connections, three channels to every
+// other rank, set up through a Store. Ranks run as threads over one
+// HashStore; Catch2's assertions are not thread-safe, so the ranks' threads
+// throw what they find and the test's thread checks it.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/tcp/mesh.h"
+#include "libcomm/detail/socket.h"
+#include "libcomm/error.h"
+#include "store/hash_store.h"
+#include "support/mesh_ranks.h"
+
+using comm::HashStore;
+using comm::tcp::Channel;
+using comm::tcp::Mesh;
+using comm::testing::run_meshes;
+using namespace std::chrono_literals;
+
+namespace {
+
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw std::runtime_error(what);
+}
+
+// The handshake a connecting rank sends first (see mesh.h): magic "CMTH",
+// channel, three reserved bytes, job id, rank, world size.
+struct Hello {
+  std::uint32_t magic = 0x48544d43;
+  std::uint8_t channel = 0;
+  std::uint8_t reserved[3] = {};
+  std::uint64_t job = 0;
+  std::int32_t rank = 0;
+  std::int32_t size = 0;
+};
+static_assert(sizeof(Hello) == 24);
+
+// Connects to rank 0's published address, sends `hello` and returns the
+// one-byte answer (1: accepted), or -1 when the connection closed first.
+int knock(HashStore& store, const Hello& hello) {
+  const std::string address = store.get_string("tcp/addr/0", 10s);
+  const auto colon = address.rfind(':');
+  const auto deadline = comm::detail::deadline_after(10s);
+  auto socket = comm::detail::Socket::connect(
+      address.substr(0, colon),
+      static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))),
+      deadline, "rank 0");
+  socket.send_all(&hello, sizeof(hello), deadline, "rank 0");
+  std::uint8_t answer = 0;
+  try {
+    socket.recv_all(&answer, 1, deadline, "rank 0");
+  } catch (const comm::PeerError&) {
+    return -1;
+  }
+  return answer;
+}
+
+}  // namespace
+
+TEST_CASE("every pair of ranks gets one connection per channel",
+          "[tcp][mesh]") {
+  constexpr int kWorld = 4;
+  // Each rank sends (its rank, the channel) to every peer on every channel,
+  // then reads what came in: each pair must come from the peer and channel
+  // it was read on.
+  auto errors = run_meshes(kWorld, 10s, [](Mesh& mesh) {
+    expect(mesh.size() == kWorld, "size()");
+    const auto deadline = comm::detail::deadline_after(10s);
+    for (int peer = 0; peer < kWorld; ++peer) {
+      if (peer == mesh.rank()) continue;
+      expect(
+          mesh.peer_name(peer).starts_with("rank " + std::to_string(peer)),
+          "peer_name(" + std::to_string(peer) + ") is " + mesh.peer_name(peer));
+      for (int channel = 0; channel < comm::tcp::kChannels; ++channel) {
+        auto& socket = mesh.socket(peer, static_cast<Channel>(channel));
+        expect(socket.valid(), "no socket to rank " + std::to_string(peer));
+        const std::uint8_t mine[2] = {static_cast<std::uint8_t>(mesh.rank()),
+                                      static_cast<std::uint8_t>(channel)};
+        socket.send_all(mine, 2, deadline, mesh.peer_name(peer), peer);
+      }
+    }
+    for (int peer = 0; peer < kWorld; ++peer) {
+      if (peer == mesh.rank()) continue;
+      for (int channel = 0; channel < comm::tcp::kChannels; ++channel) {
+        std::uint8_t theirs[2] = {};
+        mesh.socket(peer, static_cast<Channel>(channel))
+            .recv_all(theirs, 2, deadline, mesh.peer_name(peer), peer);
+        expect(theirs[0] == peer && theirs[1] == channel,
+               "channel " + std::to_string(channel) + " from rank " +
+                   std::to_string(peer) + " carried rank " +
+                   std::to_string(theirs[0]) + "'s channel " +
+                   std::to_string(theirs[1]));
+      }
+    }
+  });
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "");
+  }
+}
+
+TEST_CASE("a world of one connects to no one", "[tcp][mesh]") {
+  auto errors = run_meshes(1, 10s, [](Mesh& mesh) {
+    expect(mesh.rank() == 0 && mesh.size() == 1, "rank() or size()");
+  });
+  CHECK(errors[0] == "");
+}
+
+TEST_CASE("a connection whose handshake does not fit the group is refused",
+          "[tcp][mesh]") {
+  HashStore store(20s);
+  // Rank 0 waits for rank 1; strangers knock first, each refused with a 0,
+  // and only then does the real rank 1 come.
+  std::vector<std::string> rank0_errors;
+  std::thread rank0(
+      [&] { rank0_errors = run_meshes(store, 2, {0}, 20s, [](Mesh&) {}); });
+  const std::uint64_t job = std::stoull(store.get_string("tcp/job", 10s));
+  Hello right;
+  right.job = job;
+  right.rank = 1;
+  right.size = 2;
+
+  Hello stale_job = right;
+  stale_job.job = job + 1;
+  CHECK(knock(store, stale_job) == 0);
+  Hello wrong_size = right;
+  wrong_size.size = 3;
+  CHECK(knock(store, wrong_size) == 0);
+  Hello lower_rank = right;
+  lower_rank.rank = 0;
+  CHECK(knock(store, lower_rank) == 0);
+  Hello bad_magic = right;
+  bad_magic.magic = 0x12345678;
+  CHECK(knock(store, bad_magic) == 0);
+  Hello bad_channel = right;
+  bad_channel.channel = comm::tcp::kChannels;
+  CHECK(knock(store, bad_channel) == 0);
+
+  auto errors = run_meshes(store, 2, {1}, 20s, [](Mesh&) {});
+  rank0.join();
+  CHECK(errors[1] == "");
+  CHECK(rank0_errors[0] == "");
+}
+
+TEST_CASE("a rank that never comes is named in a TimeoutError", "[tcp][mesh]") {
+  HashStore store(10s);
+  // Rank 2 never starts: ranks 0 and 1 connect to each other and then wait
+  // for it until their timeout.
+  auto errors = run_meshes(store, 3, {0, 1}, 1s, [](Mesh&) {
+    throw std::runtime_error("a mesh without rank 2 was built");
+  });
+  for (int rank : {0, 1}) {
+    INFO("rank " << rank);
+    CHECK_THAT(errors[static_cast<std::size_t>(rank)],
+               Catch::Contains("timed out waiting for connections") &&
+                   Catch::Contains("rank(s) 2"));
+  }
+}
