@@ -346,7 +346,9 @@ void TCPStoreServer::Impl::on_sweep(uv_timer_t* timer) {
     }
   }
   for (Connection* c : late) {
-    if (self->warn_refusal()) {
+    // A refused client was warned about already; its refusal is flushed no
+    // longer than the deadline either.
+    if (!c->refused && self->warn_refusal()) {
       COMM_LOG_WARN(
           "TCPStore server: closing {}: no hello within {} s "
           "(COMM_STORE_HELLO_TIMEOUT_S)",
