@@ -1,5 +1,6 @@
 #include "store/tcp_store_protocol.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace comm::tcp_store_protocol {
@@ -225,7 +226,7 @@ void FrameReader::append(const std::uint8_t* data, std::size_t size) {
   buffer_.insert(buffer_.end(), data, data + size);
 }
 
-FrameReader::State FrameReader::next() {
+FrameReader::State FrameReader::next(std::size_t limit) {
   if (handed_out_) {
     start_ += kLengthSize + payload_size_;
     handed_out_ = false;
@@ -242,7 +243,7 @@ FrameReader::State FrameReader::next() {
   for (std::size_t i = 0; i < kLengthSize; ++i) {
     length |= static_cast<std::uint64_t>(buffer_[start_ + i]) << (8 * i);
   }
-  if (length > kMaxPayload) return State::kTooLarge;
+  if (length > std::min(limit, kMaxPayload)) return State::kTooLarge;
   if (buffer_.size() - start_ < kLengthSize + length) return State::kNeedMore;
   payload_size_ = length;
   handed_out_ = true;

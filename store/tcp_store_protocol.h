@@ -36,6 +36,8 @@ inline constexpr std::size_t kLengthSize = 8;  // the frame's length prefix
 // allocated for it.
 inline constexpr std::size_t kMaxPayload =
     Store::kMaxValueSize + Store::kMaxKeySize + 4096;
+// The largest hello payload: magic, version and a maximal token.
+inline constexpr std::size_t kMaxHelloPayload = 4 + 2 + 4 + kMaxTokenSize;
 
 enum class Op : std::uint8_t {
   kSet = 1,         // keys[0], values[0]; no answer
@@ -111,9 +113,10 @@ class FrameReader {
 
   void append(const std::uint8_t* data, std::size_t size);
   // kFrame: the next payload is [payload(), payload() + payload_size()), valid
-  // until the next call; kTooLarge: the announced length exceeds kMaxPayload
-  // and the stream cannot be resynchronised.
-  State next();
+  // until the next call; kTooLarge: the announced length exceeds `limit`
+  // (at most kMaxPayload) and the stream cannot be resynchronised. Nothing is
+  // allocated for an announced length before it is checked.
+  State next(std::size_t limit = kMaxPayload);
   const std::uint8_t* payload() const {
     return buffer_.data() + start_ + kLengthSize;
   }

@@ -1,6 +1,7 @@
 #include "store/tcp_store_server.h"
 
 #include <netdb.h>
+#include <sys/resource.h>
 #include <uv.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include "libcomm/detail/log.h"
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
+#include "libcomm/int_param.h"
 #include "libcomm/string_param.h"
 #include "store/key_value_table.h"
 #include "store/tcp_store_protocol.h"
@@ -28,6 +30,27 @@ const StringParam kStoreToken{
     "COMM_STORE_TOKEN", "no token",
     "a secret a TCPStore server demands from its clients and they present",
     ParamVisibility::kSecret};
+const IntParam kHelloMaxBytes{
+    "COMM_STORE_HELLO_MAX_BYTES", 8192,
+    static_cast<std::int64_t>(tcp_store_protocol::kMaxHelloPayload), 1 << 20,
+    "the longest frame a TCPStore server reads from a client before its hello"};
+const IntParam kHelloTimeoutS{
+    "COMM_STORE_HELLO_TIMEOUT_S", 30, 1, 86400,
+    "seconds a TCPStore server gives a new connection to complete its hello"};
+const IntParam kMaxQueuedBytes{
+    "COMM_STORE_MAX_QUEUED_BYTES", 4 << 20, 64 << 10, 1 << 30,
+    "unsent reply bytes at which a TCPStore server stops reading a client"};
+const IntParam kMaxConnections{
+    "COMM_STORE_MAX_CONNECTIONS", 16384, 1, 1 << 20,
+    "connections a TCPStore server holds open; it closes new ones beyond"};
+const IntParam kRefusalWarnings{
+    "COMM_STORE_REFUSAL_WARNINGS", 10, 0, 1000000,
+    "warnings about refused clients a TCPStore server logs per 10 seconds"};
+
+// Descriptors kept free for the rest of the process when the connection cap
+// is lowered to fit RLIMIT_NOFILE: the in-process server shares the limit
+// with the rank's backend, files and logs.
+constexpr std::uint64_t kReservedDescriptors = 64;
 
 // Compares without an early exit, so the time taken does not reveal how much
 // of a guessed token was right.
@@ -61,6 +84,49 @@ std::string uv_error(int status) {
   return std::string(uv_err_name(status)) + ": " + uv_strerror(status);
 }
 
+// Bounds the warnings about refused clients: the first `limit` of each
+// interval are logged, the rest only counted, and the count is logged in one
+// line when the interval ends. Loop-thread only; times are uv_now()'s.
+class WarningLimiter {
+ public:
+  static constexpr std::uint64_t kIntervalMs = 10000;
+
+  explicit WarningLimiter(std::uint64_t limit) : limit_(limit) {}
+
+  // Whether the caller may log one more warning now.
+  bool allow(std::uint64_t now_ms) {
+    roll(now_ms);
+    if (logged_ < limit_) {
+      ++logged_;
+      return true;
+    }
+    ++suppressed_;
+    return false;
+  }
+
+  // Starts a new interval once the current one is over, first logging how
+  // many warnings it suppressed. The server's sweep calls it every second,
+  // so the count appears even when no further client is refused.
+  void roll(std::uint64_t now_ms) {
+    if (now_ms - start_ms_ < kIntervalMs) return;
+    if (suppressed_ > 0) {
+      COMM_LOG_WARN(
+          "TCPStore server: {} more warnings about refused clients were "
+          "suppressed in the last {} s (COMM_STORE_REFUSAL_WARNINGS)",
+          suppressed_, (now_ms - start_ms_) / 1000);
+    }
+    start_ms_ = now_ms;
+    logged_ = 0;
+    suppressed_ = 0;
+  }
+
+ private:
+  std::uint64_t limit_;
+  std::uint64_t start_ms_ = 0;
+  std::uint64_t logged_ = 0;
+  std::uint64_t suppressed_ = 0;
+};
+
 }  // namespace
 
 struct TCPStoreServer::Impl {
@@ -73,6 +139,12 @@ struct TCPStoreServer::Impl {
     proto::FrameReader reader;
     bool greeted = false;
     bool closing = false;
+    // uv_now() when it was accepted, for the hello deadline.
+    std::uint64_t accepted_ms = 0;
+    // Reading is stopped because too many reply bytes are queued for it.
+    bool paused = false;
+    // A refusal is being flushed to it; it is never read again.
+    bool refused = false;
     // The kGet or kWait waiting for its keys, if any.
     bool pending = false;
     proto::Op pending_op = proto::Op::kWait;
@@ -91,10 +163,22 @@ struct TCPStoreServer::Impl {
   uv_loop_t loop{};
   uv_tcp_t listener{};
   uv_async_t stop_signal{};
+  // Fires every second: closes connections past the hello deadline and
+  // ends the warning limiter's intervals.
+  uv_timer_t sweep_timer{};
   std::thread thread;
   bool stopped = false;
   bool closed_cleanly = false;
   std::atomic<std::size_t> open_connections{0};
+
+  // The limits, read from the knobs once, at construction.
+  std::size_t hello_max_bytes = 0;
+  std::uint64_t hello_timeout_ms = 0;
+  std::size_t max_queued_bytes = 0;
+  std::size_t max_connections = 0;
+  // Why max_connections is what it is, for the refusal's log line.
+  std::string max_connections_source;
+  WarningLimiter refusal_warnings{0};
 
   // Loop-thread state.
   KeyValueTable table;
@@ -112,8 +196,13 @@ struct TCPStoreServer::Impl {
   static void on_read(uv_stream_t* stream, ssize_t nread, const uv_buf_t*);
   static void on_write(uv_write_t* request, int status);
   static void on_stop(uv_async_t* signal);
+  static void on_sweep(uv_timer_t* timer);
 
   void accept();
+  void refuse_over_cap();
+  void read_frames(Connection* c);
+  void pause_if_backlogged(Connection* c);
+  bool warn_refusal();
   void handle_frame(Connection* c, const std::uint8_t* data, std::size_t size);
   void handle_hello(Connection* c, const std::uint8_t* data, std::size_t size);
   void handle_request(Connection* c, proto::Message& request);
@@ -141,12 +230,35 @@ TCPStoreServer::Impl::Impl(const TCPStoreServerOptions& options)
                           " bytes is longer than the limit of " +
                           std::to_string(proto::kMaxTokenSize));
   }
+  hello_max_bytes = static_cast<std::size_t>(kHelloMaxBytes.get());
+  hello_timeout_ms = static_cast<std::uint64_t>(kHelloTimeoutS.get()) * 1000;
+  max_queued_bytes = static_cast<std::size_t>(kMaxQueuedBytes.get());
+  max_connections = static_cast<std::size_t>(kMaxConnections.get());
+  max_connections_source = "COMM_STORE_MAX_CONNECTIONS";
+  refusal_warnings =
+      WarningLimiter(static_cast<std::uint64_t>(kRefusalWarnings.get()));
+  // Past the descriptor limit accept() fails anyway; a cap below it refuses
+  // clients cleanly and leaves the rest of the process descriptors to use.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 &&
+      files.rlim_cur != RLIM_INFINITY &&
+      files.rlim_cur > 2 * kReservedDescriptors &&
+      files.rlim_cur - kReservedDescriptors < max_connections) {
+    max_connections =
+        static_cast<std::size_t>(files.rlim_cur - kReservedDescriptors);
+    max_connections_source = "RLIMIT_NOFILE of " +
+                             std::to_string(files.rlim_cur) +
+                             " less a reserve; raise ulimit -n";
+  }
   int status = uv_loop_init(&loop);
   if (status != 0) throw BackendError("uv_loop_init: " + uv_error(status));
   uv_tcp_init(&loop, &listener);
   listener.data = this;
   uv_async_init(&loop, &stop_signal, on_stop);
   stop_signal.data = this;
+  uv_timer_init(&loop, &sweep_timer);
+  sweep_timer.data = this;
+  uv_timer_start(&sweep_timer, on_sweep, 1000, 1000);
   try {
     listen(options);
   } catch (...) {
@@ -220,12 +332,47 @@ void TCPStoreServer::Impl::on_stop(uv_async_t* signal) {
   }
   uv_close(reinterpret_cast<uv_handle_t*>(&self->listener), nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_signal), nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&self->sweep_timer), nullptr);
+}
+
+void TCPStoreServer::Impl::on_sweep(uv_timer_t* timer) {
+  auto* self = static_cast<Impl*>(timer->data);
+  const std::uint64_t now = uv_now(&self->loop);
+  std::vector<Connection*> late;
+  for (Connection* c : self->connections) {
+    if (!c->greeted && !c->closing &&
+        now - c->accepted_ms >= self->hello_timeout_ms) {
+      late.push_back(c);
+    }
+  }
+  for (Connection* c : late) {
+    // A refused client was warned about already; its refusal is flushed no
+    // longer than the deadline either.
+    if (!c->refused && self->warn_refusal()) {
+      COMM_LOG_WARN(
+          "TCPStore server: closing {}: no hello within {} s "
+          "(COMM_STORE_HELLO_TIMEOUT_S)",
+          c->peer, self->hello_timeout_ms / 1000);
+    }
+    self->close(c, "it did not complete its hello in time");
+  }
+  self->refusal_warnings.roll(now);
+}
+
+bool TCPStoreServer::Impl::warn_refusal() {
+  return refusal_warnings.allow(uv_now(&loop));
 }
 
 void TCPStoreServer::Impl::on_connection(uv_stream_t* listener, int status) {
   auto* self = static_cast<Impl*>(listener->data);
   if (status != 0) {
-    COMM_LOG_WARN("TCPStore server: accept failed: {}", uv_error(status));
+    if (self->warn_refusal()) {
+      COMM_LOG_WARN("TCPStore server: accept failed: {}", uv_error(status));
+    }
+    return;
+  }
+  if (self->connections.size() >= self->max_connections) {
+    self->refuse_over_cap();
     return;
   }
   self->accept();
@@ -244,6 +391,7 @@ void TCPStoreServer::Impl::accept() {
   }
   connections.insert(c);
   open_connections.store(connections.size(), std::memory_order_relaxed);
+  c->accepted_ms = uv_now(&loop);
   uv_tcp_nodelay(&c->handle, 1);
   sockaddr_storage peer{};
   int length = sizeof(peer);
@@ -253,6 +401,35 @@ void TCPStoreServer::Impl::accept() {
   }
   COMM_LOG_DEBUG("TCPStore server: connection from {}", c->peer);
   uv_read_start(reinterpret_cast<uv_stream_t*>(&c->handle), on_alloc, on_read);
+}
+
+// Accepts the connection and closes it at once, so that it leaves the
+// backlog and its client sees a close instead of a hang.
+void TCPStoreServer::Impl::refuse_over_cap() {
+  auto* handle = new uv_tcp_t;
+  uv_tcp_init(&loop, handle);
+  auto free_handle = [](uv_handle_t* h) {
+    delete reinterpret_cast<uv_tcp_t*>(h);
+  };
+  if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener),
+                reinterpret_cast<uv_stream_t*>(handle)) != 0) {
+    uv_close(reinterpret_cast<uv_handle_t*>(handle), free_handle);
+    return;
+  }
+  if (warn_refusal()) {
+    sockaddr_storage peer{};
+    int length = sizeof(peer);
+    std::string name = "?";
+    if (uv_tcp_getpeername(handle, reinterpret_cast<sockaddr*>(&peer),
+                           &length) == 0) {
+      name = address_string(peer);
+    }
+    COMM_LOG_WARN(
+        "TCPStore server: refusing {}: {} connections are open, the most it "
+        "holds ({})",
+        name, max_connections, max_connections_source);
+  }
+  uv_close(reinterpret_cast<uv_handle_t*>(handle), free_handle);
 }
 
 void TCPStoreServer::Impl::on_alloc(uv_handle_t* handle, std::size_t,
@@ -274,22 +451,51 @@ void TCPStoreServer::Impl::on_read(uv_stream_t* stream, ssize_t nread,
   }
   c->reader.append(reinterpret_cast<const std::uint8_t*>(buffer->base),
                    static_cast<std::size_t>(nread));
-  // Bounded by the bytes just received: every frame consumes some.
-  while (!c->closing) {
-    const auto state = c->reader.next();
+  self->read_frames(c);
+}
+
+// Handles the whole frames the connection's reader holds, until it needs
+// more bytes, the connection closes, or its replies back up. Bounded by the
+// bytes received: every frame consumes some.
+void TCPStoreServer::Impl::read_frames(Connection* c) {
+  while (!c->closing && !c->paused && !c->refused) {
+    // Until its hello is accepted a client is a stranger: only a frame the
+    // size of a hello is read from it.
+    const std::size_t limit = c->greeted ? proto::kMaxPayload : hello_max_bytes;
+    const auto state = c->reader.next(limit);
     if (state == proto::FrameReader::State::kNeedMore) break;
     if (state == proto::FrameReader::State::kTooLarge) {
-      self->close(c, "it announced a frame longer than the limit");
+      if (!c->greeted && warn_refusal()) {
+        COMM_LOG_WARN(
+            "TCPStore server: closing {}: before its hello it announced a "
+            "frame longer than {} bytes (COMM_STORE_HELLO_MAX_BYTES)",
+            c->peer, hello_max_bytes);
+      }
+      close(c, "it announced a frame longer than the limit");
       break;
     }
     try {
-      self->handle_frame(c, c->reader.payload(), c->reader.payload_size());
+      handle_frame(c, c->reader.payload(), c->reader.payload_size());
     } catch (const std::exception& e) {
       // Nothing may escape into libuv: record the error, drop the client.
       COMM_LOG_ERROR("TCPStore server: dropping {}: {}", c->peer, e.what());
-      self->close(c, "the server failed to handle its request");
+      close(c, "the server failed to handle its request");
     }
   }
+}
+
+// Stops reading from a client whose unsent replies exceed the bound, so that
+// one that sends requests and never reads the answers holds a bounded amount
+// of the server's memory. on_write resumes it once the queue has drained.
+void TCPStoreServer::Impl::pause_if_backlogged(Connection* c) {
+  if (c->paused || c->closing || c->refused) return;
+  auto* stream = reinterpret_cast<uv_stream_t*>(&c->handle);
+  if (uv_stream_get_write_queue_size(stream) <= max_queued_bytes) return;
+  c->paused = true;
+  uv_read_stop(stream);
+  COMM_LOG_DEBUG(
+      "TCPStore server: not reading from {} while {} reply bytes wait for it",
+      c->peer, uv_stream_get_write_queue_size(stream));
 }
 
 void TCPStoreServer::Impl::handle_frame(Connection* c, const std::uint8_t* data,
@@ -302,7 +508,9 @@ void TCPStoreServer::Impl::handle_frame(Connection* c, const std::uint8_t* data,
   std::string problem = proto::decode_message(data, size, &request);
   if (problem.empty()) problem = proto::validate_request(request);
   if (!problem.empty()) {
-    COMM_LOG_WARN("TCPStore server: closing {}: {}", c->peer, problem);
+    if (warn_refusal()) {
+      COMM_LOG_WARN("TCPStore server: closing {}: {}", c->peer, problem);
+    }
     close(c, "it sent a malformed request");
     return;
   }
@@ -319,23 +527,29 @@ void TCPStoreServer::Impl::handle_hello(Connection* c, const std::uint8_t* data,
   proto::Hello hello;
   const std::string problem = proto::decode_hello(data, size, &hello);
   if (!problem.empty()) {
-    COMM_LOG_WARN("TCPStore server: closing {}: {}", c->peer, problem);
+    if (warn_refusal()) {
+      COMM_LOG_WARN("TCPStore server: closing {}: {}", c->peer, problem);
+    }
     close(c, "its hello was malformed");
     return;
   }
   proto::Welcome welcome;
   if (hello.version != proto::kVersion) {
     welcome.status = proto::HelloStatus::kVersionMismatch;
-    COMM_LOG_WARN(
-        "TCPStore server: refusing {}: it speaks protocol version {}, this "
-        "server speaks {}; run the same libcomm version on every rank",
-        c->peer, hello.version, proto::kVersion);
+    if (warn_refusal()) {
+      COMM_LOG_WARN(
+          "TCPStore server: refusing {}: it speaks protocol version {}, this "
+          "server speaks {}; run the same libcomm version on every rank",
+          c->peer, hello.version, proto::kVersion);
+    }
   } else if (!tokens_equal(hello.token, token)) {
     welcome.status = proto::HelloStatus::kBadToken;
-    COMM_LOG_WARN(
-        "TCPStore server: refusing {}: wrong or missing token "
-        "(COMM_STORE_TOKEN)",
-        c->peer);
+    if (warn_refusal()) {
+      COMM_LOG_WARN(
+          "TCPStore server: refusing {}: wrong or missing token "
+          "(COMM_STORE_TOKEN)",
+          c->peer);
+    }
   }
   send(c, proto::encode_welcome(welcome));
   if (welcome.status != proto::HelloStatus::kOk) {
@@ -507,15 +721,31 @@ void TCPStoreServer::Impl::send(Connection* c, Bytes frame) {
   if (status != 0) {
     delete write;
     close(c, "writing to it failed");
+    return;
   }
+  pause_if_backlogged(c);
 }
 
 void TCPStoreServer::Impl::on_write(uv_write_t* request, int status) {
   auto* write = static_cast<WriteRequest*>(request->data);
   Connection* c = write->connection;
   delete write;
+  Impl* self = c->server;
   if (status != 0 && status != UV_ECANCELED) {
-    c->server->close(c, "writing to it failed");
+    self->close(c, "writing to it failed");
+    return;
+  }
+  auto* stream = reinterpret_cast<uv_stream_t*>(&c->handle);
+  if (!c->paused || c->closing || c->refused ||
+      uv_stream_get_write_queue_size(stream) > self->max_queued_bytes / 2) {
+    return;
+  }
+  // Drained to half the bound: handle the requests already received, then
+  // read again unless they backed it up once more.
+  c->paused = false;
+  self->read_frames(c);
+  if (!c->paused && !c->closing && !c->refused) {
+    uv_read_start(stream, on_alloc, on_read);
   }
 }
 
@@ -548,6 +778,7 @@ void TCPStoreServer::Impl::close(Connection* c, const char* why) {
 
 // Lets the queued writes (a refusal) reach the client, then closes.
 void TCPStoreServer::Impl::close_after_flush(Connection* c) {
+  c->refused = true;
   uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->handle));
   auto* shutdown = new uv_shutdown_t;
   shutdown->data = c;

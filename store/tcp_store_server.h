@@ -6,7 +6,12 @@
 // are set, never by polling; idle connections cost no CPU. A connection that
 // breaks the protocol (bad magic, wrong token, a frame longer than the limit,
 // malformed fields) is closed without affecting the others, and nothing is
-// allocated for a length the server refuses.
+// allocated for a length the server refuses. One client cannot exhaust it:
+// before its hello is accepted a client may send only a hello-sized frame
+// and must finish within a deadline; a client that does not read its replies
+// is not read either once they pass a bound; connections past a cap are
+// closed at once; and warnings about refused clients are rate-limited. The
+// limits are COMM_STORE_* knobs (see the README), read at construction.
 #pragma once
 
 #include <cstddef>

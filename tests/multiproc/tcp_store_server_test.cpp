@@ -2,26 +2,32 @@
 // whatever one client does, the server keeps serving the others correctly.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
+#include "libcomm/param.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_protocol.h"
 #include "support/child_process.h"
 #include "support/server_process.h"
+#include "support/temp_path.h"
 
 namespace proto = comm::tcp_store_protocol;
 using comm::testing::ChildProcess;
 using comm::testing::ServerProcess;
+using comm::testing::TempPath;
 using namespace std::chrono_literals;
 
 namespace {
@@ -48,6 +54,7 @@ class RawClient {
                     sizeof(address)) == 0);
   }
   ~RawClient() { close(fd_); }
+  int fd() const { return fd_; }
 
   void send_bytes(const std::vector<std::uint8_t>& bytes) {
     // The server may already have closed; that is not this helper's failure.
@@ -104,6 +111,58 @@ void expect_server_healthy(std::uint16_t port) {
   store.set_string("health", "ok");
   CHECK(store.get_string("health") == "ok");
   CHECK(store.add("health-counter", 2) >= 2);
+}
+
+// The resident memory of a process in bytes, from /proc.
+std::size_t resident_bytes(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      return static_cast<std::size_t>(std::stoull(line.substr(6))) * 1024;
+    }
+  }
+  return 0;
+}
+
+// Sets a knob for the server processes started while it lives. Knobs are
+// read once per process, so the server must start after this is constructed;
+// the test process itself reads none of these.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(std::string name, const std::string& value)
+      : name_(std::move(name)) {
+    setenv(name_.c_str(), value.c_str(), 1);
+    comm::reset_params();
+  }
+  ~ScopedEnvironment() {
+    unsetenv(name_.c_str());
+    comm::reset_params();
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  std::string name_;
+};
+
+// Connects a well-behaved client, retrying while the server may still be
+// refusing it, and checks that it is served.
+void expect_server_admits(std::uint16_t port) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (true) {
+    try {
+      auto options = client_options(port);
+      options.timeout = 2s;
+      comm::TCPStore store(options);
+      store.set_string("admitted", "yes");
+      CHECK(store.get_string("admitted") == "yes");
+      return;
+    } catch (const comm::Error&) {
+      if (std::chrono::steady_clock::now() > deadline) throw;
+      std::this_thread::sleep_for(100ms);
+    }
+  }
 }
 
 }  // namespace
@@ -300,4 +359,155 @@ TEST_CASE("connecting to nothing times out naming host and port",
   CHECK_THROWS_WITH(comm::TCPStore(options),
                     Catch::Contains("127.0.0.1:" + std::to_string(port)) &&
                         Catch::Contains("attempts"));
+}
+
+TEST_CASE("a 64 MiB hello is refused before anything is allocated for it",
+          "[tcp_store][multiproc][limits]") {
+  ServerProcess server;
+  expect_server_healthy(server.port());
+  const std::size_t before = resident_bytes(server.process().pid());
+  {
+    RawClient raw(server.port());
+    std::vector<std::uint8_t> frame(proto::kLengthSize + (16 << 20), 0xab);
+    const std::uint64_t length = 64 << 20;
+    for (std::size_t i = 0; i < proto::kLengthSize; ++i)
+      frame[i] = static_cast<std::uint8_t>(length >> (8 * i));
+    // A quarter of the announced hello; the server must not wait for the
+    // rest, and must not have buffered what it got.
+    raw.send_bytes(frame);
+    CHECK(raw.closed_by_server(5s));
+  }
+  expect_server_healthy(server.port());
+  CHECK(resident_bytes(server.process().pid()) < before + (4 << 20));
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("connections silent past the hello deadline are closed",
+          "[tcp_store][multiproc][limits]") {
+  ScopedEnvironment environment("COMM_STORE_HELLO_TIMEOUT_S", "1");
+  ServerProcess server;
+  std::vector<std::unique_ptr<RawClient>> silent;
+  for (int i = 0; i < 3; ++i)
+    silent.push_back(std::make_unique<RawClient>(server.port()));
+  RawClient partial(server.port());
+  partial.send_bytes({1, 2, 3});  // the start of a length, never finished
+  RawClient greeted(server.port());
+  greeted.hello();
+  CHECK(greeted.welcome().status == proto::HelloStatus::kOk);
+  const auto start = std::chrono::steady_clock::now();
+  for (auto& raw : silent) CHECK(raw->closed_by_server(5s));
+  CHECK(partial.closed_by_server(5s));
+  CHECK(std::chrono::steady_clock::now() - start < 4s);
+  // The deadline is for the hello only: a greeted client may stay idle.
+  CHECK_FALSE(greeted.closed_by_server(1500ms));
+  expect_server_healthy(server.port());
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("connections over the cap are closed at once",
+          "[tcp_store][multiproc][limits]") {
+  ScopedEnvironment environment("COMM_STORE_MAX_CONNECTIONS", "4");
+  ServerProcess server;
+  std::vector<std::unique_ptr<RawClient>> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(std::make_unique<RawClient>(server.port()));
+    held.back()->hello();
+    CHECK(held.back()->welcome().status == proto::HelloStatus::kOk);
+  }
+  RawClient over(server.port());
+  over.hello();
+  CHECK(over.closed_by_server(5s));
+  // A real client cannot get in either, until one of the others leaves.
+  auto options = client_options(server.port());
+  options.timeout = 1s;
+  CHECK_THROWS(comm::TCPStore(options));
+  held.pop_back();
+  expect_server_admits(server.port());
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a client that never reads its replies is not read either",
+          "[tcp_store][multiproc][limits]") {
+  ServerProcess server;
+  constexpr std::size_t kValueSize = 256 << 10;
+  constexpr int kGets = 1000;
+  {
+    comm::TCPStore store(client_options(server.port()));
+    store.set("big", comm::Bytes(kValueSize, 7));
+  }
+  const std::size_t before = resident_bytes(server.process().pid());
+  RawClient greedy(server.port());
+  greedy.hello();
+  CHECK(greedy.welcome().status == proto::HelloStatus::kOk);
+  proto::Message get;
+  get.code = static_cast<std::uint8_t>(proto::Op::kGet);
+  get.keys = {"big"};
+  const comm::Bytes one = proto::encode_message(get);
+  comm::Bytes gets;
+  for (int i = 0; i < kGets; ++i)
+    gets.insert(gets.end(), one.begin(), one.end());
+  greedy.send_bytes(gets);  // small enough for the socket buffers
+  // Unbounded, the server would queue kGets * kValueSize = 250 MiB.
+  std::this_thread::sleep_for(1s);
+  expect_server_healthy(server.port());
+  CHECK(resident_bytes(server.process().pid()) < before + (48 << 20));
+  // Once the client reads, every get is answered.
+  proto::Message reply;
+  reply.values = {comm::Bytes(kValueSize, 7)};
+  const std::size_t expected =
+      static_cast<std::size_t>(kGets) * proto::encode_message(reply).size();
+  std::size_t received = 0;
+  std::vector<std::uint8_t> sink(1 << 20);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (received < expected && std::chrono::steady_clock::now() < deadline) {
+    pollfd entry{greedy.fd(), POLLIN, 0};
+    if (poll(&entry, 1, 1000) <= 0) continue;
+    const ssize_t n = recv(greedy.fd(), sink.data(), sink.size(), 0);
+    if (n <= 0) break;
+    received += static_cast<std::size_t>(n);
+  }
+  CHECK(received == expected);
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("warnings about refused clients are rate-limited",
+          "[tcp_store][multiproc][limits]") {
+  ScopedEnvironment environment("COMM_STORE_REFUSAL_WARNINGS", "5");
+  TempPath log("tcp_store_refusals");
+  comm::TCPStoreServerOptions options;
+  options.token = "job-secret";
+  // The server process writes its log to the file: redirect stderr around
+  // the fork.
+  const int saved = dup(2);
+  const int file = open(log.str().c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  REQUIRE(file >= 0);
+  dup2(file, 2);
+  auto server = std::make_unique<ServerProcess>(options);
+  dup2(saved, 2);
+  close(saved);
+  close(file);
+  for (int i = 0; i < 200; ++i) {
+    RawClient raw(server->port());
+    raw.hello("guess");
+    CHECK(raw.welcome().status == proto::HelloStatus::kBadToken);
+  }
+  auto count = [&](const std::string& needle) {
+    std::ifstream in(log.str());
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) n += line.find(needle) != std::string::npos;
+    return n;
+  };
+  // The count of the suppressed ones appears when the interval ends, even
+  // with no further refusal.
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (count("suppressed") == 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(200ms);
+  // Five per interval; the 200 refusals take one interval, or two on a
+  // slow machine.
+  CHECK(count("wrong or missing token") >= 5);
+  CHECK(count("wrong or missing token") <= 10);
+  CHECK(count("more warnings about refused clients were suppressed") >= 1);
+  CHECK(server->stop() == 0);
 }
