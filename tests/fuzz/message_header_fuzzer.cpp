@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
   std::memcpy(&magic, data, sizeof(magic));
   const bool valid =
       magic == MessageHeader::kMagic && data[4] >= 1 &&
-      data[4] <= static_cast<std::uint8_t>(comm::tcp::Collective::kAbort) &&
+      data[4] <= static_cast<std::uint8_t>(comm::tcp::Collective::kSend) &&
       data[5] <= static_cast<std::uint8_t>(comm::DType::kBool) &&
       data[6] <= static_cast<std::uint8_t>(comm::ReduceOp::kBxor);
 
