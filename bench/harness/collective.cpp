@@ -184,7 +184,15 @@ void prepare_in_place_api(Case& c,
 }
 
 void refill_output(Case& c) {
-  if (c.source.defined()) c.outputs[0].copy_(c.source);
+  if (!c.source.defined()) return;
+  if (c.output_user) c.output_user->wait();
+  c.outputs[0].copy_(c.source);
+}
+
+std::vector<std::shared_ptr<Work>> uses_output(Case& c,
+                                               std::shared_ptr<Work> work) {
+  if (c.source.defined()) c.output_user = work;
+  return {std::move(work)};
 }
 
 std::int64_t count_wrong(const Collective& collective, const Case& c) {

@@ -44,6 +44,10 @@ struct Case {
   // broadcast, reduce): the untouched input that start() copies into the
   // output before each run.
   Tensor source;
+  // The operation last started on the output that refill_output() rewrites.
+  // Several operations may be in flight (non-blocking runs), and the backend
+  // may still read or write that output, so a refill waits for it first.
+  std::shared_ptr<Work> output_user;
 };
 
 class Collective {
@@ -64,7 +68,8 @@ class Collective {
   // input_value() for this rank.
   virtual void prepare(Case& c) const = 0;
   // Issues the operation once. Out of place with c.source set, first copies
-  // c.source into the output (the copy is part of what a caller pays).
+  // c.source into the output (the copy, and the wait for the operation
+  // before it to release the output, are part of what a caller pays).
   // Returns every Work it started; the run is over when all complete.
   virtual std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
                                                    Case& c) const = 0;
@@ -109,7 +114,15 @@ std::vector<double> values_of(const Tensor& t);
 // tensor that refill_output() fills from it before each run.
 void prepare_in_place_api(Case& c,
                           const std::function<double(std::size_t)>& value);
+// Out of place, copies c.source into the output once the operation that
+// last used the output (c.output_user) is done with it; in place, does
+// nothing. The caller stores the operation it then starts with
+// uses_output().
 void refill_output(Case& c);
+// Records `work` as the operation that uses c's output, and returns it as
+// the list start() returns.
+std::vector<std::shared_ptr<Work>> uses_output(Case& c,
+                                               std::shared_ptr<Work> work);
 
 // Counts the elements of c.outputs that differ from expected(): exactly for
 // integers, within two units in the last place for floating types.

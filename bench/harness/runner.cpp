@@ -95,6 +95,7 @@ void prepare_fresh(const Collective& collective, Case& c) {
   c.inputs.clear();
   c.outputs.clear();
   c.source = Tensor();
+  c.output_user.reset();
   collective.prepare(c);
 }
 

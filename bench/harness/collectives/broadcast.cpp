@@ -22,7 +22,7 @@ class Broadcast final : public Collective {
   std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
                                            Case& c) const override {
     refill_output(c);
-    return {group.broadcast(c.outputs[0], {.root = c.root})};
+    return uses_output(c, group.broadcast(c.outputs[0], {.root = c.root}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, c.root, index);

@@ -22,7 +22,8 @@ class Reduce final : public Collective {
   std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
                                            Case& c) const override {
     refill_output(c);
-    return {group.reduce(c.outputs[0], {.root = c.root, .op = c.op})};
+    return uses_output(
+        c, group.reduce(c.outputs[0], {.root = c.root, .op = c.op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     if (c.rank != c.root) return std::numeric_limits<double>::quiet_NaN();
