@@ -1,80 +1,106 @@
 #!/usr/bin/python3
-"""Runs libcomm's all_reduce_perf and the peers of ../shared/peers/ (Gloo
-through Debian's python3-torch, Open MPI over TCP) alternately, several
-times, and prints per size the median time of each and the ratios
-ours/Gloo and ours/Open MPI (below 1: libcomm is faster).
+"""Runs libcomm's *_perf binaries and its peers alternately, several rounds,
+and prints per collective and size the median time of each program and the
+ratio of ours to each peer (below 1: libcomm is faster), with the range of
+that ratio over the rounds.
 
-    bench/compare.py [--np 2] [--runs 5] [--build build] [--peers ../shared/peers]
-                  [--skip-gloo] [--skip-mpi] [--skip-iperf]
+    bench/compare.py [--np 2] [--runs 5] [--collectives all_reduce,broadcast]
+                     [--ours-tcp] [--skip-gloo] [--skip-mpi-default]
+                     [--skip-mpi-tcp] [--skip-iperf] [--build build]
 
-Rounds alternate the order of the programs (ours, Open MPI, Gloo; then
-the reverse). Ours runs as the peers do: all sizes in one process, in
-ascending order, each with the peers' iteration count (64 MiB / size,
-between 3 and 200; all_reduce_perf --iteration-bytes) after 2 warm-up
-calls. (Run each in a process of its own, a size is timed just after
-start-up, on CPUs that had been idle: 1 KiB took about twice as long as
-after a few milliseconds of traffic.) The out-of-place time is compared. Both peers call a blocking all_reduce in a loop, so ours runs
-blocking too (-z 1: each call waited before the next is issued). Both
-place rank r on CPU r mod n: all_reduce_perf's default --bind-to core,
-and mpirun's --bind-to core:overload-allowed (which also binds ranks that
-outnumber the CPUs, where mpirun's default leaves them unbound).
+The programs, each timing every selected collective over 1 KiB to 64 MiB
+(x4), float32, sum where it reduces, root 0:
+- libcomm: build/bench/<collective>_perf with the default transport;
+- libcomm-tcp (--ours-tcp): the same with COMM_TRANSPORT=tcp, libcomm's
+  own TCP path, for the shared-memory transport's speed-up in the same run;
+- mpi-default: Open MPI as a user runs it (`mpirun -np N`, its default
+  transports: shared memory between ranks of one host), bench/peers/
+  mpi_collectives.c;
+- mpi-tcp: the same forced onto TCP over loopback (--mca btl tcp,self);
+- gloo: torch.distributed's gloo backend (Debian's python3-torch),
+  bench/peers/gloo_collectives.py; torch 1.13's gloo has no reduce_scatter.
 
-It also runs `iperf3 -P NP` on loopback in every round (the TCP ceiling)
-and prints, for the largest size, the loopback traffic libcomm's ring moved
-per second (2(n-1) x size bytes per all_reduce) as a share of iperf3's.
-iperf3 -P NP sends one way: one process only sends, the other only
-receives, while a ring rank does both. So it also prints the share of
-`iperf3 --bidir -P NP/2`, whose two processes each send and receive.
+Every program runs as the others do: all sizes of a collective in one
+process, in ascending order, 64 MiB / size timed iterations (3 to 200)
+after 2 warm-up calls, blocking (each call waits before the next is
+issued), the time being the slowest rank's mean per call (all_reduce_perf
+-z 1 -a 3; the out-of-place column). Sizes count as nccl-tests counts them:
+one rank's buffer for all_reduce, broadcast and reduce, the whole buffer of
+n blocks for the others. Ranks are bound as all_reduce_perf binds them by
+default (rank r on CPU r mod n) and as mpirun --bind-to
+core:overload-allowed does.
+
+Rounds rotate the order of the programs, so that none always runs first or
+after the same neighbour: this machine's speed drifts from minute to
+minute, which only alternation and several rounds average out.
+
+For all_reduce it also runs `iperf3` on loopback each round (the TCP
+ceiling) and prints, for the largest size, the loopback traffic libcomm's
+ring would move per second as a share of it (with --ours-tcp, the TCP
+path's).
 
 Installs what the peers need when it is missing (tools/install_packages):
-python3-torch for Gloo, libopenmpi-dev and openmpi-bin for MPI (the MPI
-peer is compiled into the build directory on first use), iperf3.
+openmpi-bin and libopenmpi-dev (the MPI peer is compiled into the build
+directory on first use), python3-torch for Gloo, iperf3.
 """
 import argparse
+import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "reduce", "reduce_scatter",
+               "alltoall", "gather", "scatter"]
+SIZES = [1024 << (2 * i) for i in range(9)]  # 1 KiB to 64 MiB
 
 
-SIZES = [1024 << (2 * i) for i in range(9)]  # 1 KiB to 64 MiB, as the peers
+def run(command, env=None):
+    """Runs a program and returns its output, or exits naming the failure."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1800,
+                            env=env)
+    if result.returncode != 0:
+        sys.exit("%s failed (exit %d):\n%s%s" % (" ".join(command), result.returncode,
+                                                 result.stdout, result.stderr))
+    return result.stdout
 
 
-def table(output, time_column):
-    """bytes -> time_us from a table whose rows start with the size."""
+def peer_rows(output):
+    """{(collective, bytes): time_us} from a peer's "collective bytes time_us"
+    lines."""
     times = {}
     for line in output.splitlines():
         fields = line.split()
-        if len(fields) > time_column and fields[0].isdigit():
-            times[int(fields[0])] = float(fields[time_column])
+        if len(fields) == 3 and fields[0] in COLLECTIVES and fields[1].isdigit():
+            times[(fields[0], int(fields[1]))] = float(fields[2])
     return times
 
 
-def run(command, time_column=1):
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if result.returncode != 0:
-        sys.exit("%s failed:\n%s%s" % (" ".join(command), result.stdout, result.stderr))
-    return table(result.stdout, time_column)
+def run_ours(build, ranks, collectives, transport):
+    """Each collective's *_perf over all sizes; the out-of-place time
+    (column 5) of the nccl-tests table."""
+    env = dict(os.environ)
+    if transport:
+        env["COMM_TRANSPORT"] = transport
+    times = {}
+    for name in collectives:
+        output = run([os.path.join(build, "bench", name + "_perf"), "-np", str(ranks),
+                      "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-n", "200",
+                      "--iteration-bytes", str(64 << 20), "-w", "2", "-c", "0",
+                      "-z", "1", "-a", "3"], env=env)
+        for line in output.splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[0].isdigit():
+                times[(name, int(fields[0]))] = float(fields[5])
+    return times
 
 
-def run_ours(binary, ranks):
-    """Our all_reduce_perf over all sizes in one process, as each peer runs,
-    with the peers' iteration count per size (--iteration-bytes); the
-    out-of-place time (column 5) of the nccl-tests table."""
-    return run([binary, "-np", str(ranks), "-b", str(SIZES[0]), "-e", str(SIZES[-1]),
-                "-f", "4", "-n", "200", "--iteration-bytes", str(64 << 20),
-                "-w", "2", "-c", "0", "-z", "1"],
-               time_column=5)
-
-
-def iperf(streams, bidir=False):
-    """Loopback bytes/s of iperf3 with `streams` parallel streams, 3 s; with
-    `bidir`, the streams run both ways and their sum is returned."""
-    import json
-    import socket
-    import time
+def iperf(streams):
+    """Loopback bytes/s of `iperf3 --bidir -P streams` for 3 s: each of its
+    two processes sends and receives, as a ring rank does."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -84,94 +110,142 @@ def iperf(streams, bidir=False):
         for _ in range(50):  # bounded: up to 5 s for the server to listen
             time.sleep(0.1)
             result = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port),
-                                     "-P", str(streams), "-t", "3", "-J"]
-                                    + (["--bidir"] if bidir else []),
+                                     "-P", str(streams), "-t", "3", "-J", "--bidir"],
                                     capture_output=True, text=True, timeout=60)
             if result.returncode == 0:
                 end = json.loads(result.stdout)["end"]
-                received = end["sum_received"]["bits_per_second"]
-                if bidir:
-                    received += end["sum_received_bidir_reverse"]["bits_per_second"]
-                return received / 8
+                return (end["sum_received"]["bits_per_second"]
+                        + end["sum_received_bidir_reverse"]["bits_per_second"]) / 8
         sys.exit("iperf3 did not run: " + result.stderr)
     finally:
         server.kill()
         server.wait()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--build", default=os.path.join(HERE, "..", "build"))
-    parser.add_argument("--peers", default=os.path.join(HERE, "..", "..", "shared", "peers"))
-    parser.add_argument("--skip-gloo", action="store_true")
-    parser.add_argument("--skip-mpi", action="store_true")
-    parser.add_argument("--skip-iperf", action="store_true")
-    args = parser.parse_args()
+def programs(args, collectives):
+    """name -> a function that runs one round of that program."""
+    table = {"libcomm": lambda: run_ours(args.build, args.np, collectives, None)}
+    if args.ours_tcp:
+        table["libcomm-tcp"] = lambda: run_ours(args.build, args.np, collectives, "tcp")
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe",
+           "--bind-to", "core:overload-allowed", "-np", str(args.np)]
+    peer = os.path.join(args.build, "bench", "mpi_collectives_peer")
+    if not args.skip_mpi_default:
+        table["mpi-default"] = lambda: peer_rows(run(mpi + [peer] + collectives))
+    if not args.skip_mpi_tcp:
+        tcp = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
+        table["mpi-tcp"] = lambda: peer_rows(run(mpi + tcp + [peer] + collectives))
+    if not args.skip_gloo:
+        gloo = ["/usr/bin/python3", os.path.join(HERE, "peers", "gloo_collectives.py"),
+                str(args.np)] + collectives
+        table["gloo"] = lambda: peer_rows(run(gloo))
+    return table
 
-    ours = os.path.join(args.build, "bench", "all_reduce_perf")
-    if not os.path.exists(ours):
-        sys.exit("%s is missing; build it first: tools/setup && ninja -C build" % ours)
-    needed = ((["openmpi-bin", "libopenmpi-dev"] if not args.skip_mpi else [])
-              + (["python3-torch"] if not args.skip_gloo else [])
-              + (["iperf3"] if not args.skip_iperf else []))
+
+def install_peers(args):
+    needed = []
+    if not (args.skip_mpi_default and args.skip_mpi_tcp):
+        needed += ["openmpi-bin", "libopenmpi-dev"]
+    if not args.skip_gloo:
+        needed += ["python3-torch"]
+    if not args.skip_iperf:
+        needed += ["iperf3"]
     if needed:
         installer = os.path.join(HERE, "..", "tools", "install_packages")
         if subprocess.run([installer] + needed).returncode != 0:
             sys.exit("bench/compare.py: the peers need " + " ".join(needed))
-    commands = {"libcomm": None}
-    if not args.skip_mpi:
-        mpi_binary = os.path.join(args.build, "bench", "mpi_allreduce_peer")
-        if not os.path.exists(mpi_binary):
-            subprocess.run(["mpicc", "-O2", os.path.join(args.peers, "mpi_allreduce.c"),
-                            "-o", mpi_binary], check=True)
-        commands["mpi_tcp"] = ["mpirun", "--allow-run-as-root", "--oversubscribe",
-                               "--bind-to", "core:overload-allowed",
-                               "-np", str(args.np), "--mca", "btl", "tcp,self",
-                               "--mca", "btl_tcp_if_include", "lo", mpi_binary]
-    if not args.skip_gloo:
-        commands["gloo"] = ["/usr/bin/python3", os.path.join(args.peers, "gloo_allreduce.py"),
-                            str(args.np)]
-    samples = {name: [] for name in commands}
-    ceilings = []
-    bidir_ceilings = []
-    for r in range(args.runs):
-        # Odd rounds run the programs in the opposite order, so that none
-        # is always the one that follows iperf3 or another program.
-        order = list(commands.items())
-        for name, command in order if r % 2 == 0 else reversed(order):
-            samples[name].append(run_ours(ours, args.np) if command is None else run(command))
-        if not args.skip_iperf:
-            ceilings.append(iperf(args.np))
-            bidir_ceilings.append(iperf(max(1, args.np // 2), bidir=True))
-        print("run %d/%d done" % (r + 1, args.runs), file=sys.stderr)
+    if "openmpi-bin" in needed:
+        peer = os.path.join(args.build, "bench", "mpi_collectives_peer")
+        source = os.path.join(HERE, "peers", "mpi_collectives.c")
+        if (not os.path.exists(peer)
+                or os.path.getmtime(peer) < os.path.getmtime(source)):
+            subprocess.run(["mpicc", "-O2", source, "-o", peer], check=True)
 
-    sizes = sorted(set.intersection(*(set(s[0]) for s in samples.values())))
-    medians = {name: {size: statistics.median(run[size] for run in runs) for size in sizes}
-               for name, runs in samples.items()}
-    names = list(commands)
-    print("# all_reduce float32 sum, world=%d, median time_us of %d alternating runs"
-          % (args.np, args.runs))
-    header = "%10s" % "bytes" + "".join("%12s" % n for n in names)
-    header += "".join("%14s" % ("ours/" + n) for n in names[1:])
-    print(header)
-    for size in sizes:
-        line = "%10d" % size + "".join("%12.1f" % medians[n][size] for n in names)
-        line += "".join("%14.2f" % (medians["libcomm"][size] / medians[n][size])
-                        for n in names[1:])
-        print(line)
-    if ceilings:
-        largest = sizes[-1]
-        moved = 2 * (args.np - 1) * largest / (medians["libcomm"][largest] / 1e6)
+
+def ratio_text(ours, theirs):
+    """"median (min-max)" of the per-round ratios ours/theirs."""
+    ratios = [a / b for a, b in zip(ours, theirs) if b > 0]
+    if not ratios:
+        return "-"
+    return "%.2f (%.2f-%.2f)" % (statistics.median(ratios), min(ratios), max(ratios))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--collectives", default=",".join(COLLECTIVES),
+                        help="comma-separated, from: " + " ".join(COLLECTIVES))
+    parser.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    parser.add_argument("--ours-tcp", action="store_true",
+                        help="also run libcomm with COMM_TRANSPORT=tcp")
+    parser.add_argument("--skip-gloo", action="store_true")
+    parser.add_argument("--skip-mpi-default", action="store_true")
+    parser.add_argument("--skip-mpi-tcp", action="store_true")
+    parser.add_argument("--skip-iperf", action="store_true")
+    args = parser.parse_args()
+    if args.runs < 1 or args.np < 1:
+        sys.exit("bench/compare.py: --runs and --np must be at least 1")
+
+    collectives = [c for c in args.collectives.split(",") if c]
+    unknown = [c for c in collectives if c not in COLLECTIVES]
+    if unknown or not collectives:
+        sys.exit("bench/compare.py: unknown collective %s; choose from %s"
+                 % (", ".join(unknown) or "(none given)", ",".join(COLLECTIVES)))
+    for name in collectives:
+        binary = os.path.join(args.build, "bench", name + "_perf")
+        if not os.path.exists(binary):
+            sys.exit("%s is missing; build it first: tools/setup && ninja -C build" % binary)
+    install_peers(args)
+
+    table = programs(args, collectives)
+    names = list(table)
+    samples = {name: [] for name in names}
+    ceilings = []
+    with_iperf = not args.skip_iperf and "all_reduce" in collectives
+    for r in range(args.runs):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            samples[name].append(table[name]())
+        if with_iperf:
+            ceilings.append(iperf(max(1, args.np // 2)))
+        print("round %d/%d done (order: %s)" % (r + 1, args.runs, ", ".join(order)),
+              file=sys.stderr)
+
+    peers = [n for n in names if n != "libcomm"]
+    print("# float32, world=%d, median time_us of %d rounds in rotating order; ratio = "
+          "libcomm / peer, median (min-max) over the rounds" % (args.np, args.runs))
+    for collective in collectives:
+        print("\n## %s" % collective)
+        print("%10s" % "bytes" + "".join("%13s" % n for n in names)
+              + "".join(" %23s" % ("/" + n) for n in peers))
+        for size in SIZES:
+            key = (collective, size)
+            series = {n: [s.get(key) for s in samples[n]] for n in names}
+            if any(v is None for v in series["libcomm"]):
+                continue
+            line = "%10d" % size
+            for n in names:
+                values = series[n]
+                line += ("%13.1f" % statistics.median(values)
+                         if all(v is not None for v in values) else "%13s" % "-")
+            for n in peers:
+                values = series[n]
+                line += " %23s" % (ratio_text(series["libcomm"], values)
+                                  if all(v is not None for v in values) else "-")
+            print(line)
+    if ceilings and args.np > 1:
+        largest = (("all_reduce", SIZES[-1]))
         ceiling = statistics.median(ceilings)
-        print("# %d bytes: libcomm's ring moved %.2f GB/s over loopback; iperf3 -P %d: "
-              "%.2f GB/s; ratio %.2f" % (largest, moved / 1e9, args.np, ceiling / 1e9,
-                                         moved / ceiling))
-        bidir = statistics.median(bidir_ceilings)
-        print("# iperf3 --bidir -P %d (each process sends and receives, as a ring rank "
-              "does): %.2f GB/s; ratio %.2f" % (max(1, args.np // 2), bidir / 1e9,
-                                                moved / bidir))
+        for n in ["libcomm", "libcomm-tcp"]:
+            if n not in samples:
+                continue
+            moved = 2 * (args.np - 1) * SIZES[-1] / (
+                statistics.median(s[largest] for s in samples[n]) / 1e6)
+            print("# all_reduce %d bytes: %s moved the equivalent of %.2f GB/s of ring "
+                  "traffic; iperf3 --bidir -P %d over loopback: %.2f GB/s; ratio %.2f"
+                  % (SIZES[-1], n, moved / 1e9, max(1, args.np // 2), ceiling / 1e9,
+                     moved / ceiling))
     return 0
 
 

@@ -1,0 +1,111 @@
+/* The Open MPI side of bench/compare.py: times each collective the libcomm
+ * bench binaries have, float32 (sum where it reduces), root 0, blocking,
+ * over the sizes and iteration counts compare.py gives ours, and prints
+ * "collective bytes time_us" on rank 0, the time being the slowest rank's
+ * mean per call (all_reduce_perf -a 3).
+ *
+ * Sizes are counted as nccl-tests and the *_perf binaries count them: one
+ * rank's buffer for all_reduce, broadcast and reduce; the whole buffer of n
+ * blocks for all_gather, reduce_scatter, alltoall, gather and scatter.
+ *
+ *   mpicc -O2 bench/peers/mpi_collectives.c -o mpi_collectives
+ *   mpirun -np N ./mpi_collectives [COLLECTIVE...]
+ *
+ * With no argument it runs every collective, in the order of kCollectives. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { kAllReduce, kAllGather, kBroadcast, kReduce, kReduceScatter, kAllToAll, kGather, kScatter, kCount };
+
+static const char* const kCollectives[kCount] = {
+    "all_reduce", "all_gather", "broadcast", "reduce", "reduce_scatter", "alltoall", "gather", "scatter"};
+
+static const long kMinBytes = 1024;
+static const long kMaxBytes = 64L << 20;
+static const int kWarmup = 2;
+
+/* The iteration count of compare.py's --iteration-bytes: 64 MiB / size,
+ * between 3 and 200. */
+static int iterations_for(long bytes) {
+  long iterations = kMaxBytes / bytes;
+  if (iterations < 3) iterations = 3;
+  if (iterations > 200) iterations = 200;
+  return (int)iterations;
+}
+
+static void run_once(int collective, float* in, float* out, long total, long block) {
+  switch (collective) {
+    case kAllReduce: MPI_Allreduce(in, out, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case kAllGather: MPI_Allgather(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, MPI_COMM_WORLD); break;
+    case kBroadcast: MPI_Bcast(in, (int)total, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    case kReduce: MPI_Reduce(in, out, (int)total, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD); break;
+    case kReduceScatter: MPI_Reduce_scatter_block(in, out, (int)block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+    case kAllToAll: MPI_Alltoall(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, MPI_COMM_WORLD); break;
+    case kGather: MPI_Gather(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    case kScatter: MPI_Scatter(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+  }
+}
+
+/* Whether the size counts the whole buffer of n blocks (see above). */
+static int size_is_total(int collective) {
+  return collective != kAllReduce && collective != kBroadcast && collective != kReduce;
+}
+
+static void measure(int collective, int rank, int world) {
+  for (long bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
+    /* One rank's elements, and a block's where the size is n blocks. */
+    const long total = bytes / (long)sizeof(float);
+    const long block = total / world;
+    /* A gathering output and a scattering input hold n blocks; so does the
+     * input of reduce_scatter and alltoall. */
+    if (size_is_total(collective) && block == 0) continue;
+    const long elements = total;
+    float* in = malloc((size_t)elements * sizeof(float));
+    float* out = malloc((size_t)elements * sizeof(float));
+    if (!in || !out) {
+      fprintf(stderr, "rank %d: out of memory for %ld bytes\n", rank, bytes);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (long i = 0; i < elements; i++) in[i] = out[i] = 1.0f;
+    const int iterations = iterations_for(bytes);
+    double start = 0;
+    for (int i = -kWarmup; i < iterations; i++) {
+      if (i == 0) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        start = MPI_Wtime();
+      }
+      run_once(collective, in, out, total, block);
+    }
+    const double mean = (MPI_Wtime() - start) / iterations;
+    double slowest = 0;
+    MPI_Reduce(&mean, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+    if (rank == 0) printf("%s %ld %.2f\n", kCollectives[collective], bytes, slowest * 1e6);
+    free(in);
+    free(out);
+  }
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  for (int a = 1; a < argc; a++) {
+    int known = 0;
+    for (int c = 0; c < kCount; c++) known |= strcmp(argv[a], kCollectives[c]) == 0;
+    if (!known) {
+      if (rank == 0) fprintf(stderr, "mpi_collectives: unknown collective '%s'\n", argv[a]);
+      MPI_Finalize();
+      return 2;
+    }
+  }
+  for (int c = 0; c < kCount; c++) {
+    int wanted = argc == 1;
+    for (int a = 1; a < argc; a++) wanted |= strcmp(argv[a], kCollectives[c]) == 0;
+    if (wanted) measure(c, rank, world);
+  }
+  MPI_Finalize();
+  return 0;
+}
