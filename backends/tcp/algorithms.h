@@ -54,4 +54,14 @@ void barrier(CollectiveTransport& ctx);
 // all_reduce: recursive doubling's scratch is one message.
 std::size_t ring_threshold_bytes(int world_size);
 
+// Whether an all_gather, reduce_scatter or all_to_all in which this rank
+// sends `bytes_sent` in all exchanges with every peer at once, in one step
+// whose latency is one message's, rather than in the n - 1 steps of a ring
+// or of pairwise exchange, each waiting for the one before. Direct steps
+// send as many bytes, but n - 1 messages land on each rank at once, and
+// reduce_scatter holds the n - 1 received blocks before it reduces them, so
+// only messages up to COMM_TCP_DIRECT_THRESHOLD_BYTES go direct. At two
+// ranks both are the same single step; this says no.
+bool exchange_directly(const CollectiveTransport& ctx, std::size_t bytes_sent);
+
 }  // namespace comm::tcp::algorithms

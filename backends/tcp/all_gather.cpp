@@ -1,7 +1,8 @@
-// all_gather: a ring, run as one stream: each rank sends its own block to
-// its right, then passes on every block it receives from its left as the
-// bytes arrive, so n - 1 steps fill every rank's n blocks without waiting
-// for one another.
+// all_gather: small blocks go directly, each rank sending its block to
+// every peer and receiving theirs in one step. Larger ones run a ring, as
+// one stream: each rank sends its own block to its right, then passes on
+// every block it receives from its left as the bytes arrive, so n - 1
+// steps fill every rank's n blocks without waiting for one another.
 #include "backends/tcp/algorithms.h"
 
 namespace comm::tcp::algorithms {
@@ -11,6 +12,16 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
   const int size = ctx.size();
   const int rank = ctx.rank();
   if (size == 1) return;
+  if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
+    CollectiveStep& step = ctx.step();
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      step.send(peer, blocks[rank], bytes);
+      step.recv(peer, blocks[peer], bytes);
+    }
+    step.run();
+    return;
+  }
   auto block = [&](int r) {
     return CollectiveStep::Part{
         static_cast<std::uint8_t*>(blocks[(r + size) % size]), bytes};

@@ -1,5 +1,7 @@
-// all_to_all: pairwise exchange; in step k each rank sends to rank + k and
-// receives from rank - k, so every pair meets once and no rank is swamped.
+// all_to_all: small messages go directly, every send and receive in one
+// step. Larger ones run pairwise exchange: in step k each rank sends to
+// rank + k and receives from rank - k, so every pair meets once and no rank
+// is swamped.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
@@ -17,6 +19,21 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
   if (send_bytes[rank] > 0) {
     std::memmove(output + recv_offsets[rank], input + send_offsets[rank],
                  send_bytes[rank]);
+  }
+  std::size_t bytes_sent = 0;
+  for (int p = 0; p < size; ++p) {
+    if (p != rank) bytes_sent += send_bytes[p];
+  }
+  if (exchange_directly(ctx, bytes_sent)) {
+    CollectiveStep& step = ctx.step();
+    for (int k = 1; k < size; ++k) {
+      const int to = (rank + k) % size;
+      const int from = (rank - k + size) % size;
+      step.send(to, input + send_offsets[to], send_bytes[to]);
+      step.recv(from, output + recv_offsets[from], recv_bytes[from]);
+    }
+    step.run();
+    return;
   }
   for (int k = 1; k < size; ++k) {
     const int to = (rank + k) % size;

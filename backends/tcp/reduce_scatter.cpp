@@ -1,13 +1,18 @@
-// reduce_scatter: the reduce-scatter half of the ring all-reduce. In step s
-// each rank receives the running reduction of one block from its left,
-// adds its own contribution, and passes it on; after n - 1 steps rank r
-// holds block r reduced over all ranks. The inputs are left unchanged; two
-// block-sized buffers (one of them the output) hold the running sums, each
-// written as the received sum combined with this rank's input block.
+// reduce_scatter: small blocks go directly: each rank sends every peer its
+// block of the input and receives every peer's contribution to its own in
+// one step, then reduces them in rank order, so the result does not depend
+// on the order of arrival. Larger ones run the reduce-scatter half of the
+// ring all-reduce: in step s each rank receives the running reduction of
+// one block from its left, adds its own contribution, and passes it on;
+// after n - 1 steps rank r holds block r reduced over all ranks. The inputs
+// are left unchanged; two block-sized buffers (one of them the output) hold
+// the running sums, each written as the received sum combined with this
+// rank's input block.
 #include <cstring>
 #include <memory>
 
 #include "backends/tcp/algorithms.h"
+#include "libcomm/reduce_kernels.h"
 
 namespace comm::tcp::algorithms {
 
@@ -19,6 +24,32 @@ void reduce_scatter(CollectiveTransport& ctx,
   const std::size_t bytes = count * dtype_size(dtype);
   if (size == 1) {
     if (bytes > 0) std::memmove(output, inputs[rank], bytes);
+    return;
+  }
+  if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
+    const auto received =
+        std::make_unique_for_overwrite<std::uint8_t[]>(bytes * (size - 1));
+    // Peer r's contribution lands in slot r, rank order less this rank.
+    auto slot = [&](int r) {
+      return received.get() +
+             bytes * static_cast<std::size_t>(r < rank ? r : r - 1);
+    };
+    auto contribution = [&](int r) -> const void* {
+      return r == rank ? inputs[rank] : slot(r);
+    };
+    CollectiveStep& step = ctx.step();
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      step.send(peer, inputs[peer], bytes);
+      step.recv(peer, slot(peer), bytes);
+    }
+    step.run();
+    if (count == 0) return;
+    reduce_pair_into(op, dtype, output, contribution(0), contribution(1),
+                     count);
+    for (int r = 2; r < size; ++r) {
+      reduce_into(op, dtype, output, contribution(r), count);
+    }
     return;
   }
   const int right = (rank + 1) % size;

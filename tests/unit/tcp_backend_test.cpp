@@ -329,6 +329,37 @@ TEST_CASE("all_to_all with equal and uneven splits, and in place",
   }
 }
 
+// A rank whose splits are small exchanges with every peer in one step while
+// a rank that sends more runs pairwise steps (exchange_directly decides per
+// rank); the two must still meet.
+TEST_CASE("all_to_all where some ranks send small and others large splits",
+          "[tcp][all_to_all]") {
+  const int world = 4;
+  auto errors = run_ranks(world, [&](ProcessGroup& group) {
+    const int me = group.rank();
+    // Rank 0 sends 64 Ki int32 (256 KiB, past the direct threshold) to each
+    // peer; the others send 1 to each.
+    auto rows = [](int from) -> std::int64_t { return from == 0 ? 65536 : 1; };
+    comm::AllToAllOptions options;
+    for (int p = 0; p < world; ++p) {
+      options.input_split_sizes.push_back(rows(me));
+      options.output_split_sizes.push_back(rows(p));
+    }
+    const std::int64_t rows_out = 65536 + (world - 1);
+    Tensor input = Tensor::full({rows(me) * world}, me + 1, DType::kI32);
+    Tensor output = Tensor::zeros({rows_out}, DType::kI32);
+    group.all_to_all(output, input, options)->wait();
+    std::int64_t at = 0;
+    for (int p = 0; p < world; ++p) {
+      for (std::int64_t i = 0; i < rows(p); ++i) {
+        expect(output.data<std::int32_t>()[at++] == p + 1,
+               "all_to_all mixed sizes");
+      }
+    }
+  });
+  check_all_ok(errors);
+}
+
 TEST_CASE("barrier waits for every rank", "[tcp][barrier]") {
   for (int world : {1, 2, 3, 8}) {
     std::atomic<int> arrived{0};
