@@ -30,7 +30,8 @@ namespace {
 
 const StringParam kStoreToken{
     "COMM_STORE_TOKEN", "no token",
-    "a secret a TCPStore server demands from its clients and they present",
+    "a secret the TCPStore server and its clients prove they share; unset: "
+    "no authentication",
     ParamVisibility::kSecret};
 const IntParam kHelloMaxBytes{
     "COMM_STORE_HELLO_MAX_BYTES", 8192,
