@@ -77,6 +77,14 @@ proto::Welcome TCPStore::read_welcome(detail::Clock::time_point deadline) {
   return welcome;
 }
 
+void TCPStore::throw_bad_token() const {
+  throw InvalidArgument(
+      name_ +
+      " refused this client's token: the server's token (COMM_STORE_TOKEN) "
+      "is a different one; set the same COMM_STORE_TOKEN on every rank and "
+      "on the server (comm-store, or rank 0 when it hosts the store)");
+}
+
 void TCPStore::handshake() {
   proto::Hello hello;
   hello.has_token = !token_.empty();
@@ -85,9 +93,6 @@ void TCPStore::handshake() {
   const auto deadline = detail::deadline_after(timeout());
   socket_->send_all(frame.data(), frame.size(), deadline, name_);
   const proto::Welcome welcome = read_welcome(deadline);
-  const std::string fix =
-      "; set the same COMM_STORE_TOKEN on every rank and on the server "
-      "(comm-store, or rank 0 when it hosts the store)";
   switch (welcome.status) {
     case proto::HelloStatus::kOk:
       if (!token_.empty()) {
@@ -115,11 +120,7 @@ void TCPStore::handshake() {
                          std::to_string(proto::kVersion) +
                          "; run the same libcomm version on every rank and "
                          "on the server");
-    case proto::HelloStatus::kBadToken:
-      throw InvalidArgument(name_ +
-                            " refused this client's token: the server's "
-                            "token (COMM_STORE_TOKEN) is a different one" +
-                            fix);
+    case proto::HelloStatus::kBadToken: throw_bad_token();
     case proto::HelloStatus::kTokenRequired:
       throw InvalidArgument(
           name_ +
@@ -147,13 +148,7 @@ void TCPStore::authenticate(const proto::Nonce& client_nonce,
   const Bytes frame = proto::encode_proof(proof);
   socket_->send_all(frame.data(), frame.size(), deadline, name_);
   const proto::Welcome welcome = read_welcome(deadline);
-  if (welcome.status == proto::HelloStatus::kBadToken) {
-    throw InvalidArgument(
-        name_ +
-        " refused this client's token: the server's token (COMM_STORE_TOKEN) "
-        "is a different one; set the same COMM_STORE_TOKEN on every rank and "
-        "on the server (comm-store, or rank 0 when it hosts the store)");
-  }
+  if (welcome.status == proto::HelloStatus::kBadToken) throw_bad_token();
   const auto expected =
       tcp_store_auth::server_proof(token_, client_nonce, server_nonce_text);
   if (welcome.status != proto::HelloStatus::kOk ||

@@ -38,8 +38,8 @@ struct TCPStoreOptions {
   // Host the server in this process, listening on `host`.
   bool is_server = false;
   Store::Duration timeout = Store::kDefaultTimeout;
-  // The token to present (and, with is_server, to demand). Unset:
-  // COMM_STORE_TOKEN if set, else none.
+  // The token to prove (and, with is_server, to demand); it is never sent.
+  // Unset: COMM_STORE_TOKEN if set, else none. Empty: none.
   std::optional<std::string> token;
 };
 
@@ -79,6 +79,7 @@ class COMM_API TCPStore final : public Store {
   Bytes do_derive_key(const std::string& purpose) override;
 
   void handshake();
+  [[noreturn]] void throw_bad_token() const;
   // Answers the server's challenge and checks the server's own proof.
   void authenticate(const std::array<std::uint8_t, 32>& client_nonce,
                     const Bytes& server_nonce,
