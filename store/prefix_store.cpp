@@ -71,4 +71,8 @@ void PrefixStore::do_append(const std::string& key, const Bytes& value) {
   store_->append(scoped(key), value);
 }
 
+Bytes PrefixStore::do_derive_key(const std::string& purpose) {
+  return store_->derive_key(scoped(purpose));
+}
+
 }  // namespace comm

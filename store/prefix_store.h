@@ -38,6 +38,8 @@ class COMM_API PrefixStore final : public Store {
   void do_multi_set(const std::vector<std::string>& keys,
                     const std::vector<Bytes>& values) override;
   void do_append(const std::string& key, const Bytes& value) override;
+  // The underlying store's key for the purpose scoped by the prefix.
+  Bytes do_derive_key(const std::string& purpose) override;
 
   std::string prefix_;
   std::shared_ptr<Store> store_;

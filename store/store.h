@@ -94,6 +94,17 @@ class COMM_API Store {
   Duration timeout() const { return timeout_; }
   void set_timeout(Duration timeout) { timeout_ = timeout; }
 
+  // A 32-byte key for `purpose`, derived (HKDF-SHA256) from the secret that
+  // this store's clients share, so that a backend can authenticate its own
+  // connections between ranks without another secret: the TCP backend's
+  // rank connections do. Empty when the store has no secret (a TCPStore
+  // without a token, HashStore, FileStore): then those connections are not
+  // authenticated either. A PrefixStore's keys differ from its underlying
+  // store's and from every other prefix's.
+  Bytes derive_key(const std::string& purpose) {
+    return do_derive_key(purpose);
+  }
+
  private:
   virtual void do_set(const std::string& key, const Bytes& value) = 0;
   virtual Bytes do_get(const std::string& key, Duration timeout) = 0;
@@ -110,6 +121,8 @@ class COMM_API Store {
   virtual void do_multi_set(const std::vector<std::string>& keys,
                             const std::vector<Bytes>& values) = 0;
   virtual void do_append(const std::string& key, const Bytes& value) = 0;
+  // Stores without a secret keep this default, which returns no key.
+  virtual Bytes do_derive_key(const std::string& purpose);
 
   Duration timeout_;
 };

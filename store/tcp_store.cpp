@@ -2,10 +2,12 @@
 
 #include <cstdlib>
 
+#include "libcomm/detail/crypto.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "libcomm/version.h"
+#include "store/tcp_store_auth.h"
 #include "store/tcp_store_protocol.h"
 
 namespace comm {
@@ -32,24 +34,25 @@ TCPStore::TCPStore(TCPStoreOptions options)
       host_(options.host),
       port_(options.port),
       inbox_(std::make_unique<proto::FrameReader>()) {
-  std::string token;
-  if (options.token) {
-    token = *options.token;
-  } else {
-    token = TCPStoreServer::environment_token();
+  token_ = options.token ? *options.token : TCPStoreServer::environment_token();
+  if (token_.size() > proto::kMaxTokenSize) {
+    throw InvalidArgument("TCPStore token of " + std::to_string(token_.size()) +
+                          " bytes is longer than the limit of " +
+                          std::to_string(proto::kMaxTokenSize) +
+                          "; shorten COMM_STORE_TOKEN");
   }
   if (options.is_server) {
     TCPStoreServerOptions server_options;
     server_options.host = options.host;
     server_options.port = options.port;
-    server_options.token = token;
+    server_options.token = token_;
     server_ = std::make_unique<TCPStoreServer>(server_options);
     port_ = server_->port();
   }
   name_ = "TCPStore server " + detail::host_port(host_, port_);
   socket_ = std::make_unique<detail::Socket>(detail::Socket::connect(
       host_, port_, detail::deadline_after(options.timeout), "TCPStore"));
-  handshake(token);
+  handshake();
 }
 
 TCPStore::~TCPStore() {
@@ -59,12 +62,7 @@ TCPStore::~TCPStore() {
   server_.reset();
 }
 
-void TCPStore::handshake(const std::string& token) {
-  proto::Hello hello;
-  hello.token = token;
-  const Bytes frame = proto::encode_hello(hello);
-  const auto deadline = detail::deadline_after(timeout());
-  socket_->send_all(frame.data(), frame.size(), deadline, name_);
+proto::Welcome TCPStore::read_welcome(detail::Clock::time_point deadline) {
   try {
     read_frame(deadline);
   } catch (const PeerError& e) {
@@ -76,8 +74,42 @@ void TCPStore::handshake(const std::string& token) {
   const std::string problem = proto::decode_welcome(
       inbox_->payload(), inbox_->payload_size(), &welcome);
   if (!problem.empty()) throw PeerError(-1, name_ + ": " + problem);
+  return welcome;
+}
+
+void TCPStore::throw_bad_token() const {
+  throw InvalidArgument(
+      name_ +
+      " refused this client's token: the server's token (COMM_STORE_TOKEN) "
+      "is a different one; set the same COMM_STORE_TOKEN on every rank and "
+      "on the server (comm-store, or rank 0 when it hosts the store)");
+}
+
+void TCPStore::handshake() {
+  proto::Hello hello;
+  hello.has_token = !token_.empty();
+  hello.client_nonce = detail::random_nonce();
+  const Bytes frame = proto::encode_hello(hello);
+  const auto deadline = detail::deadline_after(timeout());
+  socket_->send_all(frame.data(), frame.size(), deadline, name_);
+  const proto::Welcome welcome = read_welcome(deadline);
   switch (welcome.status) {
-    case proto::HelloStatus::kOk: return;
+    case proto::HelloStatus::kOk:
+      if (!token_.empty()) {
+        // A server that welcomes a client with a token without challenging
+        // it has not shown that it knows the token.
+        throw PeerError(-1, name_ +
+                                " accepted this client without checking its "
+                                "token: it is not the server of this job, or "
+                                "an impostor; check MASTER_ADDR/MASTER_PORT");
+      }
+      return;
+    case proto::HelloStatus::kChallenge:
+      if (token_.empty()) {
+        throw PeerError(-1, name_ + " challenged a client that has no token");
+      }
+      authenticate(hello.client_nonce, welcome.data, deadline);
+      return;
     case proto::HelloStatus::kVersionMismatch:
       throw BackendError(name_ + " speaks TCPStore protocol version " +
                          std::to_string(welcome.version) +
@@ -86,13 +118,47 @@ void TCPStore::handshake(const std::string& token) {
                          std::to_string(COMM_VERSION_MINOR) + "." +
                          std::to_string(COMM_VERSION_PATCH) + ") speaks " +
                          std::to_string(proto::kVersion) +
-                         "; run the same libcomm version on every rank");
-    case proto::HelloStatus::kBadToken:
+                         "; run the same libcomm version on every rank and "
+                         "on the server");
+    case proto::HelloStatus::kBadToken: throw_bad_token();
+    case proto::HelloStatus::kTokenRequired:
       throw InvalidArgument(
-          name_ + " refused this client's token: " +
-          (token.empty() ? std::string("none was given")
-                         : std::string("it does not match")) +
-          "; set COMM_STORE_TOKEN to the job's token on every rank");
+          name_ +
+          " requires a token and this client has none: set COMM_STORE_TOKEN "
+          "to the job's token on every rank (the server's COMM_STORE_TOKEN)");
+    case proto::HelloStatus::kTokenNotExpected:
+      throw InvalidArgument(
+          name_ +
+          " has no token, but this client has one (COMM_STORE_TOKEN): set "
+          "the same COMM_STORE_TOKEN on the server (comm-store, or rank 0 "
+          "when it hosts the store), or unset it on every rank to run "
+          "without authentication");
+  }
+  throw PeerError(-1, name_ + " sent an unknown welcome status");
+}
+
+void TCPStore::authenticate(const proto::Nonce& client_nonce,
+                            const Bytes& server_nonce,
+                            detail::Clock::time_point deadline) {
+  const std::string_view server_nonce_text(
+      reinterpret_cast<const char*>(server_nonce.data()), server_nonce.size());
+  proto::Proof proof;
+  proof.mac =
+      tcp_store_auth::client_proof(token_, client_nonce, server_nonce_text);
+  const Bytes frame = proto::encode_proof(proof);
+  socket_->send_all(frame.data(), frame.size(), deadline, name_);
+  const proto::Welcome welcome = read_welcome(deadline);
+  if (welcome.status == proto::HelloStatus::kBadToken) throw_bad_token();
+  const auto expected =
+      tcp_store_auth::server_proof(token_, client_nonce, server_nonce_text);
+  if (welcome.status != proto::HelloStatus::kOk ||
+      !tcp_store_auth::proof_matches(expected, welcome.data.data(),
+                                     welcome.data.size())) {
+    throw PeerError(-1, name_ +
+                            " did not prove that it knows this client's token "
+                            "(COMM_STORE_TOKEN): it has another token or is "
+                            "not the job's server; check MASTER_ADDR/"
+                            "MASTER_PORT and the server's token");
   }
 }
 
@@ -231,6 +297,12 @@ std::vector<Bytes> TCPStore::do_multi_get(const std::vector<std::string>& keys,
 void TCPStore::do_multi_set(const std::vector<std::string>& keys,
                             const std::vector<Bytes>& values) {
   call(request_of(proto::Op::kMultiSet, keys, values));
+}
+
+Bytes TCPStore::do_derive_key(const std::string& purpose) {
+  if (token_.empty()) return {};
+  const auto key = detail::derive_key(token_, "store-derived key: " + purpose);
+  return Bytes(key.begin(), key.end());
 }
 
 void TCPStore::do_append(const std::string& key, const Bytes& value) {

@@ -10,6 +10,7 @@
 // per-call one for get, wait and multi_get, the store's for the rest.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@ namespace comm {
 
 namespace tcp_store_protocol {
 struct Message;
+struct Welcome;
 class FrameReader;
 }  // namespace tcp_store_protocol
 namespace detail {
@@ -36,8 +38,8 @@ struct TCPStoreOptions {
   // Host the server in this process, listening on `host`.
   bool is_server = false;
   Store::Duration timeout = Store::kDefaultTimeout;
-  // The token to present (and, with is_server, to demand). Unset:
-  // COMM_STORE_TOKEN if set, else none.
+  // The token to prove (and, with is_server, to demand); it is never sent.
+  // Unset: COMM_STORE_TOKEN if set, else none. Empty: none.
   std::optional<std::string> token;
 };
 
@@ -45,8 +47,11 @@ class COMM_API TCPStore final : public Store {
  public:
   // Connects (and first starts the server, with is_server). Throws
   // TimeoutError when no server answers within the timeout, InvalidArgument
-  // when the server refuses the token, BackendError when it speaks another
-  // protocol version.
+  // when the server refuses the token (or has one and this client none, or
+  // the reverse: the message says which), PeerError when the server does
+  // not prove that it knows the token, BackendError when it speaks another
+  // protocol version. With a token, client and server authenticate each
+  // other by challenge-response; the token itself is never sent.
   explicit TCPStore(TCPStoreOptions options);
   ~TCPStore() override;
 
@@ -70,8 +75,17 @@ class COMM_API TCPStore final : public Store {
   void do_multi_set(const std::vector<std::string>& keys,
                     const std::vector<Bytes>& values) override;
   void do_append(const std::string& key, const Bytes& value) override;
+  // Empty without a token; else HKDF of the token for the purpose.
+  Bytes do_derive_key(const std::string& purpose) override;
 
-  void handshake(const std::string& token);
+  void handshake();
+  [[noreturn]] void throw_bad_token() const;
+  // Answers the server's challenge and checks the server's own proof.
+  void authenticate(const std::array<std::uint8_t, 32>& client_nonce,
+                    const Bytes& server_nonce,
+                    std::chrono::steady_clock::time_point deadline);
+  tcp_store_protocol::Welcome read_welcome(
+      std::chrono::steady_clock::time_point deadline);
   // Sends a request and returns the kOk response; a kError response becomes
   // InvalidArgument with the server's message.
   tcp_store_protocol::Message call(const tcp_store_protocol::Message& request);
@@ -92,6 +106,8 @@ class COMM_API TCPStore final : public Store {
   std::string host_;
   std::uint16_t port_;
   std::string name_;  // "TCPStore server 127.0.0.1:29500", for messages
+  // COMM_STORE_TOKEN or the options' token; empty for none. Never sent.
+  std::string token_;
   std::unique_ptr<TCPStoreServer> server_;
   std::mutex mutex_;
   std::unique_ptr<detail::Socket> socket_;

@@ -12,10 +12,13 @@ class Writer {
   void u16(std::uint16_t v) { little_endian(v, 2); }
   void u32(std::uint32_t v) { little_endian(v, 4); }
   void i64(std::int64_t v) { little_endian(static_cast<std::uint64_t>(v), 8); }
+  void bytes(const void* data, std::size_t size) {
+    const auto* start = static_cast<const std::uint8_t*>(data);
+    out_.insert(out_.end(), start, start + size);
+  }
   void blob(const void* data, std::size_t size) {
     u32(static_cast<std::uint32_t>(size));
-    const auto* bytes = static_cast<const std::uint8_t*>(data);
-    out_.insert(out_.end(), bytes, bytes + size);
+    bytes(data, size);
   }
   // Prefixes the payload written so far with its length.
   Bytes frame() {
@@ -97,7 +100,9 @@ Bytes encode_hello(const Hello& hello) {
   Writer w;
   w.u32(hello.magic);
   w.u16(hello.version);
-  w.blob(hello.token.data(), hello.token.size());
+  w.u32(static_cast<std::uint32_t>(1 + kNonceSize));
+  w.u8(hello.has_token ? 1 : 0);
+  w.bytes(hello.client_nonce.data(), hello.client_nonce.size());
   return w.frame();
 }
 
@@ -106,6 +111,14 @@ Bytes encode_welcome(const Welcome& welcome) {
   w.u32(welcome.magic);
   w.u16(welcome.version);
   w.u8(static_cast<std::uint8_t>(welcome.status));
+  if (!welcome.data.empty()) w.blob(welcome.data.data(), welcome.data.size());
+  return w.frame();
+}
+
+Bytes encode_proof(const Proof& proof) {
+  Writer w;
+  w.u32(proof.magic);
+  w.blob(proof.mac.data(), proof.mac.size());
   return w.frame();
 }
 
@@ -134,12 +147,17 @@ std::string decode_hello(const std::uint8_t* data, std::size_t size,
   if (!r.ok() || hello->magic != kMagic)
     return "not a libcomm TCPStore client (bad magic)";
   hello->version = r.u16();
-  const std::uint8_t* token = nullptr;
-  std::size_t token_size = 0;
-  if (!r.blob(kMaxTokenSize, &token, &token_size) || !r.at_end()) {
+  const std::uint8_t* body = nullptr;
+  std::size_t body_size = 0;
+  if (!r.blob(kMaxHelloBody, &body, &body_size) || !r.at_end()) {
     return "malformed hello";
   }
-  hello->token.assign(reinterpret_cast<const char*>(token), token_size);
+  if (hello->version != kVersion) return {};
+  if (body_size != 1 + kNonceSize || body[0] > 1) {
+    return "malformed hello: its body is not a token flag and a nonce";
+  }
+  hello->has_token = body[0] == 1;
+  std::memcpy(hello->client_nonce.data(), body + 1, kNonceSize);
   return {};
 }
 
@@ -151,8 +169,42 @@ std::string decode_welcome(const std::uint8_t* data, std::size_t size,
     return "not a libcomm TCPStore server (bad magic)";
   welcome->version = r.u16();
   const std::uint8_t status = r.u8();
-  if (!r.ok() || !r.at_end() || status > 2) return "malformed welcome";
+  if (!r.ok() || status > kLastHelloStatus) return "malformed welcome";
   welcome->status = static_cast<HelloStatus>(status);
+  welcome->data.clear();
+  if (!r.at_end()) {
+    const std::uint8_t* bytes = nullptr;
+    std::size_t bytes_size = 0;
+    if (!r.blob(kNonceSize + kProofSize, &bytes, &bytes_size) || !r.at_end() ||
+        bytes_size == 0) {
+      return "malformed welcome";
+    }
+    welcome->data.assign(bytes, bytes + bytes_size);
+  }
+  // A welcome of another version is read only for its status and version.
+  if (welcome->version != kVersion) return {};
+  const std::size_t n = welcome->data.size();
+  const bool fits = welcome->status == HelloStatus::kChallenge ? n == kNonceSize
+                    : welcome->status == HelloStatus::kOk
+                        ? n == 0 || n == kProofSize
+                        : n == 0;
+  if (!fits) return "malformed welcome: data of the wrong size for its status";
+  return {};
+}
+
+std::string decode_proof(const std::uint8_t* data, std::size_t size,
+                         Proof* proof) {
+  Reader r(data, size);
+  proof->magic = r.u32();
+  if (!r.ok() || proof->magic != kMagic)
+    return "not a libcomm TCPStore proof (bad magic)";
+  const std::uint8_t* mac = nullptr;
+  std::size_t mac_size = 0;
+  if (!r.blob(kProofSize, &mac, &mac_size) || !r.at_end() ||
+      mac_size != kProofSize) {
+    return "malformed proof";
+  }
+  std::memcpy(proof->mac.data(), mac, kProofSize);
   return {};
 }
 

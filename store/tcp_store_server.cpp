@@ -12,12 +12,14 @@
 #include <unordered_set>
 #include <vector>
 
+#include "libcomm/detail/crypto.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
 #include "libcomm/string_param.h"
 #include "store/key_value_table.h"
+#include "store/tcp_store_auth.h"
 #include "store/tcp_store_protocol.h"
 
 namespace comm {
@@ -28,7 +30,8 @@ namespace {
 
 const StringParam kStoreToken{
     "COMM_STORE_TOKEN", "no token",
-    "a secret a TCPStore server demands from its clients and they present",
+    "a secret the TCPStore server and its clients prove they share; unset: "
+    "no authentication",
     ParamVisibility::kSecret};
 const IntParam kHelloMaxBytes{
     "COMM_STORE_HELLO_MAX_BYTES", 8192,
@@ -51,19 +54,6 @@ const IntParam kRefusalWarnings{
 // is lowered to fit RLIMIT_NOFILE: the in-process server shares the limit
 // with the rank's backend, files and logs.
 constexpr std::uint64_t kReservedDescriptors = 64;
-
-// Compares without an early exit, so the time taken does not reveal how much
-// of a guessed token was right.
-bool tokens_equal(const std::string& a, const std::string& b) {
-  const std::size_t n = std::max(a.size(), b.size());
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
-}
 
 std::string address_string(const sockaddr_storage& address) {
   char host[INET6_ADDRSTRLEN] = "?";
@@ -138,6 +128,10 @@ struct TCPStoreServer::Impl {
     std::string peer;
     proto::FrameReader reader;
     bool greeted = false;
+    // Challenged and waiting for its proof; the nonces of the exchange.
+    bool challenged = false;
+    proto::Nonce client_nonce{};
+    proto::Nonce server_nonce{};
     bool closing = false;
     // uv_now() when it was accepted, for the hello deadline.
     std::uint64_t accepted_ms = 0;
@@ -205,6 +199,8 @@ struct TCPStoreServer::Impl {
   bool warn_refusal();
   void handle_frame(Connection* c, const std::uint8_t* data, std::size_t size);
   void handle_hello(Connection* c, const std::uint8_t* data, std::size_t size);
+  void handle_proof(Connection* c, const std::uint8_t* data, std::size_t size);
+  void refuse(Connection* c, proto::HelloStatus status);
   void handle_request(Connection* c, proto::Message& request);
   void answer_when_ready(Connection* c, proto::Op op,
                          std::vector<std::string> keys);
@@ -501,7 +497,11 @@ void TCPStoreServer::Impl::pause_if_backlogged(Connection* c) {
 void TCPStoreServer::Impl::handle_frame(Connection* c, const std::uint8_t* data,
                                         std::size_t size) {
   if (!c->greeted) {
-    handle_hello(c, data, size);
+    if (c->challenged) {
+      handle_proof(c, data, size);
+    } else {
+      handle_hello(c, data, size);
+    }
     return;
   }
   proto::Message request;
@@ -533,30 +533,95 @@ void TCPStoreServer::Impl::handle_hello(Connection* c, const std::uint8_t* data,
     close(c, "its hello was malformed");
     return;
   }
-  proto::Welcome welcome;
   if (hello.version != proto::kVersion) {
-    welcome.status = proto::HelloStatus::kVersionMismatch;
     if (warn_refusal()) {
       COMM_LOG_WARN(
           "TCPStore server: refusing {}: it speaks protocol version {}, this "
           "server speaks {}; run the same libcomm version on every rank",
           c->peer, hello.version, proto::kVersion);
     }
-  } else if (!tokens_equal(hello.token, token)) {
-    welcome.status = proto::HelloStatus::kBadToken;
-    if (warn_refusal()) {
-      COMM_LOG_WARN(
-          "TCPStore server: refusing {}: wrong or missing token "
-          "(COMM_STORE_TOKEN)",
-          c->peer);
-    }
-  }
-  send(c, proto::encode_welcome(welcome));
-  if (welcome.status != proto::HelloStatus::kOk) {
-    close_after_flush(c);
+    refuse(c, proto::HelloStatus::kVersionMismatch);
     return;
   }
+  if (token.empty() && hello.has_token) {
+    if (warn_refusal()) {
+      COMM_LOG_WARN(
+          "TCPStore server: refusing {}: unexpected token: the client has a "
+          "token but this server has none; set the same COMM_STORE_TOKEN on "
+          "the server, or unset it on the clients",
+          c->peer);
+    }
+    refuse(c, proto::HelloStatus::kTokenNotExpected);
+    return;
+  }
+  if (!token.empty() && !hello.has_token) {
+    if (warn_refusal()) {
+      COMM_LOG_WARN(
+          "TCPStore server: refusing {}: missing token: this server requires "
+          "one (COMM_STORE_TOKEN) and the client has none",
+          c->peer);
+    }
+    refuse(c, proto::HelloStatus::kTokenRequired);
+    return;
+  }
+  proto::Welcome welcome;
+  if (!token.empty()) {
+    // The client proves it knows the token with an HMAC over its nonce and
+    // this fresh one; the answer comes in handle_proof.
+    c->challenged = true;
+    c->client_nonce = hello.client_nonce;
+    c->server_nonce = detail::random_nonce();
+    welcome.status = proto::HelloStatus::kChallenge;
+    welcome.data.assign(c->server_nonce.begin(), c->server_nonce.end());
+    send(c, proto::encode_welcome(welcome));
+    return;
+  }
+  send(c, proto::encode_welcome(welcome));
   c->greeted = true;
+}
+
+void TCPStoreServer::Impl::handle_proof(Connection* c, const std::uint8_t* data,
+                                        std::size_t size) {
+  proto::Proof proof;
+  const std::string problem = proto::decode_proof(data, size, &proof);
+  if (!problem.empty()) {
+    if (warn_refusal()) {
+      COMM_LOG_WARN("TCPStore server: closing {}: {}", c->peer, problem);
+    }
+    close(c, "its proof was malformed");
+    return;
+  }
+  const std::string_view server_nonce(
+      reinterpret_cast<const char*>(c->server_nonce.data()),
+      c->server_nonce.size());
+  const auto expected =
+      tcp_store_auth::client_proof(token, c->client_nonce, server_nonce);
+  if (!tcp_store_auth::proof_matches(expected, proof.mac.data(),
+                                     proof.mac.size())) {
+    if (warn_refusal()) {
+      COMM_LOG_WARN(
+          "TCPStore server: refusing {}: wrong token: its proof does not "
+          "match this server's COMM_STORE_TOKEN",
+          c->peer);
+    }
+    refuse(c, proto::HelloStatus::kBadToken);
+    return;
+  }
+  proto::Welcome welcome;
+  const auto mine =
+      tcp_store_auth::server_proof(token, c->client_nonce, server_nonce);
+  welcome.data.assign(mine.begin(), mine.end());
+  send(c, proto::encode_welcome(welcome));
+  c->challenged = false;
+  c->greeted = true;
+}
+
+// Sends the refusal's welcome, then closes once it is flushed.
+void TCPStoreServer::Impl::refuse(Connection* c, proto::HelloStatus status) {
+  proto::Welcome welcome;
+  welcome.status = status;
+  send(c, proto::encode_welcome(welcome));
+  close_after_flush(c);
 }
 
 void TCPStoreServer::Impl::handle_request(Connection* c,

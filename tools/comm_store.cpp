@@ -5,8 +5,9 @@
 //
 // It prints "comm-store listening on HOST:PORT" once it accepts connections
 // (with the port it picked when PORT is 0), and stops cleanly on SIGINT or
-// SIGTERM. Clients must present COMM_STORE_TOKEN when it is set for the
-// server.
+// SIGTERM. With COMM_STORE_TOKEN set, it admits only clients that prove
+// they hold the same token (challenge-response; the token is never sent),
+// and every rank must set it too.
 #include <signal.h>
 
 #include <cstdio>

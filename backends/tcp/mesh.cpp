@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 
+#include "backends/tcp/rank_handshake.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
@@ -29,19 +30,6 @@ const StringParam kListenAddress{
     "COMM_TCP_ADDR",
     "127.0.0.1, or the local address that routes to a remote MASTER_ADDR",
     "the address the TCP backend listens on"};
-
-constexpr std::uint32_t kHandshakeMagic = 0x48544d43;  // "CMTH" on the wire
-
-// What a connecting rank says first: 24 bytes.
-struct Handshake {
-  std::uint32_t magic = kHandshakeMagic;
-  std::uint8_t channel = 0;
-  std::uint8_t reserved[3] = {};
-  std::uint64_t job = 0;
-  std::int32_t rank = 0;
-  std::int32_t size = 0;
-};
-static_assert(sizeof(Handshake) == 24);
 
 int remaining_ms(detail::Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -146,6 +134,14 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   } else {
     job = std::stoull(store.get_string("tcp/job", timeout));
   }
+  // Rank connections authenticate with a key derived from the store's token
+  // (none without a token); see rank_handshake.h.
+  GroupIdentity group;
+  group.job = job;
+  group.rank = rank;
+  group.size = size;
+  group.key = store.derive_key("tcp backend rank connections/job " +
+                               std::to_string(job));
 
   const std::string host = listen_address();
   addrinfo hints{};
@@ -186,27 +182,17 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     for (int channel = 0; channel < kChannels; ++channel) {
       detail::Socket connection = detail::Socket::connect(
           peer_host, peer_port, deadline, "TCP backend");
-      Handshake hello;
-      hello.channel = static_cast<std::uint8_t>(channel);
-      hello.job = job;
-      hello.rank = rank;
-      hello.size = size;
-      connection.send_all(&hello, sizeof(hello), deadline, peer_names_[peer],
-                          peer);
-      std::uint8_t accepted = 0;
-      connection.recv_all(&accepted, 1, deadline, peer_names_[peer], peer);
-      if (accepted != 1) {
-        throw PeerError(peer, peer_names_[peer] + " refused our connection");
-      }
+      connect_handshake(connection, group, channel, peer, peer_names_[peer],
+                        deadline);
       limit_local_send_buffer(connection.fd());
       sockets_[peer][channel] = std::move(connection);
     }
   }
-  accept_from_higher_ranks(listener.fd(), job, deadline);
+  accept_from_higher_ranks(listener.fd(), group, deadline);
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
 }
 
-void Mesh::accept_from_higher_ranks(int listener, std::uint64_t job,
+void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
                                     detail::Clock::time_point deadline) {
   int expected = (size_ - 1 - rank_) * kChannels;
   // Bounded by the deadline: each round waits in poll for a connection.
@@ -228,37 +214,20 @@ void Mesh::accept_from_higher_ranks(int listener, std::uint64_t job,
     detail::Socket connection(
         accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
     if (!connection.valid()) continue;
-    Handshake hello;
-    try {
-      // A stranger that connects and says nothing must not stall the set-up
-      // for long.
-      connection.recv_all(
-          &hello, sizeof(hello),
-          std::min(deadline, detail::deadline_after(std::chrono::seconds(5))),
-          "an incoming connection");
-    } catch (const Error& e) {
-      COMM_LOG_WARN("TCP backend: dropping an incoming connection: {}",
-                    e.what());
-      continue;
-    }
-    const bool fits = hello.magic == kHandshakeMagic && hello.job == job &&
-                      hello.size == size_ && hello.rank > rank_ &&
-                      hello.rank < size_ && hello.channel < kChannels &&
-                      !sockets_[hello.rank][hello.channel].valid();
-    const std::uint8_t answer = fits ? 1 : 0;
-    (void)::send(connection.fd(), &answer, 1, MSG_NOSIGNAL);
-    if (!fits) {
-      COMM_LOG_WARN(
-          "TCP backend: refused a connection claiming rank {} of {} "
-          "(job {:x}, expected job {:x} of size {})",
-          hello.rank, hello.size, hello.job, job, size_);
-      continue;
-    }
+    // A stranger that connects and says nothing must not stall the set-up
+    // for long.
+    const auto accepted = accept_handshake(
+        connection, group, kChannels,
+        [this](int peer, int channel) {
+          return !sockets_[peer][channel].valid();
+        },
+        std::min(deadline, detail::deadline_after(std::chrono::seconds(5))));
+    if (!accepted) continue;
     set_nonblocking(connection.fd());
     connection.set_no_delay();
     limit_local_send_buffer(connection.fd());
-    peer_names_[hello.rank] = "rank " + std::to_string(hello.rank);
-    sockets_[hello.rank][hello.channel] = std::move(connection);
+    peer_names_[accepted->rank] = "rank " + std::to_string(accepted->rank);
+    sockets_[accepted->rank][accepted->channel] = std::move(connection);
     --expected;
   }
 }

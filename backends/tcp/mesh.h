@@ -9,10 +9,12 @@
 //
 // Set-up: each rank listens on an ephemeral port and publishes host:port in
 // the store; rank r connects to every lower rank and accepts from every
-// higher one. Each connection opens with a handshake carrying the group's
-// job id (chosen by rank 0), the world size, the sender's rank and the
-// channel; a connection whose handshake does not fit (a stale job, a
-// stranger) is closed and the rank keeps waiting for the right one.
+// higher one. Each connection opens with a handshake (rank_handshake.h)
+// carrying the group's job id (chosen by rank 0), the world size, the
+// sender's rank and the channel, and, when the store has a token, a
+// challenge-response with a key derived from it (Store::derive_key); a
+// connection whose handshake does not fit (a stale job, a stranger, a wrong
+// key) is closed and the rank keeps waiting for the right one.
 #pragma once
 
 #include <array>
@@ -26,6 +28,8 @@
 #include "store/store.h"
 
 namespace comm::tcp {
+
+struct GroupIdentity;
 
 enum class Channel : std::uint8_t {
   kCollective = 0,
@@ -60,7 +64,7 @@ class Mesh {
   void shutdown_all();
 
  private:
-  void accept_from_higher_ranks(int listener, std::uint64_t job,
+  void accept_from_higher_ranks(int listener, const GroupIdentity& group,
                                 detail::Clock::time_point deadline);
 
   int rank_;

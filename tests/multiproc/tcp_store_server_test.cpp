@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,6 +45,13 @@ comm::TCPStoreOptions client_options(std::uint16_t port,
 // A plain blocking socket to the server, for speaking broken protocol.
 class RawClient {
  public:
+  // Takes over a connected socket (the accepted end of a fake server).
+  struct Adopt {
+    int fd;
+  };
+  explicit RawClient(Adopt adopted) : fd_(adopted.fd) {}
+  RawClient(const RawClient&) = delete;
+  RawClient& operator=(const RawClient&) = delete;
   explicit RawClient(std::uint16_t port) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in address{};
@@ -60,23 +68,39 @@ class RawClient {
     // The server may already have closed; that is not this helper's failure.
     (void)::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
   }
-  void hello(const std::string& token = "",
-             std::uint16_t version = proto::kVersion) {
+  // A version-2 hello; with `has_token`, the server answers a challenge.
+  void hello(bool has_token = false, std::uint16_t version = proto::kVersion) {
     proto::Hello h;
-    h.token = token;
+    h.has_token = has_token;
     h.version = version;
+    h.client_nonce.fill(0x5a);
     send_bytes(proto::encode_hello(h));
   }
   // Reads one welcome frame.
   proto::Welcome welcome() {
-    std::uint8_t frame[64];
-    const ssize_t n = recv_within(frame, sizeof(frame), 5s);
-    REQUIRE(n >= static_cast<ssize_t>(proto::kLengthSize));
+    const std::vector<std::uint8_t> payload = frame();
     proto::Welcome w;
-    REQUIRE(proto::decode_welcome(
-                frame + proto::kLengthSize,
-                static_cast<std::size_t>(n) - proto::kLengthSize, &w) == "");
+    REQUIRE(proto::decode_welcome(payload.data(), payload.size(), &w) == "");
     return w;
+  }
+  // Reads one whole frame's payload (or fails the test within 5 s).
+  std::vector<std::uint8_t> frame() {
+    proto::FrameReader reader;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const auto state = reader.next();
+      REQUIRE(state != proto::FrameReader::State::kTooLarge);
+      if (state == proto::FrameReader::State::kFrame) {
+        return {reader.payload(), reader.payload() + reader.payload_size()};
+      }
+      // One byte at a time, so that nothing after this frame is consumed.
+      std::uint8_t byte;
+      const ssize_t n = recv_within(&byte, 1, 1s);
+      if (n == 0) break;
+      if (n == 1) reader.append(&byte, 1);
+    }
+    FAIL("no whole frame from the server within 5 s");
+    return {};
   }
   // True when the server closes the connection within `timeout` (reading
   // and discarding whatever it sends first).
@@ -111,6 +135,12 @@ void expect_server_healthy(std::uint16_t port) {
   store.set_string("health", "ok");
   CHECK(store.get_string("health") == "ok");
   CHECK(store.add("health-counter", 2) >= 2);
+}
+
+void expect_server_healthy_with_token(std::uint16_t port, const char* token) {
+  comm::TCPStore store(client_options(port, token));
+  store.set_string("health", "ok");
+  CHECK(store.get_string("health") == "ok");
 }
 
 // The resident memory of a process in bytes, from /proc.
@@ -163,6 +193,63 @@ void expect_server_admits(std::uint16_t port) {
       std::this_thread::sleep_for(100ms);
     }
   }
+}
+
+// A listening socket on 127.0.0.1 for a fake server or a proxy.
+class Listener {
+ public:
+  Listener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
+            0);
+    REQUIRE(::listen(fd_, 4) == 0);
+    socklen_t length = sizeof(address);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+  }
+  ~Listener() { close(fd_); }
+  std::uint16_t port() const { return port_; }
+  // The next connection, or -1 after 10 s.
+  int accept_within_10s() {
+    pollfd entry{fd_, POLLIN, 0};
+    if (poll(&entry, 1, 10000) <= 0) return -1;
+    return accept(fd_, nullptr, nullptr);
+  }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
+
+// A server process whose log (stderr) goes to `log`.
+std::unique_ptr<ServerProcess> logged_server(
+    const comm::TCPStoreServerOptions& options, const TempPath& log) {
+  const int saved = dup(2);
+  const int file = open(log.str().c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  REQUIRE(file >= 0);
+  dup2(file, 2);
+  auto server = std::make_unique<ServerProcess>(options);
+  dup2(saved, 2);
+  close(saved);
+  close(file);
+  return server;
+}
+
+// The lines of the file at `path` that contain `needle`.
+int lines_containing(const TempPath& path, const std::string& needle) {
+  std::ifstream in(path.str());
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) n += line.find(needle) != std::string::npos;
+  return n;
+}
+
+std::string file_contents(const TempPath& path) {
+  std::ifstream in(path.str(), std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 }  // namespace
@@ -295,11 +382,13 @@ TEST_CASE("a wrong or missing token is refused", "[tcp_store][multiproc]") {
   options.token = "job-secret";
   ServerProcess server(options);
   CHECK_THROWS_WITH(comm::TCPStore(client_options(server.port(), "guess")),
-                    Catch::Contains("refused") &&
-                        Catch::Contains("does not match") &&
+                    Catch::Contains("refused this client's token") &&
+                        Catch::Contains("different one") &&
                         Catch::Contains("COMM_STORE_TOKEN"));
   CHECK_THROWS_WITH(comm::TCPStore(client_options(server.port(), "")),
-                    Catch::Contains("none was given"));
+                    Catch::Contains("requires a token and this client has "
+                                    "none") &&
+                        Catch::Contains("COMM_STORE_TOKEN"));
   comm::TCPStore member(client_options(server.port(), "job-secret"));
   member.set_string("in", "yes");
   CHECK(member.get_string("in") == "yes");
@@ -311,7 +400,7 @@ TEST_CASE("a protocol version mismatch is clear on both sides",
   ServerProcess server;
   {
     RawClient future(server.port());
-    future.hello("", proto::kVersion + 1);
+    future.hello(false, proto::kVersion + 1);
     const proto::Welcome welcome = future.welcome();
     CHECK(welcome.status == proto::HelloStatus::kVersionMismatch);
     CHECK(welcome.version == proto::kVersion);
@@ -488,7 +577,11 @@ TEST_CASE("warnings about refused clients are rate-limited",
   close(file);
   for (int i = 0; i < 200; ++i) {
     RawClient raw(server->port());
-    raw.hello("guess");
+    raw.hello(true);
+    CHECK(raw.welcome().status == proto::HelloStatus::kChallenge);
+    proto::Proof guess;
+    guess.mac.fill(static_cast<std::uint8_t>(i));
+    raw.send_bytes(proto::encode_proof(guess));
     CHECK(raw.welcome().status == proto::HelloStatus::kBadToken);
   }
   auto count = [&](const std::string& needle) {
@@ -506,8 +599,193 @@ TEST_CASE("warnings about refused clients are rate-limited",
     std::this_thread::sleep_for(200ms);
   // Five per interval; the 200 refusals take one interval, or two on a
   // slow machine.
-  CHECK(count("wrong or missing token") >= 5);
-  CHECK(count("wrong or missing token") <= 10);
+  CHECK(count("wrong token") >= 5);
+  CHECK(count("wrong token") <= 10);
   CHECK(count("more warnings about refused clients were suppressed") >= 1);
   CHECK(server->stop() == 0);
+}
+
+// The frames a client sends, seen by a fake server that plays the server's
+// part of the handshake: the token must appear in none of them.
+TEST_CASE("the token never crosses the wire", "[tcp_store][multiproc][auth]") {
+  const std::string token = "sekret-token-that-must-stay-home";
+  // Two fakes: one that challenges and then gives a bogus proof of its
+  // own, one that welcomes a client with a token without a challenge. The
+  // client must refuse both, and send the token to neither.
+  for (const bool challenges : {true, false}) {
+    INFO("the fake server " << (challenges ? "challenges" : "does not"));
+    Listener listener;
+    TempPath capture("tcp_store_capture");
+    ChildProcess fake([&] {
+      RawClient client(RawClient::Adopt{listener.accept_within_10s()});
+      std::ofstream out(capture.str(), std::ios::binary);
+      auto record = [&](const std::vector<std::uint8_t>& payload) {
+        out.write(reinterpret_cast<const char*>(payload.data()),
+                  static_cast<std::streamsize>(payload.size()));
+        out.flush();
+      };
+      record(client.frame());  // the hello
+      proto::Welcome welcome;
+      if (challenges) {
+        welcome.status = proto::HelloStatus::kChallenge;
+        welcome.data.assign(proto::kNonceSize, 0x11);
+        client.send_bytes(proto::encode_welcome(welcome));
+        record(client.frame());  // the proof
+        welcome.status = proto::HelloStatus::kOk;
+        welcome.data.assign(proto::kProofSize, 0);  // not the real proof
+      }
+      client.send_bytes(proto::encode_welcome(welcome));
+      // Whatever else the client sends before it gives up.
+      std::vector<std::uint8_t> rest(4096);
+      pollfd entry{client.fd(), POLLIN, 0};
+      while (poll(&entry, 1, 5000) > 0) {
+        const ssize_t n = recv(client.fd(), rest.data(), rest.size(), 0);
+        if (n <= 0) break;
+        record({rest.begin(), rest.begin() + n});
+      }
+      return 0;
+    });
+    auto options = client_options(listener.port(), token.c_str());
+    options.timeout = 10s;
+    if (challenges) {
+      CHECK_THROWS_WITH(comm::TCPStore(options),
+                        Catch::Contains("did not prove that it knows") &&
+                            Catch::Contains("COMM_STORE_TOKEN"));
+    } else {
+      CHECK_THROWS_WITH(comm::TCPStore(options),
+                        Catch::Contains("without checking its token"));
+    }
+    CHECK(fake.wait(15s) == 0);
+    const std::string sent = file_contents(capture);
+    // The hello (magic, version, token flag and nonce), then the proof.
+    CHECK(sent.size() == (challenges ? 4 + 2 + 4 + 33 + 4 + 4 + 32 : 43u));
+    CHECK(sent.find(token) == std::string::npos);
+    CHECK(sent.find(token.substr(0, 8)) == std::string::npos);
+  }
+}
+
+TEST_CASE("token and no token: each combination says what is wrong",
+          "[tcp_store][multiproc][auth]") {
+  struct Case {
+    const char* server;
+    const char* client;
+    const char* client_message;  // nullptr: admitted
+    const char* server_log;
+  };
+  const Case cases[] = {
+      {"", "", nullptr, nullptr},
+      {"job-secret", "job-secret", nullptr, nullptr},
+      {"job-secret", "guess",
+       "the server's token (COMM_STORE_TOKEN) is a "
+       "different one",
+       "wrong token: its proof does not match this server's COMM_STORE_TOKEN"},
+      {"job-secret", "", "requires a token and this client has none",
+       "missing token: this server requires one (COMM_STORE_TOKEN) and the "
+       "client has none"},
+      {"", "job-secret", "has no token, but this client has one",
+       "unexpected token: the client has a token but this server has none"},
+  };
+  for (const Case& c : cases) {
+    INFO("server token '" << c.server << "', client token '" << c.client
+                          << "'");
+    TempPath log("tcp_store_token_log");
+    comm::TCPStoreServerOptions options;
+    options.token = c.server;
+    auto server = logged_server(options, log);
+    if (c.client_message == nullptr) {
+      comm::TCPStore store(client_options(server->port(), c.client));
+      store.set_string("in", "yes");
+      CHECK(store.get_string("in") == "yes");
+    } else {
+      CHECK_THROWS_WITH(
+          comm::TCPStore(client_options(server->port(), c.client)),
+          Catch::Contains(c.client_message) &&
+              Catch::Contains("COMM_STORE_TOKEN"));
+    }
+    CHECK(server->stop() == 0);
+    if (c.server_log != nullptr) {
+      CHECK(lines_containing(log, c.server_log) == 1);
+    } else {
+      CHECK(lines_containing(log, "refusing") == 0);
+    }
+  }
+}
+
+// A real client authenticates through a proxy that records what it sends;
+// the recording, replayed on a new connection, must not get in.
+TEST_CASE("a recorded handshake cannot be replayed",
+          "[tcp_store][multiproc][auth]") {
+  comm::TCPStoreServerOptions options;
+  options.token = "job-secret";
+  ServerProcess server(options);
+  Listener proxy;
+  ChildProcess member([&] {
+    comm::TCPStore store(client_options(proxy.port(), "job-secret"));
+    store.set_string("k", "v");
+    return store.get_string("k") == "v" ? 0 : 1;
+  });
+  const int downstream = proxy.accept_within_10s();
+  REQUIRE(downstream >= 0);
+  RawClient upstream(server.port());
+  std::vector<std::uint8_t> sent;      // client to server
+  std::vector<std::uint8_t> answered;  // server to client
+  {
+    std::vector<std::uint8_t> chunk(64 << 10);
+    bool down_open = true;
+    bool up_open = true;
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while ((down_open || up_open) &&
+           std::chrono::steady_clock::now() < deadline) {
+      pollfd entries[2] = {
+          {downstream, static_cast<short>(down_open ? POLLIN : 0), 0},
+          {upstream.fd(), static_cast<short>(up_open ? POLLIN : 0), 0}};
+      if (poll(entries, 2, 1000) <= 0) continue;
+      for (int side = 0; side < 2; ++side) {
+        if (entries[side].revents == 0) continue;
+        const int from = side == 0 ? downstream : upstream.fd();
+        const int to = side == 0 ? upstream.fd() : downstream;
+        const ssize_t n = recv(from, chunk.data(), chunk.size(), 0);
+        if (n <= 0) {
+          (side == 0 ? down_open : up_open) = false;
+          shutdown(to, SHUT_WR);
+          continue;
+        }
+        auto& log = side == 0 ? sent : answered;
+        log.insert(log.end(), chunk.begin(), chunk.begin() + n);
+        REQUIRE(::send(to, chunk.data(), static_cast<std::size_t>(n),
+                       MSG_NOSIGNAL) == n);
+      }
+    }
+  }
+  close(downstream);
+  REQUIRE(member.wait(10s) == 0);  // the real client got in and was served
+
+  // The client's first two frames: its hello and its proof.
+  auto frame_at = [&](std::size_t offset) {
+    REQUIRE(sent.size() >= offset + proto::kLengthSize);
+    std::uint64_t length = 0;
+    for (std::size_t i = 0; i < proto::kLengthSize; ++i)
+      length |= static_cast<std::uint64_t>(sent[offset + i]) << (8 * i);
+    REQUIRE(sent.size() >= offset + proto::kLengthSize + length);
+    return std::vector<std::uint8_t>(
+        sent.begin() + static_cast<std::ptrdiff_t>(offset),
+        sent.begin() +
+            static_cast<std::ptrdiff_t>(offset + proto::kLengthSize + length));
+  };
+  const auto hello = frame_at(0);
+  const auto proof = frame_at(hello.size());
+  RawClient replay(server.port());
+  replay.send_bytes(hello);
+  const proto::Welcome challenge = replay.welcome();
+  REQUIRE(challenge.status == proto::HelloStatus::kChallenge);
+  // A fresh nonce: not the one the recorded proof answers.
+  const std::string answered_text(answered.begin(), answered.end());
+  CHECK(answered_text.find(
+            std::string(challenge.data.begin(), challenge.data.end())) ==
+        std::string::npos);
+  replay.send_bytes(proof);
+  CHECK(replay.welcome().status == proto::HelloStatus::kBadToken);
+  CHECK(replay.closed_by_server(5s));
+  expect_server_healthy_with_token(server.port(), "job-secret");
+  CHECK(server.stop() == 0);
 }

@@ -1,6 +1,8 @@
 // Runs ranks of the TCP backend's connection mesh as threads of this
 // process over one HashStore, for tests of the transport's own classes
-// (Mesh, Exchange) below the ProcessGroup.
+// (Mesh, Exchange) below the ProcessGroup. The ranks may also share another
+// Store, or each have a store of its own over shared keys (a KeyedStore, for
+// the authentication tests).
 #pragma once
 
 #include <chrono>
@@ -19,15 +21,15 @@ namespace comm::testing {
 // thread, calls body(mesh) there, and returns each rank's error message,
 // indexed by rank ("" where it succeeded or did not run).
 inline std::vector<std::string> run_meshes(
-    HashStore& store, int world, const std::vector<int>& ranks,
-    std::chrono::milliseconds timeout,
+    const std::function<Store&(int rank)>& store_of, int world,
+    const std::vector<int>& ranks, std::chrono::milliseconds timeout,
     const std::function<void(tcp::Mesh&)>& body) {
   std::vector<std::string> errors(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
   for (int rank : ranks) {
     threads.emplace_back([&, rank] {
       try {
-        tcp::Mesh mesh(store, rank, world, timeout);
+        tcp::Mesh mesh(store_of(rank), rank, world, timeout);
         body(mesh);
       } catch (const std::exception& e) {
         errors[static_cast<std::size_t>(rank)] = e.what();
@@ -38,7 +40,16 @@ inline std::vector<std::string> run_meshes(
   return errors;
 }
 
-// The same for every rank of the group, each over a fresh HashStore.
+// The same with one store for every rank.
+inline std::vector<std::string> run_meshes(
+    Store& store, int world, const std::vector<int>& ranks,
+    std::chrono::milliseconds timeout,
+    const std::function<void(tcp::Mesh&)>& body) {
+  return run_meshes([&store](int) -> Store& { return store; }, world, ranks,
+                    timeout, body);
+}
+
+// The same for every rank of the group, all over a fresh HashStore.
 inline std::vector<std::string> run_meshes(
     int world, std::chrono::milliseconds timeout,
     const std::function<void(tcp::Mesh&)>& body) {

@@ -12,9 +12,13 @@
 #include <vector>
 
 #include "backends/tcp/mesh.h"
+#include "libcomm/detail/crypto.h"
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "store/hash_store.h"
+#include "store/prefix_store.h"
+#include "store/tcp_store.h"
+#include "support/keyed_store.h"
 #include "support/mesh_ranks.h"
 
 using comm::HashStore;
@@ -29,9 +33,25 @@ void expect(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error(what);
 }
 
-// The handshake a connecting rank sends first (see mesh.h): magic "CMTH",
-// channel, three reserved bytes, job id, rank, world size.
+// The handshake a connecting rank sends first (see rank_handshake.h): magic
+// "CMT2", channel, version 2, whether it authenticates, a reserved byte,
+// job id, rank, world size, nonce.
 struct Hello {
+  std::uint32_t magic = 0x32544d43;
+  std::uint8_t channel = 0;
+  std::uint8_t version = 2;
+  std::uint8_t authenticated = 0;
+  std::uint8_t reserved = 0;
+  std::uint64_t job = 0;
+  std::int32_t rank = 0;
+  std::int32_t size = 0;
+  std::uint8_t nonce[32] = {};
+};
+static_assert(sizeof(Hello) == 56);
+
+// libcomm 0.1's whole handshake: magic "CMTH", channel, three reserved
+// bytes, job id, rank, world size; no authentication.
+struct OldHello {
   std::uint32_t magic = 0x48544d43;
   std::uint8_t channel = 0;
   std::uint8_t reserved[3] = {};
@@ -39,22 +59,37 @@ struct Hello {
   std::int32_t rank = 0;
   std::int32_t size = 0;
 };
-static_assert(sizeof(Hello) == 24);
+static_assert(sizeof(OldHello) == 24);
 
-// Connects to rank 0's published address, sends `hello` and returns the
-// one-byte answer (1: accepted), or -1 when the connection closed first.
-int knock(HashStore& store, const Hello& hello) {
+comm::detail::Socket connect_to_rank0(
+    comm::Store& store, comm::detail::Clock::time_point deadline) {
   const std::string address = store.get_string("tcp/addr/0", 10s);
   const auto colon = address.rfind(':');
-  const auto deadline = comm::detail::deadline_after(10s);
-  auto socket = comm::detail::Socket::connect(
+  return comm::detail::Socket::connect(
       address.substr(0, colon),
       static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))),
       deadline, "rank 0");
+}
+
+// Connects to rank 0's published address, sends `hello` and returns the
+// one-byte answer (1: accepted, 0: refused, 2: a challenge), or -1 when the
+// connection closed first. With `proof`, answers a challenge with it and
+// returns the answer to that.
+template <typename H>
+int knock(comm::Store& store, const H& hello,
+          const std::vector<std::uint8_t>* proof = nullptr) {
+  const auto deadline = comm::detail::deadline_after(10s);
+  auto socket = connect_to_rank0(store, deadline);
   socket.send_all(&hello, sizeof(hello), deadline, "rank 0");
   std::uint8_t answer = 0;
   try {
     socket.recv_all(&answer, 1, deadline, "rank 0");
+    if (answer == 2 && proof != nullptr) {
+      std::uint8_t nonce[32];
+      socket.recv_all(nonce, sizeof(nonce), deadline, "rank 0");
+      socket.send_all(proof->data(), proof->size(), deadline, "rank 0");
+      socket.recv_all(&answer, 1, deadline, "rank 0");
+    }
   } catch (const comm::PeerError&) {
     return -1;
   }
@@ -141,6 +176,18 @@ TEST_CASE("a connection whose handshake does not fit the group is refused",
   Hello bad_channel = right;
   bad_channel.channel = comm::tcp::kChannels;
   CHECK(knock(store, bad_channel) == 0);
+  Hello bad_version = right;
+  bad_version.version = 3;
+  CHECK(knock(store, bad_version) == 0);
+  // Without a token in the store there is nothing to authenticate with.
+  Hello wants_authentication = right;
+  wants_authentication.authenticated = 1;
+  CHECK(knock(store, wants_authentication) == 0);
+  OldHello old;
+  old.job = job;
+  old.rank = 1;
+  old.size = 2;
+  CHECK(knock(store, old) == 0);
 
   auto errors = run_meshes(store, 2, {1}, 20s, [](Mesh&) {});
   rank0.join();
@@ -161,4 +208,113 @@ TEST_CASE("a rank that never comes is named in a TimeoutError", "[tcp][mesh]") {
                Catch::Contains("timed out waiting for connections") &&
                    Catch::Contains("rank(s) 2"));
   }
+}
+
+// The bytes of a test that sends the mesh's own exchange over every pair and
+// channel (as the first test), for the authenticated meshes below.
+void exchange_on_every_channel(Mesh& mesh) {
+  const auto deadline = comm::detail::deadline_after(10s);
+  for (int peer = 0; peer < mesh.size(); ++peer) {
+    if (peer == mesh.rank()) continue;
+    for (int channel = 0; channel < comm::tcp::kChannels; ++channel) {
+      const std::uint8_t mine[2] = {static_cast<std::uint8_t>(mesh.rank()),
+                                    static_cast<std::uint8_t>(channel)};
+      mesh.socket(peer, static_cast<Channel>(channel))
+          .send_all(mine, 2, deadline, mesh.peer_name(peer), peer);
+    }
+  }
+  for (int peer = 0; peer < mesh.size(); ++peer) {
+    if (peer == mesh.rank()) continue;
+    for (int channel = 0; channel < comm::tcp::kChannels; ++channel) {
+      std::uint8_t theirs[2] = {};
+      mesh.socket(peer, static_cast<Channel>(channel))
+          .recv_all(theirs, 2, deadline, mesh.peer_name(peer), peer);
+      expect(theirs[0] == peer && theirs[1] == channel, "wrong bytes");
+    }
+  }
+}
+
+TEST_CASE("over a TCPStore with a token, rank connections authenticate",
+          "[tcp][mesh][auth]") {
+  constexpr int kWorld = 4;
+  comm::TCPStoreOptions options;
+  options.port = 0;
+  options.is_server = true;
+  options.timeout = 20s;
+  options.token = "job-secret";
+  // One client per rank, as in a job: a TCPStore serves one call at a time.
+  std::vector<std::shared_ptr<comm::Store>> clients;
+  clients.push_back(std::make_shared<comm::TCPStore>(options));
+  options.is_server = false;
+  options.port = static_cast<comm::TCPStore&>(*clients[0]).port();
+  for (int rank = 1; rank < kWorld; ++rank)
+    clients.push_back(std::make_shared<comm::TCPStore>(options));
+  REQUIRE(clients[0]->derive_key("purpose").size() == 32);
+  CHECK(clients[1]->derive_key("purpose") == clients[0]->derive_key("purpose"));
+  // Each subgroup's prefix has keys of its own.
+  std::vector<std::unique_ptr<comm::PrefixStore>> group;
+  for (auto& client : clients)
+    group.push_back(std::make_unique<comm::PrefixStore>("group0", client));
+  CHECK(group[0]->derive_key("purpose") != clients[0]->derive_key("purpose"));
+  CHECK(group[0]->derive_key("purpose") == group[1]->derive_key("purpose"));
+  CHECK(comm::PrefixStore("group1", clients[0]).derive_key("purpose") !=
+        group[0]->derive_key("purpose"));
+  auto errors = run_meshes(
+      [&](int rank) -> comm::Store& {
+        return *group[static_cast<std::size_t>(rank)];
+      },
+      kWorld, {0, 1, 2, 3}, 20s, exchange_on_every_channel);
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "");
+  }
+}
+
+TEST_CASE("with a token, a connection without the job's key is refused",
+          "[tcp][mesh][auth]") {
+  HashStore keys(20s);
+  comm::testing::KeyedStore store(keys, "job-secret");
+  std::vector<std::string> rank0_errors;
+  std::thread rank0([&] {
+    rank0_errors = run_meshes(store, 2, {0}, 20s, exchange_on_every_channel);
+  });
+  // A stranger who read the job id (from a store without a token, or off
+  // the network) but does not hold the key.
+  const std::uint64_t job = std::stoull(store.get_string("tcp/job", 10s));
+  OldHello old;
+  old.job = job;
+  old.rank = 1;
+  old.size = 2;
+  CHECK(knock(store, old) == 0);
+  Hello right;
+  right.job = job;
+  right.rank = 1;
+  right.size = 2;
+  CHECK(knock(store, right) == 0);  // does not offer to authenticate
+  right.authenticated = 1;
+  const std::vector<std::uint8_t> zeros(32, 0);
+  CHECK(knock(store, right, &zeros) == 0);  // challenged; a wrong proof
+  // A MAC under a key derived from another secret is just as wrong.
+  const auto other = comm::detail::derive_key(
+      "guess", "tcp backend rank connections/job " + std::to_string(job));
+  const auto forged = comm::detail::hmac_sha256(other, {"connector"});
+  const std::vector<std::uint8_t> forged_bytes(forged.begin(), forged.end());
+  CHECK(knock(store, right, &forged_bytes) == 0);
+
+  auto errors = run_meshes(store, 2, {1}, 20s, exchange_on_every_channel);
+  rank0.join();
+  CHECK(errors[1] == "");
+  CHECK(rank0_errors[0] == "");
+}
+
+TEST_CASE("ranks whose tokens differ do not connect", "[tcp][mesh][auth]") {
+  HashStore keys(20s);
+  comm::testing::KeyedStore right(keys, "job-secret");
+  comm::testing::KeyedStore wrong(keys, "another-secret");
+  auto errors = run_meshes(
+      [&](int rank) -> comm::Store& { return rank == 0 ? right : wrong; }, 2,
+      {0, 1}, 2s, [](Mesh&) { throw std::runtime_error("connected"); });
+  CHECK_THAT(errors[1], Catch::Contains("refused our proof") &&
+                            Catch::Contains("COMM_STORE_TOKEN"));
+  CHECK_THAT(errors[0], Catch::Contains("timed out waiting for connections"));
 }

@@ -270,3 +270,25 @@ TEST_CASE("PrefixStore scopes keys under its prefix", "[store]") {
   CHECK_THROWS_WITH(group.get("absent", 10ms),
                     Catch::Contains("'group1/absent'"));
 }
+
+TEST_CASE("derive_key gives a key only where there is a token", "[store]") {
+  comm::HashStore hash;
+  CHECK(hash.derive_key("purpose").empty());
+  CHECK(comm::PrefixStore("p", std::make_shared<comm::HashStore>())
+            .derive_key("purpose")
+            .empty());
+  comm::TCPStoreOptions options;
+  options.port = 0;
+  options.is_server = true;
+  options.timeout = 30s;
+  options.token = "";
+  CHECK(comm::TCPStore(options).derive_key("purpose").empty());
+  options.token = "job-secret";
+  comm::TCPStore with_token(options);
+  const comm::Bytes key = with_token.derive_key("purpose");
+  CHECK(key.size() == 32);
+  CHECK(key != with_token.derive_key("another purpose"));
+  // Nothing of the token shows in the key.
+  const std::string text(key.begin(), key.end());
+  CHECK(text.find("job-secret") == std::string::npos);
+}
