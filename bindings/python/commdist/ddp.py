@@ -262,10 +262,10 @@ class DistributedDataParallel(nn.Module):
                 grad = self._params[i].grad
                 kept[i] = grad.clone() if grad is self._grads[i] else grad
         self.reducer.finish()
-        if not unmarked:
-            if self.static_graph and self._static_used is None:
-                self._static_used = [True] * len(self._params)
-            return
+        if not tolerant:
+            return  # finish() refused any unmarked parameter
+        # Every rank exchanges its flags, whether or not it used them all:
+        # the others may not have.
         used = self._used_anywhere(marked)
         for i in unmarked:
             p = self._params[i]
