@@ -112,6 +112,17 @@ def test_get_backend_is_the_name_asked_for():
                                                  expected.upper())
         finally:
             dist.destroy_process_group()
+    if dist.is_nccl_available():
+        # A spec per device, gloo inside it read as libcomm's TCP backend.
+        dist.init_process_group("cpu:gloo,cuda:nccl", store=dist.HashStore(),
+                                rank=0, world_size=1)
+        try:
+            assert dist.get_backend() == "cpu:gloo,cuda:nccl"
+            x = np.ones(3)
+            dist.all_reduce(x)
+            assert np.array_equal(x, np.ones(3))
+        finally:
+            dist.destroy_process_group()
 
 
 def test_num_keys_counts_as_torchs_tcp_store():
