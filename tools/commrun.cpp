@@ -5,7 +5,8 @@
 //           [--rdzv-backend c10d|static] [--rdzv-endpoint HOST[:PORT]]
 //           [--rdzv-id ID] [--rdzv-conf join_timeout=S] [--max-restarts K]
 //           [--rdzv-timeout SECONDS] [--term-grace SECONDS]
-//           [--python PATH] [-m|--module] [--no-python]
+//           [--python PATH] [-m|--module] [--run-path] [--no-python]
+//           [--local-addr ADDR]
 //           [--pass-local-rank [--local-rank-spelling underscore|dash]]
 //           [--role NAME]
 //           PROGRAM [ARGS...]
@@ -24,9 +25,9 @@
 // ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
 // TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (as torchrun
 // sets them), COMM_RESTART_COUNT and COMM_RDZV_TIMEOUT (which env://
-// rendezvous reads), and OMP_NUM_THREADS=1 when it is unset and there is
-// more than one worker (with torchrun's warning). Rank 0 hosts the store,
-// so every restart is a fresh rendezvous.
+// rendezvous reads), COMM_TCP_ADDR from --local-addr, and OMP_NUM_THREADS=1
+// when it is unset and there is more than one worker (with torchrun's warning).
+// Rank 0 hosts the store, so every restart is a fresh rendezvous.
 //
 // Every line a worker writes to stdout or stderr comes out on commrun's
 // stdout or stderr prefixed with the worker's rank, "[3]: ...", written
@@ -89,6 +90,7 @@ struct Config {
   int term_grace = 5;
   std::string run_id = "none";
   std::string role = "default";
+  std::string local_addr;  // COMM_TCP_ADDR for the workers, when given
   // What each worker executes: the program (with the interpreter in front
   // for Python) and, after it, where --local_rank=N goes.
   std::vector<std::string> command;
@@ -221,6 +223,7 @@ bool failed(int status) {
   set("COMM_RESTART_COUNT", std::to_string(restart));
   set("COMM_RDZV_TIMEOUT", std::to_string(config.rdzv_timeout));
   if (config.set_omp_threads) set("OMP_NUM_THREADS", "1");
+  if (!config.local_addr.empty()) set("COMM_TCP_ADDR", config.local_addr);
   std::vector<std::string> args = config.command;
   if (!config.local_rank_flag.empty()) {
     args.insert(
@@ -473,6 +476,7 @@ int parse(int argc, char** argv, Config& config) {
   std::string spelling = "underscore";
   bool standalone = false;
   bool module = false;
+  bool run_path = false;
   bool no_python = false;
   bool use_env = false;
   double monitor_interval = 5;
@@ -532,6 +536,11 @@ int parse(int argc, char** argv, Config& config) {
   app.add_option("--python", python,
                  "the interpreter of a .py PROGRAM or of --module")
       ->capture_default_str();
+  app.add_option("--local-addr,--local_addr", config.local_addr,
+                 "the address this node's ranks listen on (COMM_TCP_ADDR)");
+  app.add_flag("--run-path,--run_path", run_path,
+               "PROGRAM is a Python file whatever its name, as torchrun's "
+               "--run-path");
   app.add_flag("-m,--module", module,
                "PROGRAM is a Python module, run as python -m PROGRAM");
   app.add_flag("--no-python,--no_python", no_python,
@@ -642,8 +651,10 @@ int parse(int argc, char** argv, Config& config) {
     config.master_port = 0;
     if (run_id->count() == 0) config.run_id = random_run_id();
   }
-  if (module && no_python && problem.empty()) {
-    problem = "--module runs PROGRAM under Python; --no-python says not to";
+  if ((module || run_path) && no_python && problem.empty()) {
+    problem =
+        "--module and --run-path run PROGRAM under Python; --no-python says "
+        "not to";
   }
   if (pass_local_rank && use_env && problem.empty()) {
     problem =
@@ -670,7 +681,7 @@ int parse(int argc, char** argv, Config& config) {
       first.size() > 3 && first.compare(first.size() - 3, 3, ".py") == 0;
   if (module) {
     config.command = {python, "-u", "-m"};
-  } else if (is_python_file && !no_python) {
+  } else if ((is_python_file || run_path) && !no_python) {
     config.command = {python, "-u"};
   }
   config.local_rank_at = config.command.size() + 1;

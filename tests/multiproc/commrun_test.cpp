@@ -337,6 +337,17 @@ TEST_CASE("commrun runs a .py program under Python and executables as they are",
   CHECK(lines == std::vector<std::string>{"[0]: /usr/bin/python3 0 a b",
                                           "[1]: /usr/bin/python3 1 a b"});
 
+  // --run-path: a Python file whatever its name.
+  ScratchDir dir4;
+  const std::string unnamed = dir4 / "trainer";
+  {
+    std::ofstream out(unnamed);
+    out << "print('run-path', __name__)\n";
+  }
+  auto run_path = start_commrun(dir4, {"--run-path", unnamed});
+  CHECK(run_path->wait(30s) == 0);
+  CHECK(read_file(dir4 / "stdout") == "[0]: run-path __main__\n");
+
   // --no-python executes it as it is (and here it cannot be).
   ScratchDir dir2;
   auto direct = start_commrun(dir2, {"--no-python", script});
@@ -393,13 +404,15 @@ TEST_CASE("commrun takes torchrun's flags and sets torchrun's environment",
         dir, {"--nnodes=1:1", "--nproc_per_node=2", "--rdzv_id=100",
               "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29455",
               "--rdzv-conf", "join_timeout=77", "--max_restarts=3",
-              "--monitor_interval=1", "--role", "trainer", "sh", "-c", show});
+              "--monitor_interval=1", "--role", "trainer", "--local_addr",
+              "127.0.0.9", "sh", "-c", show + " $COMM_TCP_ADDR"});
     REQUIRE(commrun->wait(30s) == 0);
     auto lines = lines_of(read_file(dir / "stdout"));
     std::sort(lines.begin(), lines.end());
-    CHECK(lines == std::vector<std::string>{
-                       "[0]: 0 0 2 trainer 1 100 0 3 1 127.0.0.1 29455 77",
-                       "[1]: 1 1 2 trainer 1 100 0 3 1 127.0.0.1 29455 77"});
+    CHECK(lines ==
+          std::vector<std::string>{
+              "[0]: 0 0 2 trainer 1 100 0 3 1 127.0.0.1 29455 77 127.0.0.9",
+              "[1]: 1 1 2 trainer 1 100 0 3 1 127.0.0.1 29455 77 127.0.0.9"});
     // torchrun's warning, once, when OMP_NUM_THREADS was unset.
     const std::string err = read_file(dir / "stderr");
     CHECK_THAT(err, Catch::Contains("OMP_NUM_THREADS"));
