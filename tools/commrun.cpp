@@ -1,14 +1,33 @@
 // commrun: starts the ranks of a job on this host, as torchrun does.
 //
-//   commrun [--nproc-per-node N] [--nnodes M] [--node-rank R]
-//           [--master-addr HOST] [--master-port PORT] [--max-restarts K]
+//   commrun [--nproc-per-node N|auto|cpu|gpu] [--nnodes M] [--node-rank R]
+//           [--master-addr HOST] [--master-port PORT] [--standalone]
+//           [--rdzv-backend c10d|static] [--rdzv-endpoint HOST[:PORT]]
+//           [--rdzv-id ID] [--rdzv-conf join_timeout=S] [--max-restarts K]
 //           [--rdzv-timeout SECONDS] [--term-grace SECONDS]
+//           [--python PATH] [-m|--module] [--run-path] [--no-python]
+//           [--local-addr ADDR]
+//           [--pass-local-rank [--local-rank-spelling underscore|dash]]
+//           [--role NAME]
 //           PROGRAM [ARGS...]
 //
+// torchrun's options are taken in both spellings (--nproc-per-node and
+// --nproc_per_node). A PROGRAM ending in ".py" (or any PROGRAM with
+// --module) runs under the Python interpreter (--python, /usr/bin/python3
+// by default) with -u, as torchrun runs it under its own; any other
+// PROGRAM is executed as it is. --pass-local-rank adds --local_rank=N (or
+// --local-rank=N) before ARGS, for scripts written for
+// torch.distributed.launch, which reads it from argv (launch's --use-env
+// turned it off; commrun's default is the environment alone).
+//
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-// GROUP_RANK (the node rank), MASTER_ADDR, MASTER_PORT, COMM_RESTART_COUNT
-// and COMM_RDZV_TIMEOUT, which env:// rendezvous reads. Rank 0 hosts the
-// store, so every restart is a fresh rendezvous.
+// GROUP_RANK (the node rank), GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK,
+// ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
+// TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (as torchrun
+// sets them), COMM_RESTART_COUNT and COMM_RDZV_TIMEOUT (which env://
+// rendezvous reads), COMM_TCP_ADDR from --local-addr, and OMP_NUM_THREADS=1
+// when it is unset and there is more than one worker (with torchrun's warning).
+// Rank 0 hosts the store, so every restart is a fresh rendezvous.
 //
 // Every line a worker writes to stdout or stderr comes out on commrun's
 // stdout or stderr prefixed with the worker's rank, "[3]: ...", written
@@ -20,7 +39,9 @@
 // commrun stops the others (SIGTERM, then SIGKILL after --term-grace),
 // names the failed rank, and exits with its status (128 + signal for a
 // signal), or, with --max-restarts K, starts the whole group again, at most
-// K times. Workers die with commrun even when it is SIGKILLed
+// K times. A worker that exits with 0 while others still run is not a
+// failure, but its peers may then fail waiting for it: the summary names it
+// first. Workers die with commrun even when it is SIGKILLed
 // (PR_SET_PDEATHSIG). Each worker runs in its own process group, and
 // signals go to the whole group, so what a worker started stops with it.
 // Bad arguments exit 2.
@@ -43,11 +64,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "libcomm/cuda.h"
 #include "libcomm/detail/socket.h"
 
 namespace {
@@ -65,7 +88,15 @@ struct Config {
   int max_restarts = 0;
   int rdzv_timeout = 900;
   int term_grace = 5;
+  std::string run_id = "none";
+  std::string role = "default";
+  std::string local_addr;  // COMM_TCP_ADDR for the workers, when given
+  // What each worker executes: the program (with the interpreter in front
+  // for Python) and, after it, where --local_rank=N goes.
   std::vector<std::string> command;
+  std::size_t local_rank_at = 0;
+  std::string local_rank_flag;  // "--local_rank", "--local-rank" or empty
+  bool set_omp_threads = false;
 };
 
 // One worker's output stream: bytes read so far that do not yet end a line.
@@ -81,6 +112,8 @@ struct Worker {
   pid_t pid = -1;
   bool exited = false;
   int status = 0;
+  // The order in which workers exited, from 1.
+  int exit_order = 0;
   Stream out;
   Stream err;
 };
@@ -89,7 +122,10 @@ struct Worker {
 struct Outcome {
   int signal = 0;                  // SIGINT or SIGTERM received by commrun
   const Worker* failed = nullptr;  // the first worker that failed
-  bool not_started = false;        // a worker could not be started
+  // The first worker that exited with 0 while others still ran, before
+  // `failed` failed: its peers may have failed for want of it.
+  const Worker* left_early = nullptr;
+  bool not_started = false;  // a worker could not be started
 };
 
 void write_all(int fd, const std::string& bytes) {
@@ -175,13 +211,27 @@ bool failed(int status) {
   set("WORLD_SIZE", std::to_string(world));
   set("LOCAL_WORLD_SIZE", std::to_string(config.nproc_per_node));
   set("GROUP_RANK", std::to_string(config.node_rank));
+  set("GROUP_WORLD_SIZE", std::to_string(config.nnodes));
+  set("ROLE_NAME", config.role);
+  set("ROLE_RANK", std::to_string(worker.rank));
+  set("ROLE_WORLD_SIZE", std::to_string(world));
   set("MASTER_ADDR", config.master_addr);
   set("MASTER_PORT", std::to_string(port));
+  set("TORCHELASTIC_RUN_ID", config.run_id);
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(config.max_restarts));
   set("COMM_RESTART_COUNT", std::to_string(restart));
   set("COMM_RDZV_TIMEOUT", std::to_string(config.rdzv_timeout));
+  if (config.set_omp_threads) set("OMP_NUM_THREADS", "1");
+  if (!config.local_addr.empty()) set("COMM_TCP_ADDR", config.local_addr);
+  std::vector<std::string> args = config.command;
+  if (!config.local_rank_flag.empty()) {
+    args.insert(
+        args.begin() + static_cast<std::ptrdiff_t>(config.local_rank_at),
+        config.local_rank_flag + "=" + std::to_string(worker.local_rank));
+  }
   std::vector<char*> argv;
-  for (const auto& arg : config.command)
-    argv.push_back(const_cast<char*>(arg.c_str()));
+  for (const auto& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
   execvp(argv[0], argv.data());
   const std::string message = "commrun: cannot run '" + config.command[0] +
@@ -198,6 +248,7 @@ class Launcher {
   // Runs one generation of workers to its end.
   Outcome run_generation(int port, int restart) {
     workers_.clear();
+    exits_ = 0;
     workers_.resize(static_cast<std::size_t>(config_.nproc_per_node));
     for (int local = 0; local < config_.nproc_per_node; ++local) {
       Worker& w = workers_[static_cast<std::size_t>(local)];
@@ -269,6 +320,11 @@ class Launcher {
         if (w.pid != pid) continue;
         w.exited = true;
         w.status = status;
+        w.exit_order = ++exits_;
+        if (!failed(status) && !outcome.failed && !outcome.left_early &&
+            !all_exited()) {
+          outcome.left_early = &w;
+        }
         if (failed(status) && !outcome.failed && outcome.signal == 0) {
           outcome.failed = &w;
           // The others would only wait for this one until their timeouts.
@@ -369,40 +425,145 @@ class Launcher {
   int signal_fd_;
   const sigset_t& blocked_;
   std::vector<Worker> workers_;
+  int exits_ = 0;
 };
+
+// torchrun's --nproc-per-node: a count, or "auto" (the GPUs, else the
+// CPUs), "cpu" or "gpu". Empty when `text` is none of these.
+std::optional<int> processes_per_node(const std::string& text,
+                                      std::string& problem) {
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (text == "cpu" || (text == "auto" && comm::cuda_device_count() == 0)) {
+    return static_cast<int>(std::clamp<long>(cpus, 1, 4096));
+  }
+  if (text == "gpu" || text == "auto") {
+    const int gpus = comm::cuda_device_count();
+    if (gpus == 0) {
+      problem = "--nproc-per-node gpu: this build or machine has no CUDA GPU";
+      return std::nullopt;
+    }
+    return gpus;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || n < 1 || n > 4096) {
+    problem = "--nproc-per-node " + text +
+              ": give a count from 1 to 4096, auto, cpu or gpu";
+    return std::nullopt;
+  }
+  return static_cast<int>(n);
+}
+
+// A random run id for --standalone, as torchrun makes one.
+std::string random_run_id() {
+  std::random_device device;
+  char text[40];
+  std::snprintf(text, sizeof(text), "%08x-%04x-%04x", device(),
+                device() & 0xffff, device() & 0xffff);
+  return text;
+}
 
 int parse(int argc, char** argv, Config& config) {
   CLI::App app{"commrun: starts the ranks of a libcomm job, as torchrun does"};
-  app.add_option("--nproc-per-node,--nproc_per_node", config.nproc_per_node,
-                 "workers on this node")
-      ->check(CLI::Range(1, 4096))
+  std::string nproc = "1";
+  std::string nnodes = "1";
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::vector<std::string> rdzv_conf;
+  std::string python = "/usr/bin/python3";
+  bool pass_local_rank = false;
+  std::string spelling = "underscore";
+  bool standalone = false;
+  bool module = false;
+  bool run_path = false;
+  bool no_python = false;
+  bool use_env = false;
+  double monitor_interval = 5;
+  std::string start_method = "spawn";
+  app.add_option("--nproc-per-node,--nproc_per_node", nproc,
+                 "workers on this node: a count, auto (the GPUs, else the "
+                 "CPUs), cpu or gpu")
       ->capture_default_str();
-  app.add_option("--nnodes", config.nnodes, "nodes in the job")
-      ->check(CLI::Range(1, 65536))
+  app.add_option("--nnodes", nnodes,
+                 "nodes in the job: N, or N:N (an elastic range MIN:MAX "
+                 "with MIN < MAX is not supported)")
       ->capture_default_str();
-  app.add_option("--node-rank,--node_rank", config.node_rank,
-                 "this node's rank, from 0")
-      ->check(CLI::Range(0, 65535))
+  auto* node_rank = app.add_option("--node-rank,--node_rank", config.node_rank,
+                                   "this node's rank, from 0")
+                        ->check(CLI::Range(0, 65535))
+                        ->capture_default_str();
+  auto* master_addr = app.add_option("--master-addr,--master_addr",
+                                     config.master_addr, "the host of rank 0")
+                          ->capture_default_str();
+  auto* master_port =
+      app.add_option("--master-port,--master_port", config.master_port,
+                     "rank 0's store port; 0 picks a free one (one node only)")
+          ->check(CLI::Range(0, 65535))
+          ->capture_default_str();
+  app.add_flag("--standalone", standalone,
+               "a job of this node alone: a free port on 127.0.0.1 and a "
+               "random run id, as torchrun's --standalone");
+  app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
+                 "c10d or static: either way rank 0 hosts the store at "
+                 "--rdzv-endpoint (or --master-addr:--master-port)")
+      ->check(CLI::IsMember({"c10d", "static"}))
       ->capture_default_str();
-  app.add_option("--master-addr,--master_addr", config.master_addr,
-                 "the host of rank 0")
-      ->capture_default_str();
-  app.add_option("--master-port,--master_port", config.master_port,
-                 "rank 0's store port; 0 picks a free one (one node only)")
-      ->check(CLI::Range(0, 65535))
-      ->capture_default_str();
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint,
+                 "HOST[:PORT] of the store (port 29400 when left out), in "
+                 "place of --master-addr and --master-port");
+  auto* run_id = app.add_option("--rdzv-id,--rdzv_id", config.run_id,
+                                "the job's id, TORCHELASTIC_RUN_ID")
+                     ->capture_default_str();
+  app.add_option("--rdzv-conf,--rdzv_conf", rdzv_conf,
+                 "KEY=VALUE,...; join_timeout=SECONDS is --rdzv-timeout")
+      ->delimiter(',');
   app.add_option("--max-restarts,--max_restarts", config.max_restarts,
                  "times to restart the group after a failure")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
-  app.add_option("--rdzv-timeout,--rdzv_timeout", config.rdzv_timeout,
-                 "seconds the workers' rendezvous may take")
-      ->check(CLI::Range(1, 1 << 30))
-      ->capture_default_str();
+  auto* rdzv_timeout =
+      app.add_option("--rdzv-timeout,--rdzv_timeout", config.rdzv_timeout,
+                     "seconds the workers' rendezvous may take")
+          ->check(CLI::Range(1, 1 << 30))
+          ->capture_default_str();
   app.add_option("--term-grace", config.term_grace,
                  "seconds between SIGTERM and SIGKILL when stopping workers")
       ->check(CLI::Range(0, 3600))
       ->capture_default_str();
+  app.add_option("--role", config.role, "the workers' role, ROLE_NAME")
+      ->capture_default_str();
+  app.add_option("--python", python,
+                 "the interpreter of a .py PROGRAM or of --module")
+      ->capture_default_str();
+  app.add_option("--local-addr,--local_addr", config.local_addr,
+                 "the address this node's ranks listen on (COMM_TCP_ADDR)");
+  app.add_flag("--run-path,--run_path", run_path,
+               "PROGRAM is a Python file whatever its name, as torchrun's "
+               "--run-path");
+  app.add_flag("-m,--module", module,
+               "PROGRAM is a Python module, run as python -m PROGRAM");
+  app.add_flag("--no-python,--no_python", no_python,
+               "execute PROGRAM as it is, even when it ends in .py");
+  app.add_flag("--pass-local-rank,--pass_local_rank", pass_local_rank,
+               "add --local_rank=N before the program's arguments, as "
+               "torch.distributed.launch does");
+  app.add_option("--local-rank-spelling", spelling,
+                 "underscore (--local_rank=N, torch 1.x's launch) or dash "
+                 "(--local-rank=N, torch 2's)")
+      ->check(CLI::IsMember({"underscore", "dash"}))
+      ->capture_default_str();
+  app.add_flag("--use-env,--use_env", use_env,
+               "torch.distributed.launch's flag for what commrun does by "
+               "default: the local rank in LOCAL_RANK only");
+  app.add_option("--monitor-interval,--monitor_interval", monitor_interval,
+                 "accepted for torchrun's command lines; commrun learns of "
+                 "an exit at once, without polling")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--start-method,--start_method", start_method,
+                 "accepted for torchrun's command lines; workers are always "
+                 "started with fork and exec")
+      ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
   // Everything from the first argument that is not an option on is the
   // program and its arguments, untouched.
   app.prefix_command();
@@ -412,16 +573,95 @@ int parse(int argc, char** argv, Config& config) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  config.command = app.remaining();
+  std::vector<std::string> program = app.remaining();
   std::string problem;
-  if (!config.command.empty() && config.command.front() == "--") {
-    config.command.erase(config.command.begin());
-  } else if (!config.command.empty() && config.command.front().size() > 1 &&
-             config.command.front()[0] == '-') {
-    problem = "unknown option " + config.command.front();
+  if (!program.empty() && program.front() == "--") {
+    program.erase(program.begin());
+  } else if (!program.empty() && program.front().size() > 1 &&
+             program.front()[0] == '-') {
+    problem = "unknown option " + program.front();
+  }
+  const auto nodes = nnodes.find(':');
+  const std::string min_nodes = nnodes.substr(0, nodes);
+  if (nodes != std::string::npos && nnodes.substr(nodes + 1) != min_nodes) {
+    if (problem.empty())
+      problem = "--nnodes " + nnodes +
+                ": elastic ranges are not supported; give one count (N or "
+                "N:N)";
+  } else {
+    char* end = nullptr;
+    const long n = std::strtol(min_nodes.c_str(), &end, 10);
+    if (min_nodes.empty() || *end != '\0' || n < 1 || n > 65536) {
+      if (problem.empty())
+        problem = "--nnodes " + nnodes + ": give a count from 1 to 65536";
+    } else {
+      config.nnodes = static_cast<int>(n);
+    }
+  }
+  if (const auto n = processes_per_node(nproc, problem)) {
+    config.nproc_per_node = *n;
+  }
+  for (const std::string& item : rdzv_conf) {
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    char* end = nullptr;
+    const long seconds = eq == std::string::npos
+                             ? 0
+                             : std::strtol(item.c_str() + eq + 1, &end, 10);
+    if (key == "join_timeout" && seconds > 0 && seconds <= (1 << 30) &&
+        *end == '\0' && rdzv_timeout->count() == 0) {
+      config.rdzv_timeout = static_cast<int>(seconds);
+    } else if (problem.empty()) {
+      problem = "--rdzv-conf " + item +
+                ": the one setting taken is join_timeout=SECONDS (and not "
+                "together with --rdzv-timeout)";
+    }
+  }
+  if (!rdzv_endpoint.empty()) {
+    const auto colon = rdzv_endpoint.rfind(':');
+    std::string host = rdzv_endpoint.substr(0, colon);
+    std::string port =
+        colon == std::string::npos ? "29400" : rdzv_endpoint.substr(colon + 1);
+    char* end = nullptr;
+    const long p = std::strtol(port.c_str(), &end, 10);
+    if (master_addr->count() > 0 || master_port->count() > 0) {
+      if (problem.empty())
+        problem =
+            "--rdzv-endpoint and --master-addr/--master-port say the same "
+            "thing; give one of them";
+    } else if (host.empty() || port.empty() || *end != '\0' || p < 0 ||
+               p > 65535) {
+      if (problem.empty())
+        problem = "--rdzv-endpoint " + rdzv_endpoint + ": give HOST[:PORT]";
+    } else {
+      config.master_addr = host;
+      config.master_port = static_cast<int>(p);
+    }
+  }
+  if (standalone) {
+    if (config.nnodes != 1 || node_rank->count() > 0 ||
+        !rdzv_endpoint.empty() || master_addr->count() > 0 ||
+        master_port->count() > 0) {
+      if (problem.empty())
+        problem =
+            "--standalone is a job of this node alone; it takes no --nnodes, "
+            "--node-rank, --rdzv-endpoint, --master-addr or --master-port";
+    }
+    config.master_addr = "127.0.0.1";
+    config.master_port = 0;
+    if (run_id->count() == 0) config.run_id = random_run_id();
+  }
+  if ((module || run_path) && no_python && problem.empty()) {
+    problem =
+        "--module and --run-path run PROGRAM under Python; --no-python says "
+        "not to";
+  }
+  if (pass_local_rank && use_env && problem.empty()) {
+    problem =
+        "--pass-local-rank puts the local rank in argv; --use-env says not to";
   }
   if (!problem.empty()) {
-  } else if (config.command.empty()) {
+  } else if (program.empty()) {
     problem = "no program given";
   } else if (config.node_rank >= config.nnodes) {
     problem = "--node-rank " + std::to_string(config.node_rank) +
@@ -435,6 +675,28 @@ int parse(int argc, char** argv, Config& config) {
     std::fprintf(stderr, "commrun: %s\n%s", problem.c_str(),
                  app.help().c_str());
     return 2;
+  }
+  const std::string& first = program.front();
+  const bool is_python_file =
+      first.size() > 3 && first.compare(first.size() - 3, 3, ".py") == 0;
+  if (module) {
+    config.command = {python, "-u", "-m"};
+  } else if ((is_python_file || run_path) && !no_python) {
+    config.command = {python, "-u"};
+  }
+  config.local_rank_at = config.command.size() + 1;
+  config.command.insert(config.command.end(), program.begin(), program.end());
+  if (pass_local_rank) {
+    config.local_rank_flag =
+        spelling == "dash" ? "--local-rank" : "--local_rank";
+  }
+  if (config.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    config.set_omp_threads = true;
+    say("OMP_NUM_THREADS is not set; each of the " +
+        std::to_string(config.nproc_per_node) +
+        " workers gets OMP_NUM_THREADS=1, so that they do not all start a "
+        "thread per core and slow the machine down. Set it yourself to tune "
+        "it for your program.");
   }
   return -1;
 }
@@ -471,9 +733,24 @@ int main(int argc, char** argv) {
     if (outcome.not_started) return 1;
     if (!outcome.failed) return 0;
     const Worker& w = *outcome.failed;
+    if (outcome.left_early != nullptr) {
+      // Its peers were likely left waiting in a collective for it: it is
+      // where to look first, so it comes first.
+      const Worker& early = *outcome.left_early;
+      say("rank " + std::to_string(early.rank) + " (local rank " +
+          std::to_string(early.local_rank) + ", pid " +
+          std::to_string(early.pid) +
+          ") exited with status 0 while other ranks were still running; "
+          "ranks that wait for it in a collective fail (look at rank " +
+          std::to_string(early.rank) + " first)");
+    }
     say("rank " + std::to_string(w.rank) + " (local rank " +
         std::to_string(w.local_rank) + ", pid " + std::to_string(w.pid) + ") " +
-        describe_status(w.status));
+        describe_status(w.status) +
+        (outcome.left_early != nullptr
+             ? ", after rank " + std::to_string(outcome.left_early->rank) +
+                   " had exited"
+             : ""));
     if (restart >= config.max_restarts) {
       if (config.max_restarts > 0) {
         say("giving up after " + std::to_string(config.max_restarts) +

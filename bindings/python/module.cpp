@@ -16,12 +16,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "libcomm/distributed/backend_registry.h"
 #include "libcomm/distributed/ddp/distributed_data_parallel.h"
 #include "libcomm/distributed/distributed_sampler.h"
 #include "libcomm/distributed/process_group.h"
@@ -76,6 +78,46 @@ void release_deferred() {
 }
 
 // ---- Timeouts --------------------------------------------------------------
+
+// A timeout as Python code passes it: a number of seconds or a
+// datetime.timedelta (torch.distributed passes timedelta everywhere).
+struct Seconds {
+  double value = 0;
+};
+
+}  // namespace
+
+namespace pybind11::detail {
+template <>
+struct type_caster<Seconds> {
+  PYBIND11_TYPE_CASTER(Seconds, const_name("float | datetime.timedelta"));
+
+  bool load(handle source, bool) {
+    if (source.is_none() || PyBool_Check(source.ptr())) return false;
+    if (PyFloat_Check(source.ptr()) || PyLong_Check(source.ptr())) {
+      value.value = PyFloat_AsDouble(source.ptr());
+      if (PyErr_Occurred()) {  // an int too large for a double
+        PyErr_Clear();
+        value.value = std::numeric_limits<double>::infinity();
+      }
+      return true;
+    }
+    if (hasattr(source, "total_seconds") &&
+        hasattr(source, "microseconds")) {  // timedelta and its subclasses
+      object total = source.attr("total_seconds")();
+      value.value = total.cast<double>();
+      return true;
+    }
+    return false;
+  }
+
+  static handle cast(const Seconds& s, return_value_policy, handle) {
+    return PyFloat_FromDouble(s.value);
+  }
+};
+}  // namespace pybind11::detail
+
+namespace {
 
 // The longest timeout taken, about 31 years: a longer one would overflow the
 // deadlines computed from it.
@@ -198,10 +240,20 @@ bool is_torch_tensor(py::handle object) {
 
 Tensor from_torch(py::handle object, const std::string& what) {
   py::object tensor = py::reinterpret_borrow<py::object>(object);
+  py::module_ torch = py::module_::import("torch");
+  // Only strided (dense) tensors have one block of memory to send; torch's
+  // own DLPack export would refuse the others with its own error.
+  py::object layout = tensor.attr("layout");
+  if (!layout.is(torch.attr("strided"))) {
+    throw InvalidArgument(
+        what + " is a torch tensor of layout " +
+        py::str(layout).cast<std::string>() +
+        "; collectives take dense (torch.strided) tensors only, so pass "
+        "t.to_dense() and convert the result back");
+  }
   // DLPack refuses tensors that require grad and bool tensors: export a
   // detached view, and bool as uint8 relabelled below.
   tensor = tensor.attr("detach")();
-  py::module_ torch = py::module_::import("torch");
   const bool is_bool = tensor.attr("dtype").is(torch.attr("bool"));
   if (is_bool) tensor = tensor.attr("view")(torch.attr("uint8"));
   py::capsule capsule = tensor.attr("__dlpack__")();
@@ -269,10 +321,10 @@ class PyWork {
                   std::function<void()> then = {})
       : work_(std::move(work)), then_(std::move(then)) {}
 
-  bool wait(std::optional<double> timeout_seconds) {
+  bool wait(std::optional<Seconds> timeout_seconds) {
     const std::optional<Millis> timeout =
         timeout_seconds
-            ? std::optional<Millis>(millis_of(*timeout_seconds, true))
+            ? std::optional<Millis>(millis_of(timeout_seconds->value, true))
             : std::nullopt;
     {
       py::gil_scoped_release no_gil;
@@ -355,7 +407,7 @@ py::object python_exception(std::exception_ptr error) {
 using Group = comm::ProcessGroup;
 using GroupPtr = std::shared_ptr<comm::ProcessGroup>;
 
-Millis millis(double seconds) { return millis_of(seconds, false); }
+Millis millis(Seconds seconds) { return millis_of(seconds.value, false); }
 
 // Issues `call` without the GIL: the backend may block briefly, and its
 // threads may drop views whose release would otherwise wait for the GIL.
@@ -560,7 +612,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "wait",
           [](comm::Store& s, const std::vector<std::string>& keys,
-             std::optional<double> timeout) {
+             std::optional<Seconds> timeout) {
             py::gil_scoped_release no_gil;
             if (timeout) {
               s.wait(keys, millis(*timeout));
@@ -576,7 +628,7 @@ PYBIND11_MODULE(_C, m) {
       .def("num_keys", &comm::Store::num_keys,
            py::call_guard<py::gil_scoped_release>())
       .def("set_timeout",
-           [](comm::Store& s, double seconds) {
+           [](comm::Store& s, Seconds seconds) {
              s.set_timeout(millis(seconds));
            })
       .def_property_readonly("timeout", [](const comm::Store& s) {
@@ -586,7 +638,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<comm::TCPStore, comm::Store, std::shared_ptr<comm::TCPStore>>(
       m, "TCPStore")
       .def(py::init([](const std::string& host, int port, bool is_master,
-                       double timeout) {
+                       Seconds timeout) {
              if (port < 0 || port > 65535) {
                throw InvalidArgument("port " + std::to_string(port) +
                                      " is outside 0-65535");
@@ -606,7 +658,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<comm::FileStore, comm::Store, std::shared_ptr<comm::FileStore>>(
       m, "FileStore")
-      .def(py::init([](const std::string& path, double timeout) {
+      .def(py::init([](const std::string& path, Seconds timeout) {
              return std::make_shared<comm::FileStore>(path, millis(timeout));
            }),
            py::arg("file_name"), py::arg("timeout"))
@@ -614,7 +666,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<comm::HashStore, comm::Store, std::shared_ptr<comm::HashStore>>(
       m, "HashStore")
-      .def(py::init([](double timeout) {
+      .def(py::init([](Seconds timeout) {
              return std::make_shared<comm::HashStore>(millis(timeout));
            }),
            py::arg("timeout"));
@@ -647,7 +699,7 @@ PYBIND11_MODULE(_C, m) {
   // ---- Groups
   py::class_<Group, GroupPtr>(m, "ProcessGroup", py::dynamic_attr())
       .def(py::init([](std::shared_ptr<comm::Store> store, int rank, int size,
-                       const std::string& backend, double timeout,
+                       const std::string& backend, Seconds timeout,
                        const std::string& name) {
              if (store == nullptr) throw InvalidArgument("store is None");
              py::gil_scoped_release no_gil;
@@ -749,7 +801,7 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "init_process_group",
       [](const std::string& backend, const std::string& init_method, int rank,
-         int world_size, double timeout) {
+         int world_size, Seconds timeout) {
         py::gil_scoped_release no_gil;
         return comm::init_process_group(backend, init_method, rank, world_size,
                                         millis(timeout));
@@ -757,6 +809,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("backend"), py::arg("init_method"), py::arg("rank"),
       py::arg("world_size"), py::arg("timeout"));
   m.attr("ANY_SOURCE") = comm::kAnySource;
+  m.def("registered_backends", &comm::registered_backends,
+        "The backend names init_process_group accepts in this build.");
 
   // ---- DDP and the sampler
   py::enum_<comm::CommHook>(m, "CommHook")

@@ -162,6 +162,10 @@ TEST_CASE("commrun prefixes every line and never breaks one", "[commrun]") {
   CHECK(next == std::vector<int>(4, 3000));
   CHECK(unfinished == 4);
   auto errors = lines_of(read_file(dir / "stderr"));
+  // commrun's own line about OMP_NUM_THREADS, unless the caller set it.
+  std::erase_if(errors, [](const std::string& line) {
+    return line.rfind("commrun: OMP_NUM_THREADS", 0) == 0;
+  });
   std::sort(errors.begin(), errors.end());
   CHECK(errors == std::vector<std::string>{"[0]: oops", "[1]: oops",
                                            "[2]: oops", "[3]: oops"});
@@ -254,6 +258,13 @@ TEST_CASE("commrun rejects bad arguments with a usage message and 2",
       {"--nnodes", "2", "--node-rank", "2", "true"},
       {"--nnodes", "2", "--master-port", "0", "true"},
       {"--master-port", "70000", "true"},
+      {"--nnodes", "1:4", "true"},
+      {"--rdzv-backend", "etcd", "true"},
+      {"--standalone", "--nnodes", "2", "true"},
+      {"--nproc-per-node", "zero", "true"},
+      {"--rdzv-endpoint", "127.0.0.1:1", "--master-port", "2", "true"},
+      {"--rdzv-conf", "read_timeout=5", "true"},
+      {"--pass-local-rank", "--use-env", "true"},
   };
   for (const auto& args : bad) {
     ScratchDir dir;
@@ -263,6 +274,186 @@ TEST_CASE("commrun rejects bad arguments with a usage message and 2",
     auto commrun = start_commrun(dir, args);
     CHECK(commrun->wait(10s) == 2);
     CHECK_FALSE(read_file(dir / "stderr").empty());
+  }
+}
+
+TEST_CASE("a worker that exits 0 while others run is named first",
+          "[commrun]") {
+  ScratchDir dir;
+  // Rank 0 leaves at once with 0; rank 1 fails once it has seen rank 0 go,
+  // as a peer left waiting in a collective does; rank 2 waits to be stopped.
+  const std::string script =
+      "if [ \"$RANK\" = 0 ]; then echo $$ > " + dir.path.str() +
+      "/pid.0; exit 0; fi; if [ \"$RANK\" = 1 ]; then i=0; while [ $i -lt 500 "
+      "] && ! [ -e " +
+      dir.path.str() +
+      "/pid.0 ]; do sleep 0.02; i=$((i+1)); "
+      "done; sleep 0.3; exit 4; fi; exec sleep 60";
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "3", "--master-port", "0", "sh", "-c", script});
+  CHECK(commrun->wait(30s) == 4);
+  const std::string pid0 = read_file(dir / "pid.0");
+  const auto lines = lines_of(read_file(dir / "stderr"));
+  std::vector<std::string> summary;
+  for (const auto& line : lines) {
+    if (line.rfind("commrun: rank", 0) == 0) summary.push_back(line);
+  }
+  INFO(read_file(dir / "stderr"));
+  REQUIRE(summary.size() == 2);
+  // The rank that left comes first, then the one that failed for it.
+  CHECK_THAT(summary[0],
+             Catch::StartsWith("commrun: rank 0 (local rank 0, pid " +
+                               pid0.substr(0, pid0.size() - 1) +
+                               ") exited with status 0 while other ranks "
+                               "were still running"));
+  CHECK_THAT(summary[1], Catch::Contains("rank 1 (local rank 1") &&
+                             Catch::Contains("exited with status 4") &&
+                             Catch::Contains("after rank 0 had exited"));
+
+  // Every rank exiting 0 is a success with no such line.
+  ScratchDir dir2;
+  auto fine =
+      start_commrun(dir2, {"--nproc-per-node", "3", "--master-port", "0", "sh",
+                           "-c", "[ $RANK = 0 ] || sleep 0.3"});
+  CHECK(fine->wait(30s) == 0);
+  CHECK_THAT(read_file(dir2 / "stderr"),
+             !Catch::Contains("exited with status 0"));
+}
+
+TEST_CASE("commrun runs a .py program under Python and executables as they are",
+          "[commrun]") {
+  ScratchDir dir;
+  const std::string script = dir / "show.py";
+  {
+    std::ofstream out(script);
+    out << "import os, sys\nprint(sys.executable, os.environ['RANK'], "
+           "*sys.argv[1:])\n";
+  }  // not executable: it must be given to the interpreter
+  auto python = start_commrun(
+      dir, {"--nproc_per_node", "2", "--master-port", "0", script, "a", "b"});
+  REQUIRE(python->wait(60s) == 0);
+  auto lines = lines_of(read_file(dir / "stdout"));
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"[0]: /usr/bin/python3 0 a b",
+                                          "[1]: /usr/bin/python3 1 a b"});
+
+  // --run-path: a Python file whatever its name.
+  ScratchDir dir4;
+  const std::string unnamed = dir4 / "trainer";
+  {
+    std::ofstream out(unnamed);
+    out << "print('run-path', __name__)\n";
+  }
+  auto run_path = start_commrun(dir4, {"--run-path", unnamed});
+  CHECK(run_path->wait(30s) == 0);
+  CHECK(read_file(dir4 / "stdout") == "[0]: run-path __main__\n");
+
+  // --no-python executes it as it is (and here it cannot be).
+  ScratchDir dir2;
+  auto direct = start_commrun(dir2, {"--no-python", script});
+  CHECK(direct->wait(30s) == 127);
+  CHECK_THAT(read_file(dir2 / "stderr"), Catch::Contains("cannot run"));
+
+  // -m runs a module.
+  ScratchDir dir3;
+  auto module = start_commrun(dir3, {"-m", "platform", "--terse"});
+  CHECK(module->wait(30s) == 0);
+  CHECK_THAT(read_file(dir3 / "stdout"), Catch::StartsWith("[0]: Linux"));
+}
+
+TEST_CASE("--pass-local-rank gives launch-style scripts their local rank",
+          "[commrun]") {
+  ScratchDir dir;
+  const std::string script = dir / "launch_style.py";
+  {
+    std::ofstream out(script);
+    // As scripts written for torch.distributed.launch read it.
+    out << "import argparse\np = argparse.ArgumentParser()\n"
+           "p.add_argument('--local_rank', '--local-rank', type=int, "
+           "required=True)\np.add_argument('rest', nargs='*')\n"
+           "a = p.parse_args()\nprint('local', a.local_rank, *a.rest)\n";
+  }
+  for (const std::string spelling : {"underscore", "dash"}) {
+    INFO(spelling);
+    auto commrun =
+        start_commrun(dir, {"--nproc-per-node", "3", "--master-port", "0",
+                            "--pass-local-rank", "--local-rank-spelling",
+                            spelling, script, "x"});
+    REQUIRE(commrun->wait(60s) == 0);
+    auto lines = lines_of(read_file(dir / "stdout"));
+    std::sort(lines.begin(), lines.end());
+    CHECK(lines == std::vector<std::string>{"[0]: local 0 x", "[1]: local 1 x",
+                                            "[2]: local 2 x"});
+  }
+  // Without the flag the script is refused by its own parser: nothing is
+  // added to argv.
+  auto plain = start_commrun(dir, {"--master-port", "0", script});
+  CHECK(plain->wait(60s) == 2);
+}
+
+TEST_CASE("commrun takes torchrun's flags and sets torchrun's environment",
+          "[commrun]") {
+  const std::string show =
+      "echo $RANK $ROLE_RANK $ROLE_WORLD_SIZE $ROLE_NAME $GROUP_WORLD_SIZE "
+      "$TORCHELASTIC_RUN_ID $TORCHELASTIC_RESTART_COUNT "
+      "$TORCHELASTIC_MAX_RESTARTS $OMP_NUM_THREADS $MASTER_ADDR $MASTER_PORT "
+      "$COMM_RDZV_TIMEOUT";
+  {
+    ScratchDir dir;
+    auto commrun = start_commrun(
+        dir, {"--nnodes=1:1", "--nproc_per_node=2", "--rdzv_id=100",
+              "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29455",
+              "--rdzv-conf", "join_timeout=77", "--max_restarts=3",
+              "--monitor_interval=1", "--role", "trainer", "--local_addr",
+              "127.0.0.9", "sh", "-c", show + " $COMM_TCP_ADDR"});
+    REQUIRE(commrun->wait(30s) == 0);
+    auto lines = lines_of(read_file(dir / "stdout"));
+    std::sort(lines.begin(), lines.end());
+    CHECK(lines ==
+          std::vector<std::string>{
+              "[0]: 0 0 2 trainer 1 100 0 3 1 127.0.0.1 29455 77 127.0.0.9",
+              "[1]: 1 1 2 trainer 1 100 0 3 1 127.0.0.1 29455 77 127.0.0.9"});
+    // torchrun's warning, once, when OMP_NUM_THREADS was unset.
+    const std::string err = read_file(dir / "stderr");
+    CHECK_THAT(err, Catch::Contains("OMP_NUM_THREADS"));
+  }
+  {
+    // --standalone: loopback, a free port, a random run id; an
+    // OMP_NUM_THREADS of the user's is kept, silently.
+    ScratchDir dir;
+    setenv("OMP_NUM_THREADS", "3", 1);
+    auto commrun = start_commrun(
+        dir, {"--standalone", "--nproc-per-node", "2", "sh", "-c", show});
+    unsetenv("OMP_NUM_THREADS");
+    REQUIRE(commrun->wait(30s) == 0);
+    const auto lines = lines_of(read_file(dir / "stdout"));
+    REQUIRE(lines.size() == 2);
+    const std::regex form(
+        R"(\[\d\]: \d \d 2 default 1 ([0-9a-f-]{8,}) 0 0 3 127\.0\.0\.1 (\d+) 900)");
+    std::smatch first, second;
+    REQUIRE(std::regex_match(lines[0], first, form));
+    REQUIRE(std::regex_match(lines[1], second, form));
+    CHECK(first[1] == second[1]);
+    CHECK(first[2] == second[2]);
+    CHECK(first[2] != "29500");
+    CHECK_THAT(read_file(dir / "stderr"), !Catch::Contains("OMP_NUM_THREADS"));
+  }
+  {
+    // auto: one worker per GPU, or per CPU without one.
+    ScratchDir dir;
+    auto commrun =
+        start_commrun(dir, {"--nproc-per-node", "cpu", "--master-port", "0",
+                            "sh", "-c", "echo $LOCAL_WORLD_SIZE"});
+    REQUIRE(commrun->wait(60s) == 0);
+    const auto lines = lines_of(read_file(dir / "stdout"));
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    CHECK(lines.size() == static_cast<std::size_t>(cpus));
+    CHECK(lines.at(0).substr(lines.at(0).find(' ') + 1) ==
+          std::to_string(cpus));
+    ScratchDir dir2;
+    auto automatic = start_commrun(
+        dir2, {"--nproc-per-node", "auto", "--master-port", "0", "true"});
+    CHECK(automatic->wait(60s) == 0);
   }
 }
 

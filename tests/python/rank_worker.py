@@ -7,8 +7,10 @@ own from every rank's deterministic input, and raises AssertionError (exit
 status 1) at the first difference.
 """
 
+import datetime
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -217,13 +219,16 @@ def subgroups(flavour_name):
     odd = [r for r in range(WORLD) if r % 2 == 1]
     group = dist.new_group(odd)
     if RANK % 2 == 0:
+        # As in torch: outside the group, get_rank is -1 and a collective
+        # does nothing.
         assert group is dist.GroupMember.NON_GROUP_MEMBER
-        try:
-            dist.all_reduce(f.make(np.zeros(1)), group=group)
-        except dist.InvalidArgument as e:
-            assert "not a member" in str(e)
-        else:
-            raise AssertionError("a collective on a group it is not in")
+        assert dist.get_rank(group) == -1
+        assert dist.get_world_size(group) == -1
+        untouched = f.make(np.full(3, 7.0))
+        assert dist.all_reduce(untouched, group=group) is None
+        assert dist.broadcast(untouched, src=odd[0], group=group,
+                              async_op=True) is None
+        check(f.numpy(untouched), np.full(3, 7.0), "non-member all_reduce")
     else:
         assert dist.get_world_size(group) == len(odd)
         assert dist.get_rank(group) == odd.index(RANK)
@@ -254,6 +259,8 @@ def dead_peer(_):
 def ddp_features(_):
     """no_sync accumulation, gradient_as_bucket_view and unused
     parameters, with torch's autograd."""
+    import copy
+
     import torch
     from torch import nn
 
@@ -308,11 +315,140 @@ def ddp_features(_):
     tolerant = dist.DistributedDataParallel(WithUnused(),
                                             find_unused_parameters=True)
     nn.functional.mse_loss(tolerant(x), y).backward()
-    assert torch.count_nonzero(tolerant.module.spare.weight.grad) == 0
+    # No rank used it: its grad stays None, as in torch (so weight decay
+    # leaves it alone).
+    assert tolerant.module.spare.weight.grad is None
+    assert tolerant.module.used.weight.grad is not None
+
+    class UsedOnRankZero(WithUnused):
+        def forward(self, x):
+            out = self.used(x)
+            return out + self.spare(x) if RANK == 0 else out
+
+    for static in (False, True):
+        model = UsedOnRankZero()
+        ddp = dist.DistributedDataParallel(
+            model, find_unused_parameters=not static, static_graph=static)
+        reference = copy.deepcopy(model)
+        for step in range(2):
+            model.zero_grad(set_to_none=True)
+            x, y = batch(RANK, step)
+            nn.functional.mse_loss(ddp(x), y).backward()
+        # Rank 0's gradient, averaged over the ranks, on every rank.
+        reference.zero_grad()
+        x0, y0 = batch(0, 1)
+        out = reference.used(x0) + reference.spare(x0)
+        (nn.functional.mse_loss(out, y0) / WORLD).backward()
+        assert model.spare.weight.grad is not None, f"static={static}"
+        assert torch.allclose(model.spare.weight.grad,
+                              reference.spare.weight.grad, rtol=1e-5,
+                              atol=1e-7), f"static={static}"
     dist.barrier()
 
 
+def torch_names(flavour_name):
+    """The names torch.distributed has and commdist lacked: object
+    collectives, reduce_scatter_tensor, batch_isend_irecv, monitored_barrier,
+    group ranks, Work's future."""
+    f = Flavour(flavour_name)
+    # Objects of every rank's own, of different pickled sizes.
+    mine = {"rank": RANK, "payload": "x" * (10 * RANK + 1), "list": [RANK]}
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, mine)
+    assert [g["rank"] for g in gathered] == list(range(WORLD)), gathered
+    assert gathered[WORLD - 1]["payload"] == "x" * (10 * (WORLD - 1) + 1)
+    for src in range(WORLD):
+        items = [src, f"from {src}", {"n": [src] * src}] if RANK == src \
+            else [None, None, None]
+        dist.broadcast_object_list(items, src=src)
+        assert items == [src, f"from {src}", {"n": [src] * src}], items
+        slots = [None] * WORLD if RANK == src else None
+        dist.gather_object(("g", RANK), slots, dst=src)
+        if RANK == src:
+            assert slots == [("g", r) for r in range(WORLD)], slots
+        out = [None]
+        dist.scatter_object_list(
+            out, [f"to {r} from {src}" * (r + 1) for r in range(WORLD)]
+            if RANK == src else None, src=src)
+        assert out == [f"to {RANK} from {src}" * (RANK + 1)], out
+
+    # reduce_scatter_tensor: block r of the sum lands on rank r.
+    count = 5
+    full = f.make(np.concatenate([data_of(RANK, count, np.float32, salt=b)
+                                  for b in range(WORLD)]))
+    out = f.empty(count, np.float32)
+    dist.reduce_scatter_tensor(out, full)
+    check(f.numpy(out), reduce_reference(
+        dist.ReduceOp.SUM, [data_of(r, count, np.float32, salt=RANK)
+                            for r in range(WORLD)]), "reduce_scatter_tensor")
+
+    # batch_isend_irecv: a ring exchange, both directions at once.
+    right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    from_left, from_right = f.empty(4, np.int64), f.empty(4, np.int64)
+    ops = [dist.P2POp(dist.isend, f.make(data_of(RANK, 4, np.int64)), right),
+           dist.P2POp(dist.isend, f.make(data_of(RANK, 4, np.int64, 1)), left,
+                      tag=1),
+           dist.P2POp(dist.irecv, from_left, left),
+           dist.P2POp(dist.irecv, from_right, right, tag=1)]
+    works = dist.batch_isend_irecv(ops)
+    assert len(works) == 4
+    for w in works:
+        w.wait()
+    check(f.numpy(from_left), data_of(left, 4, np.int64), "batch from left")
+    check(f.numpy(from_right), data_of(right, 4, np.int64, 1),
+          "batch from right")
+
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+
+    # Group ranks, and a subgroup of the last two ranks.
+    assert dist.get_process_group_ranks(dist.group.WORLD) == list(range(WORLD))
+    tail = [WORLD - 2, WORLD - 1]
+    sub = dist.new_group(tail)
+    if RANK in tail:
+        assert dist.get_process_group_ranks(sub) == tail
+        assert dist.get_global_rank(sub, 1) == WORLD - 1
+        assert dist.get_backend(sub) == dist.get_backend() == "gloo"
+        dist.monitored_barrier(group=sub, timeout=30)
+    else:
+        assert dist.get_rank(sub) == -1
+        assert dist.monitored_barrier(group=sub) is None
+
+    # Work.result and get_future: the output tensors, once complete.
+    x = f.make(data_of(RANK, 3, np.float64))
+    work = dist.all_reduce(x, async_op=True)
+    future = work.get_future()
+    [value] = future.wait()
+    assert value is x
+    work.wait(datetime.timedelta(seconds=30))
+    assert work.result()[0] is x
+    check(f.numpy(x), reduce_reference(
+        dist.ReduceOp.SUM, [data_of(r, 3, np.float64) for r in range(WORLD)]),
+        "all_reduce with a future")
+
+
+def monitored_barrier_names_the_absent(_):
+    """The last rank never arrives: rank 0 raises TimeoutError naming it
+    after the timeout."""
+    if RANK == WORLD - 1:
+        time.sleep(4)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1),
+                               wait_all_ranks=True)
+    except dist.TimeoutError as e:
+        if RANK == 0:
+            assert f"rank {WORLD - 1} did not reach" in str(e), str(e)
+        print(f"rank {RANK}: TimeoutError: {e}", flush=True)
+    else:
+        raise AssertionError("monitored_barrier passed without a rank")
+    assert time.monotonic() - start < 20
+    os._exit(0)
+
+
 SCENARIOS = {
+    "torch_names": torch_names,
+    "monitored_barrier_names_the_absent": monitored_barrier_names_the_absent,
     "ddp_features": ddp_features,
     "collectives": collectives,
     "point_to_point": point_to_point,
@@ -323,9 +459,10 @@ SCENARIOS = {
 
 def main():
     scenario, flavour, store_path = sys.argv[1], sys.argv[2], sys.argv[3]
+    # As torch scripts name it; get_backend() reports it as given.
     dist.init_process_group(
-        "tcp", init_method=f"file://{store_path}", rank=RANK,
-        world_size=WORLD, timeout=60)
+        "gloo", init_method=f"file://{store_path}", rank=RANK,
+        world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     SCENARIOS[scenario](flavour)
     dist.barrier()
     dist.destroy_process_group()

@@ -1,28 +1,41 @@
 """commdist: libcomm's collectives with torch.distributed's API.
 
     import commdist as dist
-    dist.init_process_group("tcp")          # env:// as under torchrun/commrun
+    dist.init_process_group("gloo")         # env:// as under torchrun/commrun
     dist.all_reduce(array)                  # numpy array or torch tensor
 
+A script written for torch.distributed runs with `import commdist as dist`
+in place of `import torch.distributed as dist` (and
+`from commdist import DistributedDataParallel` in place of torch's): the
+names, signatures and semantics are torch's, down to what a rank outside a
+group gets (a collective on a group the rank is not in does nothing, and
+get_rank returns -1). The deliberate differences are listed in the README's
+commdist section.
+
 Arrays and tensors are used in place, never copied on the way in: numpy
-arrays (anything with the buffer protocol) and torch tensors (through
+arrays (anything with the buffer protocol) and dense torch tensors (through
 DLPack; CUDA tensors with the "nccl" backend). They must be contiguous, and
 writable where the call writes into them; otherwise the call raises
 InvalidArgument before any data moves.
 
 Collectives take `group=None` (the default group) and `async_op=False`; with
 async_op=True they return a Work, whose wait() must be called before the
-arrays are read or changed.
+arrays are read or changed. Timeouts are seconds or datetime.timedelta.
 """
 
 import datetime as _datetime
+import os as _os
+import pickle as _pickle
+import threading as _threading
+import time as _time
+import warnings as _warnings
 
 from . import _C
 from ._errors import (BackendError, Error, InvalidArgument, MismatchError,
                       PeerError, SystemError, TimeoutError, UnsupportedError)
+from .sampler import DistributedSampler
 
 ReduceOp = _C.ReduceOp
-Work = _C.Work
 ProcessGroup = _C.ProcessGroup
 Store = _C.Store
 
@@ -33,22 +46,150 @@ __version__ = _C.__version__
 default_pg_timeout = _datetime.timedelta(minutes=5)
 
 __all__ = [
-    "BackendError", "DistributedDataParallel", "DistributedSampler", "Error",
-    "FileStore", "GroupMember", "HashStore", "InvalidArgument",
-    "MismatchError", "PeerError", "PrefixStore", "ProcessGroup", "ReduceOp",
-    "Store", "TCPStore", "TimeoutError", "UnsupportedError", "Work",
-    "all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all",
-    "all_to_all_single", "barrier", "broadcast", "destroy_process_group",
-    "gather", "get_backend", "get_rank", "get_world_size",
-    "init_process_group", "irecv", "is_initialized", "isend", "new_group",
-    "recv", "reduce", "reduce_scatter", "scatter", "send",
+    "Backend", "BackendError", "DistributedDataParallel",
+    "DistributedSampler", "Error", "FileStore", "GroupMember", "HashStore",
+    "InvalidArgument", "MismatchError", "P2POp", "PeerError", "PrefixStore",
+    "ProcessGroup", "ReduceOp", "Store", "TCPStore", "TimeoutError",
+    "UnsupportedError", "Work", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
+    "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "destroy_process_group", "gather", "gather_object", "get_backend",
+    "get_global_rank", "get_process_group_ranks", "get_rank",
+    "get_world_size", "group", "init_process_group", "irecv", "is_available",
+    "is_gloo_available", "is_initialized", "is_mpi_available",
+    "is_nccl_available", "is_torchelastic_launched", "is_ucc_available",
+    "isend", "monitored_barrier", "new_group", "recv", "reduce", "reduce_op",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter",
+    "scatter_object_list", "send",
 ]
 
 
-def _seconds(timeout):
-    if isinstance(timeout, _datetime.timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+def __getattr__(name):
+    # DistributedDataParallel is a torch.nn.Module, so it needs torch; the
+    # rest of commdist does not, and numpy-only users never import torch.
+    if name == "DistributedDataParallel":
+        from .ddp import DistributedDataParallel
+        return DistributedDataParallel
+    raise AttributeError(f"module 'commdist' has no attribute {name!r}")
+
+
+# ---- Availability ---------------------------------------------------------
+
+
+def is_available():
+    """True: this build has the distributed package (as torch's)."""
+    return True
+
+
+def is_gloo_available():
+    """True: "gloo" is served by libcomm's TCP backend."""
+    return "tcp" in _C.registered_backends()
+
+
+def is_nccl_available():
+    """Whether this build of libcomm has the NCCL backend."""
+    return "nccl" in _C.registered_backends()
+
+
+def is_mpi_available():
+    return False
+
+
+def is_ucc_available():
+    return False
+
+
+def is_torchelastic_launched():
+    """True under torchrun or commrun, which set TORCHELASTIC_RUN_ID."""
+    return _os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+class Backend(str):
+    """Backend names as torch.distributed spells them; "gloo" is libcomm's
+    TCP backend and "nccl" its NCCL backend."""
+
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    MPI = "mpi"
+    TCP = "tcp"
+
+    def __new__(cls, name):
+        if not isinstance(name, str):
+            raise InvalidArgument(f"Backend name must be a string, not "
+                                  f"{type(name).__name__}")
+        return str.__new__(cls, name.lower())
+
+
+# ---- Work -------------------------------------------------------------------
+
+
+class Work:
+    """An operation started with async_op=True (or by isend/irecv), as
+    torch.distributed's Work: wait(), is_completed(), is_success(),
+    exception(), result() (the operation's output tensors, once complete)
+    and get_future() (a torch.futures.Future of them)."""
+
+    __slots__ = ("_work", "_outputs", "__weakref__")
+
+    def __init__(self, work, outputs=()):
+        self._work = work
+        self._outputs = list(outputs)
+
+    def wait(self, timeout=None):
+        """Blocks until the operation completes, at most `timeout` (seconds
+        or a timedelta; None: the group's timeout), and raises its error if
+        it failed. Returns True."""
+        return self._work.wait(timeout)
+
+    def is_completed(self):
+        return self._work.is_completed()
+
+    def is_success(self):
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def source_rank(self):
+        """The rank a receive from any source heard from."""
+        return self._work.source_rank()
+
+    def result(self):
+        """The operation's output tensors (for an in-place collective, the
+        tensor it was given). As torch's, only once it completed."""
+        if not self._work.is_completed():
+            raise InvalidArgument(
+                "Work.result(): the operation has not completed; call "
+                "wait() first")
+        self._work.wait()  # raises the operation's error, if any
+        return list(self._outputs)
+
+    def get_future(self):
+        """A torch.futures.Future that completes with result() when the
+        operation does (or with its error). A thread of this process waits
+        for the operation without holding the GIL."""
+        import torch
+
+        future = torch.futures.Future()
+
+        def settle():
+            try:
+                self._work.wait()
+            except BaseException as error:  # noqa: BLE001 - delivered
+                future.set_exception(error)
+            else:
+                future.set_result(list(self._outputs))
+
+        if self._work.is_completed():
+            settle()
+        else:
+            _threading.Thread(target=settle, daemon=True,
+                              name="commdist-future").start()
+        return future
+
+    def __repr__(self):
+        return repr(self._work)
 
 
 # ---- Stores ------------------------------------------------------------------
@@ -57,22 +198,47 @@ def _seconds(timeout):
 def TCPStore(host_name, port, world_size=None, is_master=False,
              timeout=default_pg_timeout, wait_for_workers=True):
     """The TCPStore of c10d: `is_master` hosts the server (port 0 picks a
-    free one; the store's `port` says which), the others connect.
-    `world_size` and `wait_for_workers` are accepted for torch's signature;
-    rendezvous, not the store, waits for the ranks here."""
-    del world_size, wait_for_workers
-    return _C.TCPStore(host_name, port, is_master, _seconds(timeout))
+    free one; the store's `port` says which), the others connect. With
+    `world_size`, as in torch, every store counts itself in under the key
+    "init/" and the master (with wait_for_workers) waits, up to `timeout`,
+    until world_size stores have."""
+    store = _C.TCPStore(host_name, port, is_master, timeout)
+    if world_size is not None:
+        if world_size < 1:
+            raise InvalidArgument(
+                f"TCPStore: world_size must be positive, got {world_size}")
+        store.add("init/", 1)
+        if is_master and wait_for_workers:
+            _wait_for_count(store, "init/", world_size, store.timeout)
+    return store
+
+
+def _wait_for_count(store, key, count, seconds):
+    """Sleeps (never spins) until the counter `key` reaches `count`."""
+    deadline = _time.monotonic() + seconds
+    pause = 0.001
+    while True:
+        joined = store.add(key, 0)
+        if joined >= count:
+            return
+        if _time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"TCPStore: {joined} of world_size={count} stores joined "
+                f"within {seconds:g} s; start the others, or check their "
+                f"host and port")
+        _time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 def FileStore(file_name, world_size=-1, timeout=default_pg_timeout):
     """A store kept in one file, for processes on one host."""
     del world_size
-    return _C.FileStore(file_name, _seconds(timeout))
+    return _C.FileStore(file_name, timeout)
 
 
 def HashStore(timeout=default_pg_timeout):
     """A store inside this process (ranks as threads)."""
-    return _C.HashStore(_seconds(timeout))
+    return _C.HashStore(timeout)
 
 
 def PrefixStore(prefix, store):
@@ -80,36 +246,79 @@ def PrefixStore(prefix, store):
     return _C.PrefixStore(prefix, store)
 
 
-# ---- The default group ---------------------------------------------------------
-
-
-class GroupMember:
-    """What new_group returns on ranks outside the new group. Collectives
-    refuse it (torch.distributed would silently do nothing)."""
-
-    WORLD = None
-    NON_GROUP_MEMBER = object()
+# ---- Groups --------------------------------------------------------------------
 
 
 _default_group = None
 
 
-def init_process_group(backend="tcp", init_method=None,
+class _WorldMeta(type):
+    """group.WORLD and GroupMember.WORLD: the default group once
+    init_process_group has made it, else None."""
+
+    @property
+    def WORLD(cls):  # noqa: N802 - torch's name
+        return _default_group
+
+
+class GroupMember(metaclass=_WorldMeta):
+    """NON_GROUP_MEMBER is what new_group returns on ranks outside the new
+    group; as in torch, collectives on it do nothing and get_rank gives -1."""
+
+    NON_GROUP_MEMBER = object()
+
+
+class group(metaclass=_WorldMeta):  # noqa: N801 - torch's name
+    """group.WORLD is the default group."""
+
+
+class _DeprecatedReduceOp:
+    """torch.distributed.reduce_op: ReduceOp under its old name, with
+    torch's warning on every use."""
+
+    def __getattribute__(self, name):
+        _warnings.warn(
+            "torch.distributed.reduce_op is deprecated, please use "
+            "torch.distributed.ReduceOp instead")
+        return getattr(ReduceOp, name)
+
+
+reduce_op = _DeprecatedReduceOp()
+
+# The backend names torch scripts ask for, and the libcomm backend of each.
+_BACKEND_ALIASES = {"gloo": "tcp"}
+
+
+def _libcomm_backend(backend):
+    """"gloo" -> "tcp", also inside a device spec ("cpu:gloo,cuda:nccl")."""
+    parts = []
+    for part in str(backend).lower().split(","):
+        device, sep, name = part.rpartition(":")
+        parts.append(device + sep + _BACKEND_ALIASES.get(name, name))
+    return ",".join(parts)
+
+
+def init_process_group(backend=None, init_method=None,
                        timeout=default_pg_timeout, world_size=-1, rank=-1,
-                       store=None, group_name=""):
+                       store=None, group_name="", pg_options=None):
     """Joins the job and makes the default group, as torch.distributed's
-    init_process_group. `backend`: "tcp", "nccl" or "cpu:tcp,cuda:nccl"
-    ("gloo" is read as "tcp"). Without `store`, `init_method` says how to
-    meet: "env://" (the default: MASTER_ADDR, MASTER_PORT, RANK,
-    WORLD_SIZE), "tcp://HOST:PORT" or "file:///PATH"."""
+    init_process_group. `backend`: "gloo" or "tcp" (libcomm's TCP backend),
+    "nccl", or a spec per device ("cpu:gloo,cuda:nccl"); None is "gloo".
+    get_backend() returns the name given here. Without `store`,
+    `init_method` says how to meet: "env://" (the default: MASTER_ADDR,
+    MASTER_PORT, RANK, WORLD_SIZE), "tcp://HOST:PORT" or "file:///PATH".
+    `timeout`: seconds or a timedelta."""
     global _default_group
     if _default_group is not None:
         raise InvalidArgument(
             "init_process_group: the default group exists already; call "
             "destroy_process_group() first")
-    if backend == "gloo":
-        backend = "tcp"
-    seconds = _seconds(timeout)
+    if pg_options is not None:
+        raise UnsupportedError(
+            "init_process_group: pg_options are NCCL options of torch's; "
+            "libcomm's backends take their settings from COMM_* variables")
+    asked = "gloo" if backend is None else str(backend).lower()
+    libcomm_name = _libcomm_backend(asked)
     if store is not None:
         if init_method is not None:
             raise InvalidArgument(
@@ -118,26 +327,30 @@ def init_process_group(backend="tcp", init_method=None,
             raise InvalidArgument(
                 "init_process_group: with `store`, pass `rank` and "
                 "`world_size` too")
-        group = _C.ProcessGroup(store, rank, world_size, backend, seconds,
-                                group_name or "default")
+        made = _C.ProcessGroup(store, rank, world_size, libcomm_name, timeout,
+                               group_name or "default")
     else:
-        group = _C.init_process_group(backend, init_method or "env://", rank,
-                                      world_size, seconds)
-    _default_group = group
-    GroupMember.WORLD = group
+        made = _C.init_process_group(libcomm_name, init_method or "env://",
+                                     rank, world_size, timeout)
+    made._backend_asked = asked
+    _default_group = made
 
 
 def is_initialized():
     return _default_group is not None
 
 
-def _group(group):
-    if group is GroupMember.NON_GROUP_MEMBER:
+def _not_member(g):
+    return g is GroupMember.NON_GROUP_MEMBER
+
+
+def _group(g):
+    if _not_member(g):
         raise InvalidArgument(
             "this rank is not a member of the group new_group returned; "
-            "call collectives on a group only from its ranks")
-    if group is not None:
-        return group
+            "only its ranks may use it here")
+    if g is not None:
+        return g
     if _default_group is None:
         raise InvalidArgument(
             "the default process group is not initialized; call "
@@ -146,35 +359,65 @@ def _group(group):
 
 
 def get_rank(group=None):
+    """This rank in `group`; -1 on a rank outside it (as torch)."""
+    if _not_member(group):
+        return -1
     return _group(group).rank()
 
 
 def get_world_size(group=None):
+    """The ranks in `group`; -1 on a rank outside it (as torch)."""
+    if _not_member(group):
+        return -1
     return _group(group).size()
 
 
 def get_backend(group=None):
-    return _group(group).backend_name()
+    """The backend name the script asked for ("gloo" stays "gloo")."""
+    g = _group(group)
+    return Backend(getattr(g, "_backend_asked", g.backend_name()))
 
 
-def new_group(ranks=None, timeout=None, backend=None):
+def get_process_group_ranks(group):
+    """The default-group ranks of `group`'s members, in group-rank order."""
+    g = _group(group)
+    members = getattr(g, "_global_ranks", None)
+    return list(range(g.size())) if members is None else list(members)
+
+
+def get_global_rank(group, group_rank):
+    """The default-group rank of `group`'s member `group_rank`."""
+    ranks = get_process_group_ranks(group)
+    if not 0 <= group_rank < len(ranks):
+        raise InvalidArgument(
+            f"get_global_rank: group rank {group_rank} is not part of a "
+            f"group of {len(ranks)} ranks")
+    return ranks[group_rank]
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
     """A subgroup of `ranks` (ranks of the default group; all when None).
     Every rank of the default group must call it, in the same order.
     Ranks outside it get GroupMember.NON_GROUP_MEMBER. The subgroup uses the
     default group's backend (`backend` must be None or that one) and its
     timeout (`timeout` is accepted for torch's signature and not used)."""
     world = _group(None)
-    if backend is not None and backend not in (world.backend_name(), "gloo"):
+    asked = get_backend()
+    if backend is not None and \
+            _libcomm_backend(backend) != _libcomm_backend(asked):
         raise UnsupportedError(
-            f"new_group: a subgroup uses its parent's backend "
-            f"({world.backend_name()}), not {backend!r}")
+            f"new_group: a subgroup uses its parent's backend ({asked}), "
+            f"not {backend!r}")
+    if pg_options is not None:
+        raise UnsupportedError("new_group: pg_options are not supported")
     del timeout
     members = list(range(world.size())) if ranks is None else list(ranks)
-    group = world.new_group(members)
-    if group is None:
+    made = world.new_group(members)
+    if made is None:
         return GroupMember.NON_GROUP_MEMBER
-    group._global_ranks = sorted(members)
-    return group
+    made._global_ranks = sorted(members)
+    made._backend_asked = asked
+    return made
 
 
 def destroy_process_group(group=None):
@@ -185,15 +428,15 @@ def destroy_process_group(group=None):
         if _default_group is not None:
             _default_group.shutdown()
         _default_group = None
-        GroupMember.WORLD = None
-    elif group is not GroupMember.NON_GROUP_MEMBER:
+    elif not _not_member(group):
         group.shutdown()
 
 
 # ---- Collectives -----------------------------------------------------------------
 
 
-def _complete(work, async_op):
+def _complete(work, async_op, outputs=()):
+    work = Work(work, outputs)
     if async_op:
         return work
     work.wait()
@@ -215,87 +458,210 @@ def _rank_in(group, global_rank, what):
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
-    return _complete(_group(group).all_reduce(tensor, op), async_op)
+    if _not_member(group):
+        return None
+    return _complete(_group(group).all_reduce(tensor, op), async_op,
+                     [tensor])
 
 
 def broadcast(tensor, src, group=None, async_op=False):
+    if _not_member(group):
+        return None
     root = _rank_in(group, src, "src")
-    return _complete(_group(group).broadcast(tensor, root), async_op)
+    return _complete(_group(group).broadcast(tensor, root), async_op,
+                     [tensor])
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
+    if _not_member(group):
+        return None
     root = _rank_in(group, dst, "dst")
-    return _complete(_group(group).reduce(tensor, root, op), async_op)
+    return _complete(_group(group).reduce(tensor, root, op), async_op,
+                     [tensor])
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
-    return _complete(_group(group).all_gather(tensor_list, tensor), async_op)
+    if _not_member(group):
+        return None
+    return _complete(_group(group).all_gather(tensor_list, tensor), async_op,
+                     tensor_list)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None,
                            async_op=False):
+    if _not_member(group):
+        return None
     return _complete(
-        _group(group).all_gather_into(output_tensor, input_tensor), async_op)
+        _group(group).all_gather_into(output_tensor, input_tensor), async_op,
+        [output_tensor])
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
     """gather_list: one tensor per rank on `dst`, None elsewhere."""
+    if _not_member(group):
+        return None
     root = _rank_in(group, dst, "dst")
     return _complete(_group(group).gather(tensor, gather_list, root),
-                     async_op)
+                     async_op, gather_list or [])
 
 
 def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
     """scatter_list: one tensor per rank on `src`, None elsewhere."""
+    if _not_member(group):
+        return None
     root = _rank_in(group, src, "src")
     return _complete(_group(group).scatter(tensor, scatter_list, root),
-                     async_op)
+                     async_op, [tensor])
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None,
                    async_op=False):
+    if _not_member(group):
+        return None
     return _complete(_group(group).reduce_scatter(output, input_list, op),
-                     async_op)
+                     async_op, [output])
+
+
+def _numel(x):
+    size = getattr(x, "size", None)
+    if callable(size):  # torch: size() is the shape
+        return x.numel()
+    return int(size)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None,
+                          async_op=False):
+    """Reduces `input` (world_size blocks of output's size, one after the
+    other) over the ranks and leaves block r of the result in `output` on
+    rank r."""
+    if _not_member(group):
+        return None
+    g = _group(group)
+    world = g.size()
+    count = _numel(output)
+    if _numel(input) != count * world:
+        raise InvalidArgument(
+            f"reduce_scatter_tensor: input has {_numel(input)} elements; it "
+            f"must have world_size ({world}) times output's {count}")
+    flat = input.reshape(-1)
+    blocks = [flat[r * count:(r + 1) * count].reshape(output.shape)
+              for r in range(world)]
+    return _complete(g.reduce_scatter(output, blocks, op), async_op,
+                     [output])
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None,
                async_op=False):
+    if _not_member(group):
+        return None
     return _complete(
         _group(group).all_to_all(output_tensor_list, input_tensor_list),
-        async_op)
+        async_op, output_tensor_list)
 
 
 def all_to_all_single(output, input, output_split_sizes=None,
                       input_split_sizes=None, group=None, async_op=False):
+    if _not_member(group):
+        return None
     return _complete(
         _group(group).all_to_all_single(output, input,
                                         list(output_split_sizes or []),
                                         list(input_split_sizes or [])),
-        async_op)
+        async_op, [output])
 
 
-def barrier(group=None, async_op=False):
+def barrier(group=None, async_op=False, device_ids=None):
+    """`device_ids` is accepted for torch's signature (NCCL picks the
+    device of the group)."""
+    del device_ids
+    if _not_member(group):
+        return None
     return _complete(_group(group).barrier(), async_op)
 
 
+# A tag of its own, so that monitored_barrier's messages never meet a
+# user's point-to-point traffic (torch's tags are the user's too).
+_MONITORED_BARRIER_TAG = -0x6D62  # "mb"
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """A barrier that names the ranks that did not arrive, as torch's:
+    rank 0 waits up to `timeout` (seconds or a timedelta; the group's when
+    None) for every other rank, then releases them. A rank that does not
+    arrive is a TimeoutError on rank 0 naming it (with wait_all_ranks,
+    naming every such rank)."""
+    if _not_member(group):
+        return None
+    g = _group(group)
+    if timeout is None:
+        seconds = None
+    elif isinstance(timeout, _datetime.timedelta):
+        seconds = timeout.total_seconds()
+    else:
+        seconds = float(timeout)
+    import numpy as np
+
+    token = np.zeros(1, dtype=np.uint8)
+    tag = _MONITORED_BARRIER_TAG
+    if g.rank() != 0:
+        Work(g.isend(token, 0, tag)).wait(seconds)
+        Work(g.irecv(np.zeros(1, dtype=np.uint8), 0, tag)).wait(seconds)
+        return None
+    arrivals = {r: Work(g.irecv(np.zeros(1, dtype=np.uint8), r, tag))
+                for r in range(1, g.size())}
+    deadline = None if seconds is None else _time.monotonic() + seconds
+    missing = []
+    for r, work in arrivals.items():
+        left = None if deadline is None else \
+            max(0.0, deadline - _time.monotonic())
+        try:
+            work.wait(left)
+        except TimeoutError:
+            missing.append(r)
+            if not wait_all_ranks:
+                break
+    if missing:
+        members = getattr(g, "_global_ranks", None)
+        named = [members[r] if members else r for r in missing]
+        which = ", ".join(str(r) for r in named)
+        within = "the group's timeout" if seconds is None else \
+            f"{seconds:g} s"
+        raise TimeoutError(
+            f"monitored_barrier: rank{'s' if len(named) > 1 else ''} "
+            f"{which} did not reach the barrier within {within}")
+    for r in range(1, g.size()):
+        Work(g.isend(token, r, tag)).wait(seconds)
+    return None
+
+
 def isend(tensor, dst, group=None, tag=0):
-    return _group(group).isend(tensor, _rank_in(group, dst, "dst"), tag)
+    if _not_member(group):
+        return None
+    return Work(_group(group).isend(tensor, _rank_in(group, dst, "dst"),
+                                    tag))
 
 
 def irecv(tensor, src=None, group=None, tag=0):
     """src=None receives from whichever rank sends first; the Work's
     source_rank() says which once it completed."""
+    if _not_member(group):
+        return None
     peer = _C.ANY_SOURCE if src is None else _rank_in(group, src, "src")
-    return _group(group).irecv(tensor, peer, tag)
+    return Work(_group(group).irecv(tensor, peer, tag), [tensor])
 
 
 def send(tensor, dst, group=None, tag=0):
+    if _not_member(group):
+        return None
     isend(tensor, dst, group, tag).wait()
+    return None
 
 
 def recv(tensor, src=None, group=None, tag=0):
     """Returns the rank the message came from (in the default group, as
-    torch.distributed does)."""
+    torch.distributed does); -1 on a rank outside `group`."""
+    if _not_member(group):
+        return -1
     work = irecv(tensor, src, group, tag)
     work.wait()
     members = getattr(group, "_global_ranks", None)
@@ -303,4 +669,212 @@ def recv(tensor, src=None, group=None, tag=0):
     return members[source] if members is not None else source
 
 
-from .ddp import DistributedDataParallel, DistributedSampler  # noqa: E402
+class P2POp:
+    """One point-to-point operation for batch_isend_irecv: `op` is isend or
+    irecv (commdist's or torch.distributed's), `peer` a default-group
+    rank."""
+
+    def __init__(self, op, tensor, peer, group=None, tag=0):
+        self.op = _p2p_function(op)
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+
+    def __repr__(self):
+        return (f"P2POp({self.op.__name__}, peer={self.peer}, "
+                f"tag={self.tag})")
+
+
+def _p2p_function(op):
+    if op is isend or op is irecv:
+        return op
+    if getattr(op, "__module__", "").startswith("torch.distributed") and \
+            getattr(op, "__name__", "") in ("isend", "irecv"):
+        return isend if op.__name__ == "isend" else irecv
+    raise InvalidArgument(
+        f"P2POp: op must be isend or irecv (commdist's or "
+        f"torch.distributed's), not {op!r}")
+
+
+def batch_isend_irecv(p2p_op_list):
+    """Starts every operation of the list and returns their Works, in list
+    order. Every operation must use the same group."""
+    if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list or \
+            not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise InvalidArgument(
+            "batch_isend_irecv: p2p_op_list must be a non-empty list of "
+            "P2POp")
+    first = p2p_op_list[0].group
+    if any(p.group is not first for p in p2p_op_list):
+        raise InvalidArgument(
+            "batch_isend_irecv: every operation must use the same group")
+    if _not_member(first):
+        return []
+    return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
+
+
+# ---- Object collectives ----------------------------------------------------------
+#
+# As torch's: each object is pickled into a byte tensor, the byte counts go
+# first, and the bytes follow padded to the longest. Unpickling runs code of
+# the sender's choosing: use these only between ranks you trust.
+
+
+def _byte_device(g):
+    """Where the object collectives' byte tensors live: host memory
+    (numpy) when the group has a backend for it, else the current CUDA
+    device (a "nccl"-only group)."""
+    return "cuda" if g.backend_name() == "nccl" else "cpu"
+
+
+def _bytes_tensor(data, device, count=None):
+    import numpy as np
+
+    array = np.zeros(len(data) if count is None else count, dtype=np.uint8)
+    array[:len(data)] = np.frombuffer(data, dtype=np.uint8)
+    if device == "cpu":
+        return array
+    import torch
+
+    return torch.from_numpy(array).to(torch.device("cuda",
+                                                   torch.cuda.current_device()))
+
+
+def _counts_tensor(values, device):
+    import numpy as np
+
+    array = np.asarray(values, dtype=np.int64)
+    if device == "cpu":
+        return array
+    import torch
+
+    return torch.from_numpy(array).to(torch.device("cuda",
+                                                   torch.cuda.current_device()))
+
+
+def _host(x):
+    import numpy as np
+
+    return np.asarray(x) if isinstance(x, np.ndarray) else x.cpu().numpy()
+
+
+def _unpickle(tensor, size):
+    return _pickle.loads(_host(tensor)[:size].tobytes())
+
+
+def all_gather_object(object_list, obj, group=None):
+    """Fills object_list (one slot per rank) with every rank's `obj`."""
+    if _not_member(group):
+        return None
+    g = _group(group)
+    world = g.size()
+    if len(object_list) != world:
+        raise InvalidArgument(
+            f"all_gather_object: object_list has {len(object_list)} slots; "
+            f"it needs one per rank ({world})")
+    device = _byte_device(g)
+    data = _pickle.dumps(obj)
+    sizes = _counts_tensor([0] * world, device)
+    all_gather_into_tensor(sizes, _counts_tensor([len(data)], device), group)
+    sizes = [int(s) for s in _host(sizes)]
+    longest = max(sizes)
+    everyone = _bytes_tensor(b"", device, longest * world)
+    all_gather_into_tensor(everyone, _bytes_tensor(data, device, longest),
+                           group)
+    for r in range(world):
+        object_list[r] = _unpickle(everyone[r * longest:(r + 1) * longest],
+                                   sizes[r])
+    return None
+
+
+def broadcast_object_list(object_list, src=0, group=None, device=None):
+    """Replaces every item of object_list with `src`'s item (lists of the
+    same length on every rank). `device`: where the bytes travel (None: as
+    the group needs)."""
+    if _not_member(group):
+        return None
+    g = _group(group)
+    where = _byte_device(g) if device is None else \
+        ("cpu" if str(device).startswith("cpu") else "cuda")
+    me_src = get_rank() == src
+    pickles = [_pickle.dumps(o) for o in object_list] if me_src else []
+    sizes = _counts_tensor([len(p) for p in pickles] if me_src
+                           else [0] * len(object_list), where)
+    broadcast(sizes, src, group)
+    sizes = [int(s) for s in _host(sizes)]
+    everything = _bytes_tensor(b"".join(pickles), where, sum(sizes))
+    if sum(sizes) > 0:
+        broadcast(everything, src, group)
+    if not me_src:
+        flat, at = _host(everything), 0
+        for i, size in enumerate(sizes):
+            object_list[i] = _pickle.loads(flat[at:at + size].tobytes())
+            at += size
+    return None
+
+
+def gather_object(obj, object_gather_list=None, dst=0, group=None):
+    """On `dst`, fills object_gather_list (one slot per rank) with every
+    rank's `obj`; other ranks pass None."""
+    if _not_member(group):
+        return None
+    g = _group(group)
+    world = g.size()
+    me_dst = get_rank() == dst
+    if me_dst and (object_gather_list is None or
+                   len(object_gather_list) != world):
+        raise InvalidArgument(
+            f"gather_object: on dst, object_gather_list needs one slot per "
+            f"rank ({world})")
+    device = _byte_device(g)
+    data = _pickle.dumps(obj)
+    sizes = _counts_tensor([0] * world, device)
+    all_gather_into_tensor(sizes, _counts_tensor([len(data)], device), group)
+    sizes = [int(s) for s in _host(sizes)]
+    longest = max(sizes)
+    slots = [_bytes_tensor(b"", device, longest) for _ in range(world)] \
+        if me_dst else None
+    gather(_bytes_tensor(data, device, longest), slots, dst, group)
+    if me_dst:
+        for r in range(world):
+            object_gather_list[r] = _unpickle(slots[r], sizes[r])
+    return None
+
+
+def scatter_object_list(scatter_object_output_list, scatter_object_input_list,
+                        src=0, group=None):
+    """Sets scatter_object_output_list[0] on rank r to item r of `src`'s
+    scatter_object_input_list (None on the other ranks)."""
+    if _not_member(group):
+        return None
+    g = _group(group)
+    world = g.size()
+    if not isinstance(scatter_object_output_list, list) or \
+            len(scatter_object_output_list) < 1:
+        raise InvalidArgument(
+            "scatter_object_list: scatter_object_output_list must be a "
+            "list with at least one slot")
+    me_src = get_rank() == src
+    device = _byte_device(g)
+    if me_src:
+        if scatter_object_input_list is None or \
+                len(scatter_object_input_list) != world:
+            raise InvalidArgument(
+                f"scatter_object_list: on src, scatter_object_input_list "
+                f"needs one object per rank ({world})")
+        pickles = [_pickle.dumps(o) for o in scatter_object_input_list]
+    else:
+        pickles = []
+    longest = _counts_tensor([max((len(p) for p in pickles), default=0)],
+                             device)
+    broadcast(longest, src, group)
+    longest = int(_host(longest)[0])
+    mine = _bytes_tensor(b"", device, longest)
+    scatter(mine, [_bytes_tensor(p, device, longest) for p in pickles]
+            if me_src else None, src, group)
+    size = _counts_tensor([0], device)
+    scatter(size, [_counts_tensor([len(p)], device) for p in pickles]
+            if me_src else None, src, group)
+    scatter_object_output_list[0] = _unpickle(mine, int(_host(size)[0]))
+    return None
