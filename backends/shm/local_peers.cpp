@@ -180,30 +180,30 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                        missing + ", which never joined the group");
   }
   std::string remote;
+  std::vector<std::string> strict;  // the ranks that asked for shm
   for (int r = 0; r < size; ++r) {
     const std::string text = to_string(published[r]);
     const auto pid_at = text.rfind(" pid ");
     const std::string their_choice = text.substr(0, text.find(' '));
     const std::string identity =
         text.substr(their_choice.size() + 1, pid_at - their_choice.size() - 1);
-    if (identity != me) {
+    if (identity != me || their_choice == "tcp") {
       remote += (remote.empty() ? "rank " : ", rank ") + std::to_string(r);
     }
+    if (their_choice == "shm")
+      strict.push_back("shm/read/" + std::to_string(r));
     peers_[r].pid = static_cast<pid_t>(std::stol(text.substr(pid_at + 5)));
     peers_[r].local =
         identity == me && their_choice != "tcp" && choice != Transport::kTcp;
     if (peers_[r].local) local_ranks_.push_back(r);
   }
   if (choice == Transport::kShm && !remote.empty()) {
-    // Every rank finds the same and fails alike; each waits for the others
-    // to have read what they need, so that none loses the store (which
-    // rank 0 may host) to a rank that failed first.
+    // Every rank that asked for shm finds the same and fails alike; each
+    // waits for the others to have read what they need, so that none loses
+    // the store (which rank 0 may host) to a rank that failed first.
     store.set_string("shm/read/" + std::to_string(rank), "1");
-    std::vector<std::string> read;
-    for (int r = 0; r < size; ++r)
-      read.push_back("shm/read/" + std::to_string(r));
     try {
-      store.wait(read, std::chrono::milliseconds(remaining_ms(deadline) + 1));
+      store.wait(strict, std::chrono::milliseconds(remaining_ms(deadline) + 1));
     } catch (const Error&) {
       // Failing anyway; the message below says why.
     }
@@ -211,8 +211,9 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
         "COMM_TRANSPORT=shm needs every rank on this host, but " + remote +
         " of rank " + std::to_string(rank) +
         "'s group run elsewhere (another boot id, or another IPC, network "
-        "or PID namespace); use COMM_TRANSPORT=auto, which uses shared "
-        "memory between the ranks of a host and TCP between hosts");
+        "or PID namespace) or asked for COMM_TRANSPORT=tcp; use "
+        "COMM_TRANSPORT=auto, which uses shared memory between the ranks of "
+        "a host and TCP between hosts");
   }
   peers_[rank].local = false;  // never a link to itself
   local_count_ = static_cast<int>(local_ranks_.size());
