@@ -150,13 +150,36 @@ LocalPeers::LocalPeers(Store& store, int rank, int size, std::uint64_t job,
 void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                         detail::Clock::time_point deadline) {
   const int rank = rank_;
-  const Transport choice = transport_choice();
+  Transport choice = transport_choice();
+  std::string word = kTransport.get();
+  // Liveness needs pidfds (Linux 5.3; a container's seccomp profile may
+  // refuse them). Without them this rank says tcp, so that its peers agree.
+  if (choice != Transport::kTcp) {
+    const int probe =
+        static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+    if (probe < 0) {
+      const int error = errno;
+      if (choice == Transport::kShm) {
+        throw SystemError(error,
+                          "COMM_TRANSPORT=shm: pidfd_open, which shared "
+                          "memory needs to notice a dead peer (Linux 5.3 or "
+                          "later); use COMM_TRANSPORT=tcp");
+      }
+      COMM_LOG_WARN(
+          "shared memory is off: pidfd_open failed ({}), so ranks on this "
+          "host use TCP",
+          std::strerror(error));
+      choice = Transport::kTcp;
+      word = "tcp";
+    } else {
+      ::close(probe);
+    }
+  }
   const std::size_t capacity = ring_bytes();
   const std::string me = host_identity();
-  // "transport identity pid": a rank that asked for tcp is local to nobody.
+  // "transport identity pid": a rank that says tcp is local to nobody.
   store.set_string("shm/host/" + std::to_string(rank),
-                   std::string(kTransport.get()) + " " + me + " pid " +
-                       std::to_string(::getpid()));
+                   word + " " + me + " pid " + std::to_string(::getpid()));
   // A rank that asked for tcp is local to nobody, and needs nobody's
   // identity; the others read its word and treat it as remote.
   if (choice == Transport::kTcp) return;
