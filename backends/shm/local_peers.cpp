@@ -455,13 +455,6 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       rank, kLanes * writers, capacity, writers);
 }
 
-bool LocalPeers::exited(int peer) const {
-  const int fd = peers_[peer].pidfd;
-  if (fd < 0) return false;
-  pollfd entry{fd, POLLIN, 0};
-  return ::poll(&entry, 1, 0) == 1;
-}
-
 void LocalPeers::close_all() {
   for (Peer& peer : peers_) {
     if (!peer.local) continue;

@@ -83,9 +83,6 @@ class LocalPeers {
   int pidfd(int peer) const { return peers_[peer].pidfd; }
   pid_t pid(int peer) const { return peers_[peer].pid; }
 
-  // Whether `peer`'s process has ended (its pidfd is readable).
-  bool exited(int peer) const;
-
   // Closes every ring in both directions and wakes the peers, so that
   // their waits end with an error (as shutting a socket down does).
   void close_all();
