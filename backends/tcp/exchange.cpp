@@ -91,6 +91,57 @@ int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
   return 1;
 }
 
+long send_some(shm::Ring& ring, const std::uint8_t* header,
+               std::size_t& header_done, const iovec* payload, int count) {
+  if (ring.closed()) {
+    errno = EPIPE;
+    return -1;
+  }
+  iovec parts[1 + kMaxPayloadRegions];
+  int used = 0;
+  if (header_done < MessageHeader::kWireSize) {
+    parts[used++] = {const_cast<std::uint8_t*>(header) + header_done,
+                     MessageHeader::kWireSize - header_done};
+  }
+  for (int i = 0; i < count && i < kMaxPayloadRegions; ++i) {
+    parts[used++] = payload[i];
+  }
+  const std::size_t moved = ring.write(parts, used);
+  if (moved == 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  const std::size_t to_header =
+      std::min(moved, MessageHeader::kWireSize - header_done);
+  header_done += to_header;
+  return static_cast<long>(moved - to_header);
+}
+
+int send_message(shm::Ring& ring, const std::uint8_t* header,
+                 std::size_t& header_done, const std::uint8_t* data,
+                 std::size_t bytes, std::size_t& payload_done) {
+  // Bounded: every round moves bytes or returns.
+  while (header_done < MessageHeader::kWireSize || payload_done < bytes) {
+    const iovec rest{const_cast<std::uint8_t*>(data) + payload_done,
+                     bytes - payload_done};
+    const long sent = send_some(ring, header, header_done, &rest,
+                                payload_done < bytes ? 1 : 0);
+    if (sent < 0) return errno == EAGAIN ? 0 : -1;
+    payload_done += static_cast<std::size_t>(sent);
+  }
+  return 1;
+}
+
+long read_some(shm::Ring& ring, const iovec* parts, int count) {
+  const std::size_t moved = ring.read(parts, count);
+  if (moved > 0) return static_cast<long>(moved);
+  // Closed, but only once every byte written before is read: a peer that
+  // sent its last message and went away is read to the end first.
+  if (ring.closed() && !ring.readable()) return 0;
+  errno = EAGAIN;
+  return -1;
+}
+
 Exchange::Exchange(Mesh& mesh, const CallInfo& call,
                    detail::Clock::time_point deadline, int wake_fd)
     : mesh_(mesh), call_(call), deadline_(deadline), wake_fd_(wake_fd) {
@@ -187,19 +238,33 @@ void Exchange::run() {
   for (std::size_t i = 0; i < transfers_.size(); ++i) {
     if (transfers_[i].kind == Transfer::Kind::kRecv) advance(i);
   }
+  // What each pollfd stands for.
+  enum class Watch { kTransfer, kControl, kWake, kDoorbell, kPeerExit };
+  struct Watched {
+    Watch what;
+    int index;  // the transfer, or the peer
+  };
   std::vector<pollfd> fds;
-  std::vector<int> owner;  // per pollfd: transfer index, or -1 - peer (control)
+  std::vector<Watched> owner;
+  std::vector<int> ring_transfers;  // waiting on a ring, this round
+  std::vector<int> ring_peers;
+  const shm::Doorbell* doorbell = nullptr;
   // Polling without sleeping lasts until spin_until: one budget after the
-  // step began, and again after each round that found a socket ready, so
-  // that a long transfer whose bytes keep coming does not sleep between
-  // them, while a peer that sends nothing costs one budget.
+  // step began, and again after each round that found a socket ready or
+  // moved bytes through a ring, so that a long transfer whose bytes keep
+  // coming does not sleep between them, while a peer that sends nothing
+  // costs one budget.
   const auto budget = spin_budget();
   auto spin_until = detail::Clock::now() + budget;
   // Bounded by the deadline: every round waits in poll until a socket is
-  // ready (without sleeping until spin_until), then moves what it can.
+  // ready, a doorbell rings or a peer exits (without sleeping until
+  // spin_until), then moves what it can.
   while (true) {
     fds.clear();
     owner.clear();
+    ring_transfers.clear();
+    ring_peers.clear();
+    bool moved = false;
     for (std::size_t i = 0; i < transfers_.size(); ++i) {
       Transfer& t = transfers_[i];
       if (t.done()) continue;
@@ -207,30 +272,91 @@ void Exchange::run() {
       // A relay with nothing to send waits for its source, which is
       // watched here; asking for POLLOUT would only spin.
       if (sending && t.bytes > 0 && sendable(t) == 0) continue;
+      if (mesh_.ring(t.peer, Channel::kCollective, sending) != nullptr) {
+        // A ring has no readiness to poll: try it, and sleep on the
+        // doorbell only when it did not move.
+        const std::size_t before =
+            t.header_done + t.payload_done + t.scratch_filled;
+        advance(i);
+        if (t.header_done + t.payload_done + t.scratch_filled != before) {
+          moved = true;
+        }
+        if (t.done()) continue;
+        ring_transfers.push_back(static_cast<int>(i));
+        if (std::find(ring_peers.begin(), ring_peers.end(), t.peer) ==
+            ring_peers.end()) {
+          ring_peers.push_back(t.peer);
+        }
+        continue;
+      }
       const short events = sending ? POLLOUT : POLLIN;
       fds.push_back(
           {mesh_.socket(t.peer, Channel::kCollective).fd(), events, 0});
-      owner.push_back(static_cast<int>(i));
+      owner.push_back({Watch::kTransfer, static_cast<int>(i)});
     }
-    if (fds.empty()) return;
+    if (fds.empty() && ring_transfers.empty()) {
+      // Either all done, or only relays whose sources finished in this
+      // round's ring progress, which a next round sends.
+      if (std::all_of(transfers_.begin(), transfers_.end(),
+                      [](const Transfer& t) { return t.done(); })) {
+        return;
+      }
+      continue;
+    }
+    if (!ring_transfers.empty()) {
+      doorbell = &mesh_.local_peers().doorbell(0);
+      fds.push_back({doorbell->fd(), POLLIN, 0});
+      owner.push_back({Watch::kDoorbell, -1});
+      for (int peer : ring_peers) {
+        fds.push_back({mesh_.local_peers().pidfd(peer), POLLIN, 0});
+        owner.push_back({Watch::kPeerExit, peer});
+      }
+    }
     std::vector<int> control_peers;
     watch_control(fds, control_peers);
-    for (int peer : control_peers) owner.push_back(-1 - peer);
+    for (int peer : control_peers) owner.push_back({Watch::kControl, peer});
     if (wake_fd_ >= 0) {
       fds.push_back({wake_fd_, POLLIN, 0});
-      owner.push_back(INT32_MIN);
+      owner.push_back({Watch::kWake, -1});
     }
+    if (moved) spin_until = detail::Clock::now() + budget;
     const bool spinning =
-        budget.count() > 0 && detail::Clock::now() < spin_until;
+        moved || (budget.count() > 0 && detail::Clock::now() < spin_until);
+    // Before sleeping, raise the waiting flag of every ring waited on; a
+    // ring that moved meanwhile means no sleep this round.
+    bool armed = false;
+    bool sleep = !spinning;
+    if (sleep) {
+      armed = !ring_transfers.empty();
+      for (int i : ring_transfers) {
+        const Transfer& t = transfers_[static_cast<std::size_t>(i)];
+        const bool sending = t.kind == Transfer::Kind::kSend;
+        shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective, sending);
+        if (!(sending ? ring->arm_writer() : ring->arm_reader())) sleep = false;
+      }
+    }
     const int ready =
-        ::poll(fds.data(), fds.size(), spinning ? 0 : remaining_ms(deadline_));
+        ::poll(fds.data(), fds.size(), sleep ? remaining_ms(deadline_) : 0);
+    const int poll_error = errno;
+    if (armed) {
+      for (int i : ring_transfers) {
+        const Transfer& t = transfers_[static_cast<std::size_t>(i)];
+        const bool sending = t.kind == Transfer::Kind::kSend;
+        shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective, sending);
+        if (sending) {
+          ring->disarm_writer();
+        } else {
+          ring->disarm_reader();
+        }
+      }
+    }
     if (ready < 0) {
-      if (errno == EINTR) continue;
-      throw SystemError(errno, "poll");
+      if (poll_error == EINTR) continue;
+      throw SystemError(poll_error, "poll");
     }
     if (ready == 0) {
       if (detail::Clock::now() >= deadline_) time_out({});
-      if (spinning) sched_yield();
+      if (spinning && !moved) sched_yield();
       continue;
     }
     // The transfers' entries come first. Once they are all done, this step
@@ -239,23 +365,46 @@ void Exchange::run() {
     // left for that call to read rather than failing this one.
     for (std::size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
-      if (owner[k] < 0 &&
+      const Watched& w = owner[k];
+      if (w.what != Watch::kTransfer &&
           std::all_of(transfers_.begin(), transfers_.end(),
                       [](const Transfer& t) { return t.done(); })) {
         return;
       }
-      if (owner[k] == INT32_MIN) {
-        throw BackendError(
-            call_.describe() +
-            " was interrupted: the process group is shutting down");
+      switch (w.what) {
+        case Watch::kWake:
+          throw BackendError(
+              call_.describe() +
+              " was interrupted: the process group is shutting down");
+        case Watch::kControl: read_control(w.index); break;
+        case Watch::kTransfer:
+          advance(static_cast<std::size_t>(w.index));
+          break;
+        case Watch::kDoorbell:
+          // The rings are tried at the top of the next round.
+          doorbell->drain();
+          break;
+        case Watch::kPeerExit: peer_exited(w.index); break;
       }
-      if (owner[k] < 0) {
-        read_control(-1 - owner[k]);
-        continue;
-      }
-      advance(static_cast<std::size_t>(owner[k]));
     }
     spin_until = detail::Clock::now() + budget;
+  }
+}
+
+void Exchange::peer_exited(int peer) {
+  // What the peer wrote before it ended is still in the ring: take it, and
+  // fail only if this step still waits for the peer.
+  for (std::size_t i = 0; i < transfers_.size(); ++i) {
+    if (transfers_[i].peer == peer) advance(i);
+  }
+  for (Transfer& t : transfers_) {
+    if (t.peer != peer || t.done()) continue;
+    PeerError error(peer, mesh_.peer_name(peer) + " exited during " +
+                              call_.describe() + " (killed, or crashed?)");
+    // As for a broken socket (progress): a report on the control channel
+    // names the first cause better than this rank can.
+    read_pending_control(std::chrono::milliseconds(50));
+    throw error;
   }
 }
 
@@ -278,6 +427,7 @@ void Exchange::progress(Transfer& t) {
 
 void Exchange::progress_send(Transfer& t) {
   const int fd = mesh_.socket(t.peer, Channel::kCollective).fd();
+  shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective, true);
   // Bounded: every round moves bytes or returns.
   while (true) {
     const bool header_pending = t.header_done < MessageHeader::kWireSize;
@@ -295,7 +445,10 @@ void Exchange::progress_send(Transfer& t) {
       budget -= take;
       skip = 0;
     }
-    const long sent = send_some(fd, t.header, t.header_done, parts, count);
+    const long sent =
+        ring != nullptr
+            ? send_some(*ring, t.header, t.header_done, parts, count)
+            : send_some(fd, t.header, t.header_done, parts, count);
     if (sent < 0) {
       if (would_block(errno)) return;
       throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
@@ -321,6 +474,7 @@ void Exchange::progress_send(Transfer& t) {
 
 void Exchange::progress_recv(Transfer& t) {
   detail::Socket& socket = mesh_.socket(t.peer, Channel::kCollective);
+  shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective, false);
   while (!t.done()) {
     iovec parts[2];
     int count = 0;
@@ -340,7 +494,8 @@ void Exchange::progress_recv(Transfer& t) {
     } else if (part != nullptr) {
       parts[count++] = {part->data + t.part_done, part->bytes - t.part_done};
     }
-    const ssize_t n = ::readv(socket.fd(), parts, count);
+    const ssize_t n = ring != nullptr ? read_some(*ring, parts, count)
+                                      : ::readv(socket.fd(), parts, count);
     if (n == 0) {
       throw PeerError(
           t.peer, mesh_.peer_name(t.peer) + " closed its connection during " +

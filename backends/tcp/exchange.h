@@ -23,6 +23,14 @@
 // While waiting, run() also watches every peer's control channel and the
 // backend's wake-up descriptor, so that a failure elsewhere in the group or
 // a shutdown ends the wait at once.
+//
+// A peer on this host is reached through shared-memory rings (Mesh::ring)
+// instead of a socket, with the same bytes (header and payload), so every
+// algorithm and every check runs unchanged. Rings are progressed without a
+// system call while the step polls; before it sleeps, the step raises the
+// waiting flag of each ring it waits on and sleeps on its doorbell
+// (shm/ring.h says why no wake-up is lost), and on the pidfd of each such
+// peer, so that a peer that dies is a PeerError at once.
 #pragma once
 
 #include <cstddef>
@@ -67,6 +75,18 @@ long send_some(int fd, const std::uint8_t* header, std::size_t& header_done,
 int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
                  const std::uint8_t* data, std::size_t bytes,
                  std::size_t& payload_done);
+
+// The same three over a shared-memory ring (the channel to a rank of this
+// host), with the sockets' contracts: send_some and send_message copy what
+// fits, and fail with EPIPE once the reader closed the ring; read_some is
+// readv's: the bytes read, 0 once the writer closed the ring and it is
+// empty, -1 with EAGAIN while it is empty.
+long send_some(shm::Ring& ring, const std::uint8_t* header,
+               std::size_t& header_done, const iovec* payload, int count);
+int send_message(shm::Ring& ring, const std::uint8_t* header,
+                 std::size_t& header_done, const std::uint8_t* data,
+                 std::size_t bytes, std::size_t& payload_done);
+long read_some(shm::Ring& ring, const iovec* parts, int count);
 
 // The TCP backend's CollectiveStep, over a Mesh. A step holds at most one
 // send and one receive per peer: the messages of one peer arrive in order
@@ -154,6 +174,9 @@ class Exchange final : public CollectiveStep {
   void progress_send(Transfer& t);
   void progress_recv(Transfer& t);
   void check_header(const Transfer& t);
+  // `peer`'s process ended (its pidfd): takes what it left in the rings,
+  // then throws PeerError if this step still waits for it.
+  void peer_exited(int peer);
   // A peer's failure report from the control channel.
   struct Report {
     int from = -1;

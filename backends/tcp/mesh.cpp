@@ -142,6 +142,14 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   group.size = size;
   group.key = store.derive_key("tcp backend rank connections/job " +
                                std::to_string(job));
+  local_ = std::make_unique<shm::LocalPeers>(store, rank, size, job, deadline);
+  for (int peer = 0; peer < size; ++peer) {
+    if (local_->is_local(peer)) {
+      peer_names_[peer] = "rank " + std::to_string(peer) + " (pid " +
+                          std::to_string(local_->pid(peer)) +
+                          " on this host, over shared memory)";
+    }
+  }
 
   const std::string host = listen_address();
   addrinfo hints{};
@@ -178,8 +186,11 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
         store.get_string("tcp/addr/" + std::to_string(peer), timeout);
     std::uint16_t peer_port = 0;
     const std::string peer_host = split_host(address, &peer_port);
-    peer_names_[peer] = "rank " + std::to_string(peer) + " (" + address + ")";
+    if (!local_->is_local(peer)) {
+      peer_names_[peer] = "rank " + std::to_string(peer) + " (" + address + ")";
+    }
     for (int channel = 0; channel < kChannels; ++channel) {
+      if (!over_socket(peer, channel)) continue;
       detail::Socket connection = detail::Socket::connect(
           peer_host, peer_port, deadline, "TCP backend");
       connect_handshake(connection, group, channel, peer, peer_names_[peer],
@@ -194,7 +205,12 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
 
 void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
                                     detail::Clock::time_point deadline) {
-  int expected = (size_ - 1 - rank_) * kChannels;
+  int expected = 0;
+  for (int peer = rank_ + 1; peer < size_; ++peer) {
+    for (int channel = 0; channel < kChannels; ++channel) {
+      expected += over_socket(peer, channel) ? 1 : 0;
+    }
+  }
   // Bounded by the deadline: each round waits in poll for a connection.
   while (expected > 0) {
     pollfd entry{listener, POLLIN, 0};
@@ -219,14 +235,16 @@ void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
     const auto accepted = accept_handshake(
         connection, group, kChannels,
         [this](int peer, int channel) {
-          return !sockets_[peer][channel].valid();
+          return over_socket(peer, channel) && !sockets_[peer][channel].valid();
         },
         std::min(deadline, detail::deadline_after(std::chrono::seconds(5))));
     if (!accepted) continue;
     set_nonblocking(connection.fd());
     connection.set_no_delay();
     limit_local_send_buffer(connection.fd());
-    peer_names_[accepted->rank] = "rank " + std::to_string(accepted->rank);
+    if (!local_->is_local(accepted->rank)) {
+      peer_names_[accepted->rank] = "rank " + std::to_string(accepted->rank);
+    }
     sockets_[accepted->rank][accepted->channel] = std::move(connection);
     --expected;
   }
@@ -236,6 +254,18 @@ Mesh::~Mesh() = default;
 
 detail::Socket& Mesh::socket(int peer, Channel channel) {
   return sockets_[peer][static_cast<int>(channel)];
+}
+
+bool Mesh::over_socket(int peer, int channel) const {
+  return channel == static_cast<int>(Channel::kControl) ||
+         !local_->is_local(peer);
+}
+
+shm::Ring* Mesh::ring(int peer, Channel channel, bool outgoing) {
+  if (over_socket(peer, static_cast<int>(channel))) return nullptr;
+  const int lane = channel == Channel::kCollective ? 0 : 1;
+  return outgoing ? &local_->outgoing(peer, lane)
+                  : &local_->incoming(peer, lane);
 }
 
 void Mesh::broadcast_control(const std::vector<std::uint8_t>& message,
@@ -260,6 +290,7 @@ void Mesh::shutdown_all() {
       if (s.valid()) ::shutdown(s.fd(), SHUT_RDWR);
     }
   }
+  local_->close_all();
 }
 
 }  // namespace comm::tcp

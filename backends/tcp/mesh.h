@@ -15,15 +15,22 @@
 // challenge-response with a key derived from it (Store::derive_key); a
 // connection whose handshake does not fit (a stale job, a stranger, a wrong
 // key) is closed and the rank keeps waiting for the right one.
+//
+// Ranks on this host (shm::LocalPeers) carry the collective and
+// point-to-point channels over shared-memory rings instead, and are
+// connected by the control channel only: a channel is either a socket or a
+// ring (ring() says which), never both.
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "backends/shm/local_peers.h"
 #include "libcomm/detail/socket.h"
 #include "store/store.h"
 
@@ -49,8 +56,15 @@ class Mesh {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // The (non-blocking) socket to `peer` on `channel`; peer != rank().
+  // The (non-blocking) socket to `peer` on `channel`; peer != rank(). Not
+  // valid where the channel is a ring.
   detail::Socket& socket(int peer, Channel channel);
+  // This rank's end of the ring that carries `channel` to `peer`
+  // (`outgoing`) or from it, or null where the channel is a socket. The
+  // control channel is always a socket.
+  shm::Ring* ring(int peer, Channel channel, bool outgoing);
+  // The shared-memory links (none to a rank of another host).
+  shm::LocalPeers& local_peers() { return *local_; }
   // "rank 3 (127.0.0.1:41235)", for messages.
   const std::string& peer_name(int peer) const { return peer_names_[peer]; }
 
@@ -59,16 +73,21 @@ class Mesh {
   void broadcast_control(const std::vector<std::uint8_t>& message,
                          std::chrono::milliseconds budget);
 
-  // Shuts every socket down (both directions) so that threads blocked on
-  // them wake up, without closing the descriptors under them.
+  // Shuts every socket down (both directions) and closes every ring, so
+  // that threads blocked on them wake up, without closing the descriptors
+  // or unmapping the memory under them.
   void shutdown_all();
 
  private:
   void accept_from_higher_ranks(int listener, const GroupIdentity& group,
                                 detail::Clock::time_point deadline);
 
+  // Whether `channel` to `peer` is a socket.
+  bool over_socket(int peer, int channel) const;
+
   int rank_;
   int size_;
+  std::unique_ptr<shm::LocalPeers> local_;
   std::vector<std::array<detail::Socket, kChannels>> sockets_;
   std::vector<std::string> peer_names_;
   std::mutex control_mutex_;

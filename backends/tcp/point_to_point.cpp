@@ -210,10 +210,14 @@ void PointToPoint::fail_peer(int peer, const std::exception_ptr& error) {
 
 void PointToPoint::progress_send(int peer) {
   const int fd = mesh_.socket(peer, Channel::kPointToPoint).fd();
+  shm::Ring* ring = mesh_.ring(peer, Channel::kPointToPoint, true);
   while (!sends_[peer].empty()) {
     Operation& op = *sends_[peer].front();
-    const int sent = send_message(fd, op.header, op.header_done, op.data,
-                                  op.bytes, op.payload_done);
+    const int sent = ring != nullptr
+                         ? send_message(*ring, op.header, op.header_done,
+                                        op.data, op.bytes, op.payload_done)
+                         : send_message(fd, op.header, op.header_done, op.data,
+                                        op.bytes, op.payload_done);
     if (sent == 0) return;
     if (sent < 0) {
       throw PeerError(peer,
@@ -228,6 +232,7 @@ void PointToPoint::progress_send(int peer) {
 
 void PointToPoint::progress_recv(int peer) {
   detail::Socket& socket = mesh_.socket(peer, Channel::kPointToPoint);
+  shm::Ring* ring = mesh_.ring(peer, Channel::kPointToPoint, false);
   Incoming& in = incoming_[peer];
   while (wants_input(peer)) {
     std::uint8_t* target = nullptr;
@@ -241,7 +246,10 @@ void PointToPoint::progress_recv(int peer) {
       room = in.header.payload_bytes - in.payload_done;
     }
     if (room > 0) {
-      const ssize_t n = recv(socket.fd(), target, room, MSG_DONTWAIT);
+      const iovec where{target, room};
+      const ssize_t n = ring != nullptr
+                            ? read_some(*ring, &where, 1)
+                            : recv(socket.fd(), target, room, MSG_DONTWAIT);
       if (n == 0) {
         throw PeerError(peer,
                         mesh_.peer_name(peer) +
@@ -336,16 +344,27 @@ void PointToPoint::expire(detail::Clock::time_point now) {
 
 void PointToPoint::loop() {
   std::vector<pollfd> fds;
-  std::vector<int> peers;
+  std::vector<int> peers;  // per pollfd: the peer, -1 (wake), -2 (doorbell)
+  // Peers over rings with work this round, and which way they wait.
+  struct RingWait {
+    int peer;
+    bool out, in;
+  };
+  std::vector<RingWait> ring_peers;
+  std::vector<int> exit_peers;  // per pidfd polled: the peer
   // Runs until stop(); every round blocks in poll until a socket is ready,
-  // an operation is posted, or the earliest deadline passes.
+  // a doorbell rings, a local peer exits, an operation is posted, or the
+  // earliest deadline passes. Rings are progressed at the top of each
+  // round, and waited on with their flags raised (shm/ring.h).
   while (true) {
     detail::Clock::time_point earliest = detail::Clock::time_point::max();
+    bool moved = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
       fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
       peers.assign(1, -1);
+      ring_peers.clear();
       for (int peer = 0; peer < mesh_.size(); ++peer) {
         if (peer == mesh_.rank() || broken_[peer]) continue;
         short events = 0;
@@ -359,13 +378,28 @@ void PointToPoint::loop() {
         if (incoming_[peer].receiver) {
           earliest = std::min(earliest, incoming_[peer].receiver->deadline);
         }
-        if (events != 0) {
-          fds.push_back(
-              {mesh_.socket(peer, Channel::kPointToPoint).fd(), events, 0});
-          peers.push_back(peer);
+        if (events == 0) continue;
+        if (mesh_.ring(peer, Channel::kPointToPoint, true) != nullptr) {
+          moved = progress_ring(peer) || moved;
+          if (!broken_[peer] && (!sends_[peer].empty() || wants_input(peer))) {
+            ring_peers.push_back(
+                {peer, !sends_[peer].empty(), wants_input(peer)});
+          }
+          continue;
         }
+        fds.push_back(
+            {mesh_.socket(peer, Channel::kPointToPoint).fd(), events, 0});
+        peers.push_back(peer);
       }
       for (auto& op : receives_) earliest = std::min(earliest, op->deadline);
+      if (!ring_peers.empty()) {
+        fds.push_back({mesh_.local_peers().doorbell(1).fd(), POLLIN, 0});
+        peers.push_back(-2);
+        for (const RingWait& w : ring_peers) {
+          fds.push_back({mesh_.local_peers().pidfd(w.peer), POLLIN, 0});
+          peers.push_back(-3 - w.peer);
+        }
+      }
     }
     int wait_ms = -1;
     if (earliest != detail::Clock::time_point::max()) {
@@ -374,8 +408,25 @@ void PointToPoint::loop() {
       wait_ms = static_cast<int>(
           std::clamp<std::int64_t>(left.count() + 1, 0, 1 << 30));
     }
+    // Rings that moved are tried again at once; otherwise their waiting
+    // flags go up before the sleep, and a ring that moved meanwhile means
+    // no sleep. Only this thread touches this rank's point-to-point ends.
+    if (moved) wait_ms = 0;
+    for (const RingWait& w : ring_peers) {
+      shm::Ring* out = mesh_.ring(w.peer, Channel::kPointToPoint, true);
+      shm::Ring* in = mesh_.ring(w.peer, Channel::kPointToPoint, false);
+      if (w.out && !out->arm_writer()) wait_ms = 0;
+      if (w.in && !in->arm_reader()) wait_ms = 0;
+    }
     const int ready = poll(fds.data(), fds.size(), wait_ms);
-    if (ready < 0 && errno != EINTR) return;
+    const int poll_error = errno;
+    for (const RingWait& w : ring_peers) {
+      if (w.out)
+        mesh_.ring(w.peer, Channel::kPointToPoint, true)->disarm_writer();
+      if (w.in)
+        mesh_.ring(w.peer, Channel::kPointToPoint, false)->disarm_reader();
+    }
+    if (ready < 0 && poll_error != EINTR) return;
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return;
     if (fds[0].revents != 0) {
@@ -385,6 +436,14 @@ void PointToPoint::loop() {
     for (std::size_t k = 1; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       const int peer = peers[k];
+      if (peer == -2) {
+        mesh_.local_peers().doorbell(1).drain();
+        continue;
+      }
+      if (peer < -2) {
+        ring_peer_exited(-3 - peer);
+        continue;
+      }
       try {
         if (!sends_[peer].empty()) progress_send(peer);
         if (wants_input(peer)) progress_recv(peer);
@@ -394,6 +453,35 @@ void PointToPoint::loop() {
     }
     expire(detail::Clock::now());
   }
+}
+
+bool PointToPoint::progress_ring(int peer) {
+  const shm::Ring* out = mesh_.ring(peer, Channel::kPointToPoint, true);
+  const shm::Ring* in = mesh_.ring(peer, Channel::kPointToPoint, false);
+  // Whether anything can move: a send with room, or bytes to read (or a
+  // closed ring, which progress turns into the peer's error).
+  const bool could =
+      (!sends_[peer].empty() && (out->writable() || out->closed())) ||
+      (wants_input(peer) && (in->readable() || in->closed()));
+  if (!could) return false;
+  try {
+    if (!sends_[peer].empty()) progress_send(peer);
+    if (wants_input(peer)) progress_recv(peer);
+  } catch (...) {
+    fail_peer(peer, std::current_exception());
+  }
+  return true;
+}
+
+void PointToPoint::ring_peer_exited(int peer) {
+  if (broken_[peer]) return;
+  // What the peer wrote before it ended is still in the ring.
+  progress_ring(peer);
+  if (broken_[peer] || (sends_[peer].empty() && !wants_input(peer))) return;
+  if (mesh_.ring(peer, Channel::kPointToPoint, false)->readable()) return;
+  fail_peer(peer, std::make_exception_ptr(
+                      PeerError(peer, mesh_.peer_name(peer) +
+                                          " exited (killed, or crashed?)")));
 }
 
 }  // namespace comm::tcp

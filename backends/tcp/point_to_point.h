@@ -3,7 +3,9 @@
 // independently of collectives (and of each other: a posted receive never
 // waits behind an unrelated send).
 //
-// One thread moves all point-to-point traffic with poll(). Sends to a peer
+// One thread moves all point-to-point traffic with poll(); a peer on this
+// host is reached through shared-memory rings instead of a socket, with
+// the same bytes. Sends to a peer
 // go out in the order they were posted. A peer's incoming messages are read
 // only while some posted receive could take them; a message whose tag no
 // posted receive wants is kept until one does, so tags may be received in
@@ -91,6 +93,12 @@ class PointToPoint {
   bool wants_input(int peer) const;
   void progress_send(int peer);
   void progress_recv(int peer);
+  // A peer over shared-memory rings: progresses it when its rings can
+  // move, and returns whether they could.
+  bool progress_ring(int peer);
+  // A peer over rings whose process ended: fails its operations once its
+  // rings hold nothing more for them.
+  void ring_peer_exited(int peer);
   void fail_peer(int peer, const std::exception_ptr& error);
   void expire(detail::Clock::time_point now);
   void complete(const std::shared_ptr<Operation>& op, std::exception_ptr error,

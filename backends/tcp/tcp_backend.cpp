@@ -66,6 +66,8 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
   // A malformed knob fails here, when the group is created, rather than in
   // the middle of the first collective that reads it.
   read_params("COMM_TCP_");
+  read_params("COMM_TRANSPORT");
+  read_params("COMM_SHM_");
   read_params("COMM_REDUCE_");
   mesh_ = std::make_unique<tcp::Mesh>(*store, rank, size, timeout);
   p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_);

@@ -1,0 +1,482 @@
+#include "backends/shm/local_peers.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "libcomm/detail/log.h"
+#include "libcomm/enum_param.h"
+#include "libcomm/error.h"
+#include "libcomm/int_param.h"
+
+namespace comm::shm {
+namespace {
+
+const EnumParam kTransport{
+    "COMM_TRANSPORT",
+    {"auto", "tcp", "shm"},
+    "auto",
+    "how CPU ranks on one host talk: shared memory (auto, shm) or TCP"};
+const IntParam kRingBytes{
+    "COMM_SHM_RING_BYTES", 256 << 10, 4096, 1 << 30,
+    "bytes of each shared-memory ring between two ranks of one host"};
+
+constexpr std::uint32_t kHelloMagic = 0x4d484d43;  // "CMHM" in memory
+
+// The datagram that carries a rank's segment and doorbells to a peer; the
+// descriptors travel beside it (SCM_RIGHTS).
+struct Hello {
+  std::uint32_t magic = kHelloMagic;
+  std::int32_t rank = 0;
+  std::int32_t size = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t job = 0;
+  std::uint64_t ring_bytes = 0;  // the capacity of each ring of the segment
+};
+constexpr int kHelloDescriptors = 1 + kLanes;  // the memfd, then doorbells
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string namespace_inode(const char* path) {
+  struct stat info {};
+  if (::stat(path, &info) != 0) return "?";
+  return std::to_string(info.st_ino);
+}
+
+std::string to_hex(const void* data, std::size_t size) {
+  static const char digits[] = "0123456789abcdef";
+  std::string text;
+  for (std::size_t i = 0; i < size; ++i) {
+    const auto byte = static_cast<const std::uint8_t*>(data)[i];
+    text += digits[byte >> 4];
+    text += digits[byte & 15];
+  }
+  return text;
+}
+
+std::string from_hex(const std::string& text) {
+  std::string bytes;
+  for (std::size_t i = 0; i + 1 < text.size(); i += 2) {
+    bytes += static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16));
+  }
+  return bytes;
+}
+
+int remaining_ms(detail::Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - detail::Clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1 << 30));
+}
+
+void close_fd(int& fd) {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+// Closes the descriptors a datagram carried, when it is refused.
+void close_carried(msghdr& message) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr;
+       c = CMSG_NXTHDR(&message, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      ::close(fd);
+    }
+  }
+}
+
+}  // namespace
+
+Transport transport_choice() {
+  const std::string& word = kTransport.get();
+  if (word == "tcp") return Transport::kTcp;
+  if (word == "shm") return Transport::kShm;
+  return Transport::kAuto;
+}
+
+std::size_t ring_bytes() {
+  return static_cast<std::size_t>(kRingBytes.get()) / 64 * 64;
+}
+
+std::string host_identity() {
+  return read_first_line("/proc/sys/kernel/random/boot_id") +
+         " ipc:" + namespace_inode("/proc/self/ns/ipc") +
+         " net:" + namespace_inode("/proc/self/ns/net") +
+         " pid:" + namespace_inode("/proc/self/ns/pid");
+}
+
+std::size_t LocalPeers::ring_offset(int owner, int writer, int lane,
+                                    std::size_t capacity) const {
+  auto local_index = [&](int r) {
+    return static_cast<std::size_t>(
+        std::lower_bound(local_ranks_.begin(), local_ranks_.end(), r) -
+        local_ranks_.begin());
+  };
+  const std::size_t writers = local_ranks_.size() - 1;
+  std::size_t slot = local_index(writer);
+  if (slot > local_index(owner)) --slot;
+  return (static_cast<std::size_t>(lane) * writers + slot) *
+         ring_footprint(capacity);
+}
+
+LocalPeers::LocalPeers(Store& store, int rank, int size, std::uint64_t job,
+                       detail::Clock::time_point deadline)
+    : rank_(rank), peers_(static_cast<std::size_t>(size)) {
+  try {
+    set_up(store, size, job, deadline);
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
+                        detail::Clock::time_point deadline) {
+  const int rank = rank_;
+  Transport choice = transport_choice();
+  std::string word = kTransport.get();
+  // Liveness needs pidfds (Linux 5.3; a container's seccomp profile may
+  // refuse them). Without them this rank says tcp, so that its peers agree.
+  if (choice != Transport::kTcp) {
+    const int probe =
+        static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+    if (probe < 0) {
+      const int error = errno;
+      if (choice == Transport::kShm) {
+        throw SystemError(error,
+                          "COMM_TRANSPORT=shm: pidfd_open, which shared "
+                          "memory needs to notice a dead peer (Linux 5.3 or "
+                          "later); use COMM_TRANSPORT=tcp");
+      }
+      COMM_LOG_WARN(
+          "shared memory is off: pidfd_open failed ({}), so ranks on this "
+          "host use TCP",
+          std::strerror(error));
+      choice = Transport::kTcp;
+      word = "tcp";
+    } else {
+      ::close(probe);
+    }
+  }
+  const std::size_t capacity = ring_bytes();
+  const std::string me = host_identity();
+  // "transport identity pid": a rank that says tcp is local to nobody.
+  store.set_string("shm/host/" + std::to_string(rank),
+                   word + " " + me + " pid " + std::to_string(::getpid()));
+  // A rank that asked for tcp is local to nobody, and needs nobody's
+  // identity; the others read its word and treat it as remote.
+  if (choice == Transport::kTcp) return;
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    keys.push_back("shm/host/" + std::to_string(r));
+  }
+  const auto timeout = std::chrono::milliseconds(remaining_ms(deadline) + 1);
+  std::vector<Bytes> published;
+  try {
+    published = store.multi_get(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({keys[r]})) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    throw TimeoutError("TCP backend: rank " + std::to_string(rank) +
+                       " timed out waiting for connections from rank(s) " +
+                       missing + ", which never joined the group");
+  }
+  std::string remote;
+  std::vector<std::string> strict;  // the ranks that asked for shm
+  for (int r = 0; r < size; ++r) {
+    const std::string text = to_string(published[r]);
+    const auto pid_at = text.rfind(" pid ");
+    const std::string their_choice = text.substr(0, text.find(' '));
+    const std::string identity =
+        text.substr(their_choice.size() + 1, pid_at - their_choice.size() - 1);
+    if (identity != me || their_choice == "tcp") {
+      remote += (remote.empty() ? "rank " : ", rank ") + std::to_string(r);
+    }
+    if (their_choice == "shm")
+      strict.push_back("shm/read/" + std::to_string(r));
+    peers_[r].pid = static_cast<pid_t>(std::stol(text.substr(pid_at + 5)));
+    peers_[r].local =
+        identity == me && their_choice != "tcp" && choice != Transport::kTcp;
+    if (peers_[r].local) local_ranks_.push_back(r);
+  }
+  if (choice == Transport::kShm && !remote.empty()) {
+    // Every rank that asked for shm finds the same and fails alike; each
+    // waits for the others to have read what they need, so that none loses
+    // the store (which rank 0 may host) to a rank that failed first.
+    store.set_string("shm/read/" + std::to_string(rank), "1");
+    try {
+      store.wait(strict, std::chrono::milliseconds(remaining_ms(deadline) + 1));
+    } catch (const Error&) {
+      // Failing anyway; the message below says why.
+    }
+    throw InvalidArgument(
+        "COMM_TRANSPORT=shm needs every rank on this host, but " + remote +
+        " of rank " + std::to_string(rank) +
+        "'s group run elsewhere (another boot id, or another IPC, network "
+        "or PID namespace) or asked for COMM_TRANSPORT=tcp; use "
+        "COMM_TRANSPORT=auto, which uses shared memory between the ranks of "
+        "a host and TCP between hosts");
+  }
+  peers_[rank].local = false;  // never a link to itself
+  local_count_ = static_cast<int>(local_ranks_.size());
+  if (local_count_ <= 1) return;
+
+  // This rank's segment: the rings its local peers write to it.
+  const std::size_t writers = local_ranks_.size() - 1;
+  segment_bytes_ = kLanes * writers * ring_footprint(capacity);
+  // Closed on every way out: once the peers have it, their mappings and the
+  // datagrams in flight hold the segment.
+  struct Descriptor {
+    int fd;
+    ~Descriptor() {
+      if (fd >= 0) ::close(fd);
+    }
+  } owned{static_cast<int>(
+      ::syscall(SYS_memfd_create, "libcomm-shm", MFD_CLOEXEC))};
+  const int memfd = owned.fd;
+  if (memfd < 0) throw SystemError(errno, "shared memory: memfd_create");
+  if (::ftruncate(memfd, static_cast<off_t>(segment_bytes_)) != 0) {
+    const int error = errno;
+    throw SystemError(error, "shared memory: sizing a segment of " +
+                                 std::to_string(segment_bytes_) +
+                                 " bytes (COMM_SHM_RING_BYTES)");
+  }
+  segment_ = ::mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED,
+                    memfd, 0);
+  if (segment_ == MAP_FAILED) {
+    const int error = errno;
+    segment_ = nullptr;
+    throw SystemError(error, "shared memory: mapping a segment");
+  }
+  for (auto& doorbell : doorbells_) doorbell = std::make_unique<Doorbell>();
+
+  // An abstract socket (no file) with a name the kernel picks.
+  detail::Socket inbox(
+      ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!inbox.valid()) {
+    throw SystemError(errno, "shared memory: socket(AF_UNIX)");
+  }
+  const int one = 1;
+  ::setsockopt(inbox.fd(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  // Binding with only the family asks the kernel for a fresh abstract name.
+  socklen_t length = sizeof(sa_family_t);
+  const bool bound =
+      ::bind(inbox.fd(), reinterpret_cast<sockaddr*>(&address), length) == 0;
+  length = sizeof(address);
+  if (!bound || ::getsockname(inbox.fd(), reinterpret_cast<sockaddr*>(&address),
+                              &length) != 0) {
+    const int error = errno;
+    throw SystemError(error, "shared memory: binding an abstract socket");
+  }
+  store.set_string("shm/inbox/" + std::to_string(rank),
+                   to_hex(&address, length));
+
+  Hello hello;
+  hello.rank = rank;
+  hello.size = size;
+  hello.job = job;
+  hello.ring_bytes = capacity;
+  int carried[kHelloDescriptors] = {memfd, doorbells_[0]->fd(),
+                                    doorbells_[1]->fd()};
+  std::vector<int> unsent, unheard;
+  std::vector<std::string> inboxes(static_cast<std::size_t>(size));
+  for (int r : local_ranks_) {
+    if (r == rank) continue;
+    unsent.push_back(r);
+    unheard.push_back(r);
+    inboxes[r] = from_hex(store.get_string(
+        "shm/inbox/" + std::to_string(r),
+        std::chrono::milliseconds(remaining_ms(deadline) + 1)));
+  }
+  // Bounded by the deadline: each round sends what the peers' queues take,
+  // reads what arrived, and sleeps in poll for at most 10 ms.
+  while (!unsent.empty() || !unheard.empty()) {
+    for (auto it = unsent.begin(); it != unsent.end();) {
+      iovec body{&hello, sizeof(hello)};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(carried))] = {};
+      msghdr message{};
+      message.msg_name = inboxes[*it].data();
+      message.msg_namelen = static_cast<socklen_t>(inboxes[*it].size());
+      message.msg_iov = &body;
+      message.msg_iovlen = 1;
+      message.msg_control = control;
+      message.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&message);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(carried));
+      std::memcpy(CMSG_DATA(c), carried, sizeof(carried));
+      if (::sendmsg(inbox.fd(), &message, MSG_DONTWAIT | MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(sizeof(hello))) {
+        it = unsent.erase(it);
+        continue;
+      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        const int error = errno;
+        throw SystemError(error, "shared memory: sending rank " +
+                                     std::to_string(rank) +
+                                     "'s segment to "
+                                     "rank " +
+                                     std::to_string(*it));
+      }
+      ++it;
+    }
+    while (!unheard.empty()) {
+      Hello theirs;
+      iovec body{&theirs, sizeof(theirs)};
+      alignas(cmsghdr) char
+          control[CMSG_SPACE(sizeof(carried)) + CMSG_SPACE(sizeof(ucred))] = {};
+      msghdr message{};
+      message.msg_iov = &body;
+      message.msg_iovlen = 1;
+      message.msg_control = control;
+      message.msg_controllen = sizeof(control);
+      const ssize_t n = ::recvmsg(inbox.fd(), &message, MSG_CMSG_CLOEXEC);
+      if (n < 0) break;
+      int fds[kHelloDescriptors] = {-1, -1, -1};
+      bool have_fds = false;
+      ucred sender{};
+      bool have_sender = false;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr;
+           c = CMSG_NXTHDR(&message, c)) {
+        if (c->cmsg_level != SOL_SOCKET) continue;
+        if (c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len == CMSG_LEN(sizeof(fds))) {
+          std::memcpy(fds, CMSG_DATA(c), sizeof(fds));
+          have_fds = true;
+        } else if (c->cmsg_type == SCM_CREDENTIALS) {
+          std::memcpy(&sender, CMSG_DATA(c), sizeof(sender));
+          have_sender = true;
+        }
+      }
+      const bool expected = n == static_cast<ssize_t>(sizeof(theirs)) &&
+                            (message.msg_flags & MSG_CTRUNC) == 0 && have_fds &&
+                            have_sender && theirs.magic == kHelloMagic &&
+                            theirs.job == job && theirs.size == size &&
+                            std::find(unheard.begin(), unheard.end(),
+                                      theirs.rank) != unheard.end() &&
+                            sender.pid == peers_[theirs.rank].pid &&
+                            theirs.ring_bytes >= 64;
+      if (!expected) {
+        COMM_LOG_WARN(
+            "shared memory: rank {} dropped a datagram that is not a hello of "
+            "its group (from pid {})",
+            rank, have_sender ? sender.pid : 0);
+        close_carried(message);
+        continue;
+      }
+      Peer& peer = peers_[theirs.rank];
+      struct stat info {};
+      const std::size_t need =
+          kLanes * writers * ring_footprint(theirs.ring_bytes);
+      if (::fstat(fds[0], &info) != 0 ||
+          static_cast<std::size_t>(info.st_size) < need) {
+        close_carried(message);
+        throw BackendError("shared memory: rank " +
+                           std::to_string(theirs.rank) +
+                           " sent a segment smaller than its rings");
+      }
+      peer.segment_bytes = need;
+      peer.segment =
+          ::mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+      ::close(fds[0]);
+      if (peer.segment == MAP_FAILED) {
+        const int error = errno;
+        peer.segment = nullptr;
+        close_fd(fds[1]);
+        close_fd(fds[2]);
+        throw SystemError(error, "shared memory: mapping rank " +
+                                     std::to_string(theirs.rank) +
+                                     "'s segment");
+      }
+      for (int lane = 0; lane < kLanes; ++lane) {
+        peer.doorbells[lane] = fds[1 + lane];
+        peer.out[lane] =
+            Ring(static_cast<std::uint8_t*>(peer.segment) +
+                     ring_offset(theirs.rank, rank, lane, theirs.ring_bytes),
+                 theirs.ring_bytes, peer.doorbells[lane]);
+        peer.in[lane] = Ring(static_cast<std::uint8_t*>(segment_) +
+                                 ring_offset(rank, theirs.rank, lane, capacity),
+                             capacity, peer.doorbells[lane]);
+      }
+      peer.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer.pid, 0));
+      if (peer.pidfd < 0) {
+        const int error = errno;
+        throw SystemError(error, "shared memory: pidfd_open for rank " +
+                                     std::to_string(theirs.rank) +
+                                     " (Linux 5.3 or later is needed; "
+                                     "COMM_TRANSPORT=tcp avoids it)");
+      }
+      std::erase(unheard, theirs.rank);
+    }
+    if (unsent.empty() && unheard.empty()) break;
+    if (detail::Clock::now() >= deadline) {
+      std::string missing;
+      for (int r : unheard) {
+        missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(r);
+      }
+      throw TimeoutError(
+          "shared memory: rank " + std::to_string(rank) +
+          " timed out setting up with " +
+          (missing.empty() ? std::string("its local peers") : missing) +
+          " on this host");
+    }
+    pollfd entry{inbox.fd(), POLLIN, 0};
+    (void)::poll(
+        &entry, 1,
+        std::min(unsent.empty() ? 1 << 30 : 10, remaining_ms(deadline)));
+  }
+  COMM_LOG_DEBUG(
+      "shared memory: rank {} shares {} rings of {} bytes with {} "
+      "local ranks",
+      rank, kLanes * writers, capacity, writers);
+}
+
+void LocalPeers::close_all() {
+  for (Peer& peer : peers_) {
+    if (!peer.local) continue;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      peer.out[lane].close();
+      peer.in[lane].close();
+    }
+  }
+}
+
+LocalPeers::~LocalPeers() { release(); }
+
+void LocalPeers::release() {
+  close_all();
+  for (Peer& peer : peers_) {
+    if (peer.segment != nullptr) ::munmap(peer.segment, peer.segment_bytes);
+    for (int& fd : peer.doorbells) close_fd(fd);
+    close_fd(peer.pidfd);
+  }
+  if (segment_ != nullptr) ::munmap(segment_, segment_bytes_);
+  segment_ = nullptr;
+  for (Peer& peer : peers_) peer = Peer{};
+}
+
+}  // namespace comm::shm

@@ -1,0 +1,120 @@
+// comm::shm::LocalPeers: the shared-memory links of one rank to the ranks
+// of its group that run on the same host, set up through the group's Store.
+//
+// Locality. Every rank publishes its host identity: the kernel's boot id
+// and the inodes of its IPC, network and PID namespaces (a rank in another
+// network namespace counts as another host, which is also how the tests
+// emulate two hosts), with its process id and its COMM_TRANSPORT. Two
+// ranks are local to each other when their identities are equal and
+// neither asked for `tcp`; the relation is symmetric, so both ends agree.
+//
+// Memory. Each rank makes one memfd (never a file: nothing is left in
+// /dev/shm or elsewhere when a rank dies) holding the rings its local
+// peers write to it: kLanes rings per local peer of COMM_SHM_RING_BYTES
+// each, so a rank's segment is O(ring x local peers). It passes the memfd,
+// with an eventfd doorbell per lane, to each local peer in one datagram
+// over an abstract Unix-domain socket (SCM_RIGHTS; the kernel adds the
+// sender's credentials, which must match the published process id). Each
+// peer maps it and closes the descriptor, so the memory lives exactly as
+// long as a rank has it mapped.
+//
+// Liveness. A pidfd per local peer becomes readable when that process
+// ends, however it ends; a rank that destroys its links while its process
+// lives closes every ring it shares instead. Both are what a closed socket
+// is to the TCP channels.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/shm/doorbell.h"
+#include "backends/shm/ring.h"
+#include "libcomm/detail/socket.h"
+#include "store/store.h"
+
+namespace comm::shm {
+
+// The independent byte streams between two local ranks: lane 0 carries
+// collectives, lane 1 point-to-point messages (as the TCP channels do).
+inline constexpr int kLanes = 2;
+
+// What COMM_TRANSPORT asks for.
+enum class Transport { kAuto, kTcp, kShm };
+Transport transport_choice();
+// The data bytes of each ring this rank owns: COMM_SHM_RING_BYTES.
+std::size_t ring_bytes();
+
+// This process's host identity as published (boot id and namespaces; the
+// process id is not part of it).
+std::string host_identity();
+
+class LocalPeers {
+ public:
+  // Publishes this rank's identity under "shm/" in `store`, reads every
+  // other rank's, and sets up shared memory with the local ones. `job`
+  // tells this group's datagrams from any other's. Throws InvalidArgument
+  // when COMM_TRANSPORT=shm and some rank is not local (naming it),
+  // TimeoutError naming the local ranks not heard from by `deadline`.
+  LocalPeers(Store& store, int rank, int size, std::uint64_t job,
+             detail::Clock::time_point deadline);
+  // Closes every ring (waking the peers), then unmaps and closes.
+  ~LocalPeers();
+  LocalPeers(const LocalPeers&) = delete;
+  LocalPeers& operator=(const LocalPeers&) = delete;
+
+  bool is_local(int peer) const { return peers_[peer].local; }
+  // The ranks local to this one, itself included.
+  int local_count() const { return local_count_; }
+
+  // This rank's end of the ring to `peer` (writer) and from `peer`
+  // (reader) on `lane`; peer must be local.
+  Ring& outgoing(int peer, int lane) { return peers_[peer].out[lane]; }
+  Ring& incoming(int peer, int lane) { return peers_[peer].in[lane]; }
+  // The doorbell this rank sleeps on while waiting on `lane`.
+  const Doorbell& doorbell(int lane) const { return *doorbells_[lane]; }
+  // Readable once `peer`'s process has ended.
+  int pidfd(int peer) const { return peers_[peer].pidfd; }
+  pid_t pid(int peer) const { return peers_[peer].pid; }
+
+  // Closes every ring in both directions and wakes the peers, so that
+  // their waits end with an error (as shutting a socket down does).
+  void close_all();
+
+ private:
+  struct Peer {
+    bool local = false;
+    pid_t pid = 0;
+    int pidfd = -1;
+    std::array<int, kLanes> doorbells{-1, -1};  // the peer's, duplicated
+    void* segment = nullptr;                    // the peer's, mapped
+    std::size_t segment_bytes = 0;
+    std::array<Ring, kLanes> out;
+    std::array<Ring, kLanes> in;
+  };
+
+  void set_up(Store& store, int size, std::uint64_t job,
+              detail::Clock::time_point deadline);
+  // Unmaps and closes everything (the destructor, or a failed set-up).
+  void release();
+  // Where the ring written by local rank `writer` lies in the segment of
+  // local rank `owner`, on `lane`, for rings of `capacity` bytes.
+  std::size_t ring_offset(int owner, int writer, int lane,
+                          std::size_t capacity) const;
+
+  int rank_;
+  int local_count_ = 1;
+  std::vector<int> local_ranks_;  // sorted, this rank included
+  std::vector<Peer> peers_;
+  std::array<std::unique_ptr<Doorbell>, kLanes> doorbells_;
+  void* segment_ = nullptr;
+  std::size_t segment_bytes_ = 0;
+};
+
+}  // namespace comm::shm

@@ -1,0 +1,124 @@
+#include "backends/shm/ring.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/shm/doorbell.h"
+
+namespace comm::shm {
+
+std::size_t ring_footprint(std::size_t capacity) {
+  return sizeof(RingControl) + (capacity + 63) / 64 * 64;
+}
+
+Ring::Ring(void* control, std::size_t capacity, int peer_doorbell)
+    : control_(static_cast<RingControl*>(control)),
+      data_(static_cast<std::uint8_t*>(control) + sizeof(RingControl)),
+      capacity_(capacity),
+      peer_doorbell_(peer_doorbell) {}
+
+std::size_t Ring::write(const iovec* iov, int count) {
+  const std::uint64_t tail = control_->tail.load(std::memory_order_relaxed);
+  // Acquire: the reader has finished copying out the bytes it freed.
+  const std::uint64_t head = control_->head.load(std::memory_order_acquire);
+  std::size_t room = capacity_ - static_cast<std::size_t>(tail - head);
+  std::size_t at = static_cast<std::size_t>(tail % capacity_);
+  std::size_t moved = 0;
+  for (int i = 0; i < count && room > 0; ++i) {
+    const auto* from = static_cast<const std::uint8_t*>(iov[i].iov_base);
+    std::size_t left = std::min(iov[i].iov_len, room);
+    room -= left;
+    moved += left;
+    while (left > 0) {
+      const std::size_t piece = std::min(left, capacity_ - at);
+      std::memcpy(data_ + at, from, piece);
+      from += piece;
+      left -= piece;
+      at = at + piece == capacity_ ? 0 : at + piece;
+    }
+  }
+  if (moved == 0) return 0;
+  // Release: the bytes are in place before the reader sees the new tail.
+  control_->tail.store(tail + moved, std::memory_order_release);
+  // Store tail, fence, load the flag: see ring.h.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (control_->reader_waiting.load(std::memory_order_relaxed) != 0) {
+    Doorbell::ring(peer_doorbell_);
+  }
+  return moved;
+}
+
+std::size_t Ring::read(const iovec* iov, int count) {
+  const std::uint64_t head = control_->head.load(std::memory_order_relaxed);
+  // Acquire: the writer's bytes are visible up to the tail read here.
+  const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
+  std::size_t there = static_cast<std::size_t>(tail - head);
+  std::size_t at = static_cast<std::size_t>(head % capacity_);
+  std::size_t moved = 0;
+  for (int i = 0; i < count && there > 0; ++i) {
+    auto* to = static_cast<std::uint8_t*>(iov[i].iov_base);
+    std::size_t left = std::min(iov[i].iov_len, there);
+    there -= left;
+    moved += left;
+    while (left > 0) {
+      const std::size_t piece = std::min(left, capacity_ - at);
+      std::memcpy(to, data_ + at, piece);
+      to += piece;
+      left -= piece;
+      at = at + piece == capacity_ ? 0 : at + piece;
+    }
+  }
+  if (moved == 0) return 0;
+  // Release: the bytes are copied out before the writer may overwrite them.
+  control_->head.store(head + moved, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (control_->writer_waiting.load(std::memory_order_relaxed) != 0) {
+    Doorbell::ring(peer_doorbell_);
+  }
+  return moved;
+}
+
+bool Ring::readable() const {
+  return control_->tail.load(std::memory_order_acquire) !=
+         control_->head.load(std::memory_order_relaxed);
+}
+
+bool Ring::writable() const {
+  return control_->tail.load(std::memory_order_relaxed) -
+             control_->head.load(std::memory_order_acquire) <
+         capacity_;
+}
+
+bool Ring::arm_reader() {
+  control_->reader_waiting.store(1, std::memory_order_relaxed);
+  // Store the flag, fence, load the tail: see ring.h.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return !readable() && !closed();
+}
+
+bool Ring::arm_writer() {
+  control_->writer_waiting.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return !writable() && !closed();
+}
+
+void Ring::disarm_reader() {
+  control_->reader_waiting.store(0, std::memory_order_relaxed);
+}
+
+void Ring::disarm_writer() {
+  control_->writer_waiting.store(0, std::memory_order_relaxed);
+}
+
+void Ring::close() {
+  if (control_ == nullptr) return;
+  control_->closed.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  Doorbell::ring(peer_doorbell_);
+}
+
+bool Ring::closed() const {
+  return control_->closed.load(std::memory_order_acquire) != 0;
+}
+
+}  // namespace comm::shm

@@ -1,0 +1,100 @@
+// comm::shm::Ring: a single-producer single-consumer ring of bytes in memory
+// shared by two processes (or two ranks of one process), and the protocol
+// by which either end sleeps until the other has moved.
+//
+// The ring carries a byte stream, exactly what a socket would: one writer
+// appends, one reader consumes, in order. Its control block holds two
+// monotonic 64-bit counters, `tail` (bytes ever written; only the writer
+// stores it) and `head` (bytes ever read; only the reader stores it), each
+// on a cache line of its own with the flag its owner raises before it
+// sleeps, and a `closed` flag either end raises when it goes away.
+//
+// Waking. Each end owns a doorbell (an eventfd, see doorbell.h) that it
+// polls together with its sockets. An end that must wait raises its
+// waiting flag (reader_waiting: "I wait for bytes", writer_waiting: "I
+// wait for room"), then looks at the ring again, and sleeps only if it
+// still has to wait. The other end, after publishing new bytes or new
+// room, looks at the flag and rings the waiter's doorbell if it is raised.
+// Both sides store, then issue a sequentially consistent fence, then load
+// (waiter: store flag, fence, load counter; mover: store counter, fence,
+// load flag). Two such fences are ordered one before the other, and
+// whichever of the two threads fences second sees the other's store: so
+// either the waiter sees the new counter and does not sleep, or the mover
+// sees the raised flag and rings. A wake-up cannot be lost. An eventfd
+// keeps a ring that arrives before its owner polls, and a ring nobody
+// needed costs one spurious wake-up, so neither side ever clears the
+// other's flag.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace comm::shm {
+
+// The shared part of one ring; `capacity` data bytes follow it.
+struct RingControl {
+  alignas(64) std::atomic<std::uint64_t> head;  // written by the reader
+  std::atomic<std::uint32_t> reader_waiting;
+  alignas(64) std::atomic<std::uint64_t> tail;  // written by the writer
+  std::atomic<std::uint32_t> writer_waiting;
+  alignas(64) std::atomic<std::uint32_t> closed;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+              "rings across processes need lock-free 64-bit atomics");
+static_assert(sizeof(RingControl) == 192);
+
+// One end's view of a ring: where it is mapped in this process, and the
+// doorbell of the other end. Copyable: it owns nothing.
+class Ring {
+ public:
+  Ring() = default;
+  // `control` points to a RingControl followed by `capacity` bytes, already
+  // zeroed when the ring is new. `peer_doorbell` is the eventfd this end
+  // rings to wake the other end.
+  Ring(void* control, std::size_t capacity, int peer_doorbell);
+
+  bool valid() const { return control_ != nullptr; }
+  std::size_t capacity() const { return capacity_; }
+
+  // Writer: copies as many bytes of `iov[0..count)`, in order, as there is
+  // room for, publishes them, wakes a reader that waits, and returns how
+  // many it copied (0 when the ring is full).
+  std::size_t write(const iovec* iov, int count);
+  // Reader: copies up to the bytes `iov[0..count)` has room for, in order,
+  // frees their room, wakes a writer that waits, and returns how many it
+  // copied (0 when the ring is empty).
+  std::size_t read(const iovec* iov, int count);
+
+  // Whether the reader would read something, or the writer write
+  // something, now.
+  bool readable() const;
+  bool writable() const;
+
+  // Before sleeping on its doorbell: raises this end's waiting flag and
+  // returns whether it must still wait (false: the ring moved meanwhile).
+  // The flag stays raised until disarm; a raised flag only costs the other
+  // end a doorbell write per publication.
+  bool arm_reader();
+  bool arm_writer();
+  void disarm_reader();
+  void disarm_writer();
+
+  // Tells the other end that this one is gone, and wakes it. Idempotent.
+  void close();
+  bool closed() const;
+
+ private:
+  RingControl* control_ = nullptr;
+  std::uint8_t* data_ = nullptr;
+  std::size_t capacity_ = 0;
+  int peer_doorbell_ = -1;
+};
+
+// The bytes a ring of `capacity` data bytes occupies, its control block
+// included, rounded up to a cache line.
+std::size_t ring_footprint(std::size_t capacity);
+
+}  // namespace comm::shm

@@ -1,0 +1,235 @@
+// The shared-memory transport's pieces: comm::shm::Ring (bytes in order
+// across wrap-around, full and empty, the waiting flags that decide a
+// sleep, closing), and a Mesh whose ranks share a host (threads of this
+// process): its collective and point-to-point channels are rings, not
+// sockets, and an Exchange moves data over them.
+#include <catch2/catch.hpp>
+
+#include <poll.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backends/shm/doorbell.h"
+#include "backends/shm/local_peers.h"
+#include "backends/shm/ring.h"
+#include "backends/tcp/exchange.h"
+#include "backends/tcp/mesh.h"
+#include "libcomm/param.h"
+#include "support/mesh_ranks.h"
+
+using comm::shm::Doorbell;
+using comm::shm::Ring;
+using comm::tcp::Channel;
+using comm::tcp::Mesh;
+using namespace std::chrono_literals;
+
+namespace {
+
+// One ring in ordinary memory, with a doorbell for each end.
+struct LocalRing {
+  explicit LocalRing(std::size_t capacity)
+      : memory(comm::shm::ring_footprint(capacity) + 64) {
+    // The control block needs its cache-line alignment.
+    auto at = reinterpret_cast<std::uintptr_t>(memory.data());
+    void* aligned = memory.data() + ((64 - at % 64) % 64);
+    writer = Ring(aligned, capacity, reader_bell.fd());
+    reader = Ring(aligned, capacity, writer_bell.fd());
+  }
+  std::vector<std::uint8_t> memory;
+  Doorbell reader_bell, writer_bell;
+  Ring writer, reader;
+};
+
+bool rang(const Doorbell& bell) {
+  pollfd entry{bell.fd(), POLLIN, 0};
+  return ::poll(&entry, 1, 0) == 1;
+}
+
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw std::runtime_error(what);
+}
+
+// Sets COMM_TRANSPORT for this test and puts it back afterwards.
+struct TransportIs {
+  explicit TransportIs(const char* word) {
+    ::setenv("COMM_TRANSPORT", word, 1);
+    comm::reset_params();
+  }
+  ~TransportIs() {
+    ::unsetenv("COMM_TRANSPORT");
+    comm::reset_params();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a ring keeps bytes in order across wrap-around, full and empty",
+          "[shm][ring]") {
+  LocalRing ring(64 * 3);  // a capacity that writes do not divide
+  std::vector<std::uint8_t> sent, got;
+  std::uint8_t next = 0;
+  // Writes of 50 bytes in two pieces, reads of 37: every offset of the
+  // ring is crossed many times.
+  for (int round = 0; round < 200; ++round) {
+    std::uint8_t a[20], b[30];
+    for (auto& x : a) x = next++;
+    for (auto& x : b) x = next++;
+    const iovec pieces[2] = {{a, sizeof(a)}, {b, sizeof(b)}};
+    const std::size_t wrote = ring.writer.write(pieces, 2);
+    sent.insert(sent.end(), a, a + std::min<std::size_t>(wrote, 20));
+    if (wrote > 20) sent.insert(sent.end(), b, b + (wrote - 20));
+    next = static_cast<std::uint8_t>(next - (50 - wrote));
+    std::uint8_t out[37];
+    const iovec into{out, sizeof(out)};
+    const std::size_t read = ring.reader.read(&into, 1);
+    got.insert(got.end(), out, out + read);
+  }
+  // Drain what is left.
+  while (ring.reader.readable()) {
+    std::uint8_t out[64];
+    const iovec into{out, sizeof(out)};
+    const std::size_t read = ring.reader.read(&into, 1);
+    got.insert(got.end(), out, out + read);
+  }
+  REQUIRE(got.size() == sent.size());
+  CHECK(got == sent);
+
+  // Full: nothing more goes in, and what came out is whole.
+  std::vector<std::uint8_t> big(1000, 7);
+  const iovec all{big.data(), big.size()};
+  CHECK(ring.writer.write(&all, 1) == 192);
+  CHECK_FALSE(ring.writer.writable());
+  CHECK(ring.writer.write(&all, 1) == 0);
+  std::vector<std::uint8_t> out(1000);
+  const iovec into{out.data(), out.size()};
+  CHECK(ring.reader.read(&into, 1) == 192);
+  CHECK(ring.reader.read(&into, 1) == 0);
+}
+
+TEST_CASE("a ring wakes the other end only when it said it waits",
+          "[shm][ring]") {
+  LocalRing ring(256);
+  std::uint8_t byte = 1;
+  const iovec one{&byte, 1};
+
+  // Nobody waits: no doorbell.
+  ring.writer.write(&one, 1);
+  CHECK_FALSE(rang(ring.reader_bell));
+  // Data there: arming says do not sleep.
+  CHECK_FALSE(ring.reader.arm_reader());
+  ring.reader.disarm_reader();
+  std::uint8_t out[8];
+  const iovec into{out, sizeof(out)};
+  CHECK(ring.reader.read(&into, 1) == 1);
+  CHECK_FALSE(rang(ring.writer_bell));
+
+  // Empty and armed: the reader may sleep, and the next write rings it.
+  CHECK(ring.reader.arm_reader());
+  ring.writer.write(&one, 1);
+  CHECK(rang(ring.reader_bell));
+  ring.reader_bell.drain();
+  CHECK_FALSE(rang(ring.reader_bell));
+  ring.reader.disarm_reader();
+  CHECK(ring.reader.read(&into, 1) == 1);
+
+  // A full ring and a writer that waits for room: a read rings it.
+  std::vector<std::uint8_t> big(256, 3);
+  const iovec all{big.data(), big.size()};
+  CHECK(ring.writer.write(&all, 1) == 256);
+  CHECK(ring.writer.arm_writer());
+  CHECK(ring.reader.read(&into, 1) == 8);
+  CHECK(rang(ring.writer_bell));
+  ring.writer.disarm_writer();
+
+  // Closing wakes the other end, which sees it after the bytes left.
+  ring.writer_bell.drain();
+  ring.reader_bell.drain();
+  ring.writer.close();
+  CHECK(rang(ring.reader_bell));
+  CHECK(ring.reader.closed());
+  CHECK_FALSE(ring.reader.arm_reader());  // closed: never sleep on it
+  std::vector<std::uint8_t> rest(512);
+  const iovec into_rest{rest.data(), rest.size()};
+  CHECK(comm::tcp::read_some(ring.reader, &into_rest, 1) == 248);
+  CHECK(comm::tcp::read_some(ring.reader, &into_rest, 1) == 0);  // end
+  std::size_t header_done = comm::tcp::MessageHeader::kWireSize;
+  CHECK(comm::tcp::send_some(ring.writer, nullptr, header_done, &one, 1) == -1);
+  CHECK(errno == EPIPE);
+}
+
+TEST_CASE("ranks of one host talk over rings, not sockets, but for control",
+          "[shm][mesh]") {
+  TransportIs shm("shm");
+  constexpr int kWorld = 3;
+  auto errors = comm::testing::run_meshes(kWorld, 20s, [](Mesh& mesh) {
+    const int me = mesh.rank();
+    expect(mesh.local_peers().local_count() == kWorld, "every rank is local");
+    for (int peer = 0; peer < kWorld; ++peer) {
+      if (peer == me) continue;
+      for (Channel channel : {Channel::kCollective, Channel::kPointToPoint}) {
+        expect(!mesh.socket(peer, channel).valid(),
+               "a data socket to a rank of this host");
+        expect(mesh.ring(peer, channel, true) != nullptr &&
+                   mesh.ring(peer, channel, false) != nullptr,
+               "no ring to a rank of this host");
+      }
+      expect(mesh.socket(peer, Channel::kControl).valid(), "no control socket");
+      expect(mesh.ring(peer, Channel::kControl, true) == nullptr,
+             "a ring for control");
+      expect(mesh.peer_name(peer).find("shared memory") != std::string::npos,
+             "peer_name says " + mesh.peer_name(peer));
+    }
+    // A ring-all-gather through Exchange: a large message each way, in
+    // steps, so that every ring fills and wraps.
+    const std::size_t bytes = (1 << 20) + 13;
+    std::vector<std::vector<std::uint8_t>> blocks(kWorld);
+    for (int r = 0; r < kWorld; ++r) blocks[r].resize(bytes);
+    for (std::size_t i = 0; i < bytes; ++i) {
+      blocks[me][i] = static_cast<std::uint8_t>(i * 7 + me);
+    }
+    const comm::tcp::CallInfo call{comm::tcp::Collective::kAllGather,
+                                   0,
+                                   comm::DType::kU8,
+                                   1,
+                                   comm::ReduceOp::kSum,
+                                   -1};
+    for (int step = 1; step < kWorld; ++step) {
+      comm::tcp::Exchange exchange(mesh, call,
+                                   comm::detail::deadline_after(20s), -1);
+      const int to = (me + step) % kWorld;
+      const int from = (me - step + kWorld) % kWorld;
+      exchange.send(to, blocks[me].data(), bytes);
+      exchange.recv(from, blocks[from].data(), bytes);
+      exchange.run();
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      for (std::size_t i = 0; i < bytes; i += 4099) {
+        expect(blocks[r][i] == static_cast<std::uint8_t>(i * 7 + r),
+               "byte " + std::to_string(i) + " from rank " + std::to_string(r));
+      }
+    }
+  });
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "");
+  }
+}
+
+TEST_CASE("COMM_TRANSPORT=tcp keeps every channel on sockets", "[shm][mesh]") {
+  TransportIs tcp("tcp");
+  auto errors = comm::testing::run_meshes(2, 20s, [](Mesh& mesh) {
+    const int peer = 1 - mesh.rank();
+    expect(mesh.local_peers().local_count() <= 1, "ranks are local over tcp");
+    expect(mesh.socket(peer, Channel::kCollective).valid(), "no socket");
+    expect(mesh.ring(peer, Channel::kCollective, true) == nullptr, "a ring");
+  });
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
