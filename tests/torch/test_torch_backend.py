@@ -14,12 +14,12 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-try:
-    import commdist.c10d  # noqa: F401
-except ImportError as error:
+if os.environ.get("COMMDIST_C10D_BUILT") == "0":
     pytest.skip("commdist.c10d is not built: " +
-                os.environ.get("COMMDIST_C10D_WHY", str(error)),
+                os.environ.get("COMMDIST_C10D_WHY", "see meson's summary"),
                 allow_module_level=True)
+# Where meson built it (or outside meson), it must import.
+import commdist.c10d  # noqa: E402,F401
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "torch_worker.py")
@@ -225,7 +225,7 @@ def test_killed_rank_fails_the_others_within_5s_naming_it(tmp_path):
                     expect_exit={world - 1: 17})
     for rank in range(world - 1):
         seconds, kind, message = read_error(out, rank)
-        assert kind == "RuntimeError", (kind, message)
+        assert "RuntimeError" in kind.split(","), (kind, message)
         assert seconds < 5, (seconds, message)
         assert re.search(rf"\brank {world - 1}\b", message), message
 
@@ -235,7 +235,7 @@ def test_mismatch_raises_on_every_rank(tmp_path):
     out = run_ranks(tmp_path, "mismatch", "libcomm", world=world)
     for rank in range(world):
         _, kind, message = read_error(out, rank)
-        assert kind == "RuntimeError", (kind, message)
+        assert "RuntimeError" in kind.split(","), (kind, message)
         # libcomm's whole message reaches Python: both sides' calls, with
         # the sequence number, and the hint.
         assert "rank 0 called all_reduce #0 (float32 x 10, sum)" in message, \

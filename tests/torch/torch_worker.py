@@ -279,8 +279,10 @@ def scenario_new_group(out_dir, _variant):
 
 def save_error(out_dir, error, started):
     with open(os.path.join(out_dir, f"rank{RANK}.error"), "w") as out:
-        out.write(f"{time.monotonic() - started:.3f}\n{type(error).__name__}\n"
-                  f"{error}")
+        # The exception's classes: libcomm's errors are RuntimeErrors, as
+        # torch's are, and commdist's classes when commdist is imported.
+        kinds = ",".join(kind.__name__ for kind in type(error).__mro__)
+        out.write(f"{time.monotonic() - started:.3f}\n{kinds}\n{error}")
 
 
 def scenario_kill(out_dir, _variant):

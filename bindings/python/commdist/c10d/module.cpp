@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <chrono>
+#include <functional>
 
 #include "process_group_libcomm.h"
 
@@ -17,6 +18,17 @@ PYBIND11_MODULE(_C, module) {
   module.doc() = "libcomm as a torch.distributed backend (see commdist.c10d)";
   // Registers torch's ProcessGroup and Store classes with pybind11.
   py::module_::import("torch.distributed");
+  // Python drops a group with the GIL held; its destructor waits for the
+  // completion thread, which may need the GIL to finish a Future callback.
+  commdist_c10d::ProcessGroupLibcomm::release_gil_while =
+      [](const std::function<void()>& wait) {
+        if (Py_IsInitialized() && PyGILState_Check()) {
+          py::gil_scoped_release released;
+          wait();
+        } else {
+          wait();
+        }
+      };
 
   py::class_<commdist_c10d::ProcessGroupLibcomm,
              c10::intrusive_ptr<commdist_c10d::ProcessGroupLibcomm>,

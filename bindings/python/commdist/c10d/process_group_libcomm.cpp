@@ -213,8 +213,15 @@ WorkLibcomm::WorkLibcomm(int rank, c10d::OpType type,
 WorkLibcomm::~WorkLibcomm() = default;
 
 void WorkLibcomm::complete() {
-  std::call_once(complete_once_, [this] {
-    std::exception_ptr error = work_->exception();
+  // Only the epilogue runs under the once-flag. The Future's callbacks (a
+  // DDP comm hook, in Python) run after it, on the first thread here, so
+  // that a thread that holds the GIL and asks isCompleted() never waits
+  // for a callback that needs the GIL.
+  std::exception_ptr error;
+  bool first = false;
+  std::call_once(complete_once_, [&] {
+    first = true;
+    error = work_->exception();
     if (!error && epilogue_) {
       try {
         epilogue_();
@@ -223,13 +230,14 @@ void WorkLibcomm::complete() {
       }
     }
     epilogue_ = nullptr;
-    if (error) {
-      future_->setError(error);
-    } else {
-      future_->markCompleted(c10::IValue(outputs_));
-    }
-    finish(error);
   });
+  if (!first) return;
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  finish(error);
 }
 
 void WorkLibcomm::complete_if_done() const {
@@ -245,9 +253,8 @@ bool WorkLibcomm::isCompleted() {
 
 bool WorkLibcomm::isSuccess() const {
   complete_if_done();
-  // Once libcomm's operation is complete, complete_if_done() has completed
-  // this Work too (or waited for the thread that was doing so).
-  return work_->is_completed() && c10d::Work::isSuccess();
+  return const_cast<WorkLibcomm*>(this)->c10d::Work::isCompleted() &&
+         c10d::Work::isSuccess();
 }
 
 std::exception_ptr WorkLibcomm::exception() const {
@@ -297,9 +304,11 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLibcomm::getFuture() {
 
 // ---- CompletionThread ------------------------------------------------------
 
-CompletionThread::CompletionThread() : thread_([this] { run(); }) {}
-
-CompletionThread::~CompletionThread() { stop(); }
+std::shared_ptr<CompletionThread> CompletionThread::start() {
+  std::shared_ptr<CompletionThread> self(new CompletionThread());
+  self->thread_ = std::thread([self] { self->run(); });
+  return self;
+}
 
 void CompletionThread::watch(c10::intrusive_ptr<WorkLibcomm> work) {
   {
@@ -312,10 +321,10 @@ void CompletionThread::watch(c10::intrusive_ptr<WorkLibcomm> work) {
 void CompletionThread::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
     stopping_ = true;
   }
   changed_.notify_one();
-  if (!thread_.joinable()) return;
   // A Future callback may drop the last reference to the group; the thread
   // cannot join itself, and it ends on its own once the queue is empty.
   if (thread_.get_id() == std::this_thread::get_id()) {
@@ -350,19 +359,26 @@ ProcessGroupLibcomm::ProcessGroupLibcomm(
       group_(std::make_shared<comm::ProcessGroup>(
           std::make_shared<TorchStore>(store, timeout), rank, size, "tcp",
           timeout, "torch")),
-      completion_(std::make_shared<CompletionThread>()) {
+      completion_(CompletionThread::start()) {
   init();
 }
 
 ProcessGroupLibcomm::~ProcessGroupLibcomm() {
   // Shutting libcomm down completes every queued operation (with an error),
-  // so the completion thread drains and stops.
+  // so the completion thread drains and ends.
   try {
     group_->shutdown();
   } catch (...) {
   }
-  completion_->stop();
+  if (release_gil_while != nullptr) {
+    release_gil_while([this] { completion_->stop(); });
+  } else {
+    completion_->stop();
+  }
 }
+
+void (*ProcessGroupLibcomm::release_gil_while)(
+    const std::function<void()>& wait) = nullptr;
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::make_work(
     c10d::OpType type, std::shared_ptr<comm::Work> work,

@@ -83,17 +83,21 @@ class WorkLibcomm final : public c10d::Work {
 };
 
 // The thread that completes watched Works in the order they were handed
-// over, which is the order libcomm runs them in for collectives.
-class CompletionThread {
+// over, which is the order libcomm runs them in for collectives. It owns
+// itself (its body holds a shared_ptr), so a thread that drops the last
+// reference from inside a Future callback can leave it detached.
+class CompletionThread : public std::enable_shared_from_this<CompletionThread> {
  public:
-  CompletionThread();
-  ~CompletionThread();  // stop()s
+  static std::shared_ptr<CompletionThread> start();
   void watch(c10::intrusive_ptr<WorkLibcomm> work);
-  // Waits until every watched Work is complete, then joins the thread.
-  // The group shuts libcomm down first, which completes them all.
+  // Waits until every watched Work is complete (the group shuts libcomm
+  // down first, which completes them all) and the thread has ended. The
+  // thread may need the GIL to run a Future's Python callbacks (DDP's comm
+  // hooks) and drop their references, so the caller must not hold it.
   void stop();
 
  private:
+  CompletionThread() = default;
   void run();
 
   std::mutex mutex_;
@@ -110,6 +114,11 @@ class ProcessGroupLibcomm final : public c10d::ProcessGroup {
   ProcessGroupLibcomm(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                       int size, std::chrono::milliseconds timeout);
   ~ProcessGroupLibcomm() override;
+
+  // Runs `wait` (which blocks until the completion thread has ended) with
+  // the GIL released when the calling thread holds it; set by module.cpp,
+  // the one file that knows Python. Without it `wait` just runs.
+  static void (*release_gil_while)(const std::function<void()>& wait);
 
   const std::string getBackendName() const override { return "libcomm"; }
   const std::shared_ptr<comm::ProcessGroup>& group() const { return group_; }
