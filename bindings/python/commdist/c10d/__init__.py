@@ -1,0 +1,25 @@
+"""libcomm as a torch.distributed backend.
+
+Importing this module registers the backend "libcomm" with
+torch.distributed::
+
+    import torch.distributed as dist
+    import commdist.c10d  # noqa: F401  (registers "libcomm")
+    dist.init_process_group("libcomm", init_method="env://")
+
+Every torch.distributed call, and torch's DistributedDataParallel, then runs
+on libcomm's TCP backend for CPU tensors. The group joins through the store
+torch sets up for the init method (env://, tcp://, file://, or a Store
+given to init_process_group), exactly as gloo does.
+"""
+
+import torch.distributed as _dist
+
+from ._C import ProcessGroupLibcomm, create_process_group
+
+BACKEND = "libcomm"
+
+if BACKEND.upper() not in _dist.Backend._plugins:
+    _dist.Backend.register_backend(BACKEND, create_process_group)
+
+__all__ = ["BACKEND", "ProcessGroupLibcomm", "create_process_group"]

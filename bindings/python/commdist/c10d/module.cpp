@@ -1,0 +1,54 @@
+// commdist.c10d._C: the pybind11 half of libcomm's torch.distributed
+// backend. It registers ProcessGroupLibcomm as a subclass of torch's own
+// ProcessGroup class: torch is built against Debian's pybind11 and shares
+// its internals with this module, so the store torch passes in arrives as
+// its C++ object and the group returned is torch's ProcessGroup to Python.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <functional>
+
+#include "process_group_libcomm.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, module) {
+  module.doc() = "libcomm as a torch.distributed backend (see commdist.c10d)";
+  // Registers torch's ProcessGroup and Store classes with pybind11.
+  py::module_::import("torch.distributed");
+  // Python drops a group with the GIL held; its destructor waits for the
+  // completion thread, which may need the GIL to finish a Future callback.
+  commdist_c10d::ProcessGroupLibcomm::release_gil_while =
+      [](const std::function<void()>& wait) {
+        if (Py_IsInitialized() && PyGILState_Check()) {
+          py::gil_scoped_release released;
+          wait();
+        } else {
+          wait();
+        }
+      };
+
+  py::class_<commdist_c10d::ProcessGroupLibcomm,
+             c10::intrusive_ptr<commdist_c10d::ProcessGroupLibcomm>,
+             c10d::ProcessGroup>(module, "ProcessGroupLibcomm",
+                                 "torch.distributed's ProcessGroup over "
+                                 "libcomm's TCP backend (CPU tensors)")
+      .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int,
+                    std::chrono::milliseconds>(),
+           py::arg("store"), py::arg("rank"), py::arg("size"),
+           py::arg("timeout"), py::call_guard<py::gil_scoped_release>());
+
+  // torch.distributed's creator function: (store, rank, size, timeout).
+  // Joining the group blocks until every rank has; the GIL is released.
+  module.def(
+      "create_process_group",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         std::chrono::milliseconds timeout) {
+        return c10::make_intrusive<commdist_c10d::ProcessGroupLibcomm>(
+            store, rank, size, timeout);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,698 @@
+#include "process_group_libcomm.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
+
+#include <string>
+#include <utility>
+
+#include "libcomm/error.h"
+#include "torch_store.h"
+
+namespace commdist_c10d {
+namespace {
+
+std::string where(const char* call) {
+  return std::string("libcomm's torch backend, ") + call + ": ";
+}
+
+comm::DType dtype_of(const at::Tensor& tensor, const char* call) {
+  switch (tensor.scalar_type()) {
+    case at::kHalf: return comm::DType::kF16;
+    case at::kBFloat16: return comm::DType::kBF16;
+    case at::kFloat: return comm::DType::kF32;
+    case at::kDouble: return comm::DType::kF64;
+    case at::kChar: return comm::DType::kI8;
+    case at::kByte: return comm::DType::kU8;
+    case at::kInt: return comm::DType::kI32;
+    case at::kLong: return comm::DType::kI64;
+    case at::kBool: return comm::DType::kBool;
+    default:
+      throw comm::UnsupportedError(
+          where(call) + "dtype " +
+          std::string(c10::toString(tensor.scalar_type())) +
+          " is not supported: libcomm moves float16, bfloat16, float32, "
+          "float64, int8, uint8, int32, int64 and bool tensors (a complex "
+          "tensor can be passed as torch.view_as_real(tensor))");
+  }
+}
+
+comm::ReduceOp op_of(const c10d::ReduceOp& op, const char* call) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return comm::ReduceOp::kSum;
+    case c10d::ReduceOp::AVG: return comm::ReduceOp::kAvg;
+    case c10d::ReduceOp::PRODUCT: return comm::ReduceOp::kProduct;
+    case c10d::ReduceOp::MIN: return comm::ReduceOp::kMin;
+    case c10d::ReduceOp::MAX: return comm::ReduceOp::kMax;
+    case c10d::ReduceOp::BAND: return comm::ReduceOp::kBand;
+    case c10d::ReduceOp::BOR: return comm::ReduceOp::kBor;
+    case c10d::ReduceOp::BXOR: return comm::ReduceOp::kBxor;
+    case c10d::ReduceOp::PREMUL_SUM:
+      throw comm::UnsupportedError(
+          where(call) +
+          "PREMUL_SUM is not supported (it is NCCL's); multiply the tensor "
+          "by the factor and reduce with SUM");
+    default:
+      throw comm::UnsupportedError(where(call) + "reduce op " +
+                                   std::to_string(int(op.op_)) +
+                                   " is not supported");
+  }
+}
+
+void check_cpu(const at::Tensor& tensor, const char* call) {
+  if (!tensor.defined()) {
+    throw comm::InvalidArgument(where(call) + "a tensor is undefined");
+  }
+  if (tensor.layout() != at::kStrided) {
+    throw comm::UnsupportedError(where(call) +
+                                 "only dense (strided) tensors are supported");
+  }
+  if (!tensor.device().is_cpu()) {
+    throw comm::UnsupportedError(
+        where(call) + "the tensor is on " + tensor.device().str() +
+        "; this backend serves CPU tensors (use backend \"nccl\" for CUDA "
+        "tensors, or libcomm's own API)");
+  }
+}
+
+// Views a contiguous CPU tensor as a comm::Tensor without a copy. The view
+// keeps torch's storage alive (not the Python tensor object, so dropping
+// it never needs the GIL) until libcomm lets go of it.
+comm::Tensor view_of(const at::Tensor& tensor, const char* call) {
+  comm::DType dtype = dtype_of(tensor, call);
+  comm::Shape shape(tensor.sizes().begin(), tensor.sizes().end());
+  return comm::Tensor::from_blob(tensor.data_ptr(), shape, dtype,
+                                 comm::Device::cpu(),
+                                 [storage = tensor.storage()](void*) {});
+}
+
+// Builds the comm::Tensors of one call, staging non-contiguous tensors
+// through contiguous copies, and the epilogue that copies results back.
+class Staging {
+ public:
+  explicit Staging(const char* call) : call_(call) {}
+
+  comm::Tensor input(const at::Tensor& tensor) {
+    check_cpu(tensor, call_);
+    return view_of(tensor.contiguous(), call_);
+  }
+
+  comm::Tensor output(const at::Tensor& tensor) {
+    check_cpu(tensor, call_);
+    if (tensor.is_contiguous()) return view_of(tensor, call_);
+    at::Tensor staged = tensor.contiguous();
+    copy_back(tensor, staged);
+    return view_of(staged, call_);
+  }
+
+  // After the operation: `destination` receives `source` (of as many
+  // elements), reshaped to `destination`'s shape.
+  void copy_back(at::Tensor destination, at::Tensor source) {
+    copies_.emplace_back(std::move(destination), std::move(source));
+  }
+
+  std::function<void()> epilogue() {
+    if (copies_.empty()) return {};
+    return [copies = std::move(copies_)] {
+      for (const auto& [destination, source] : copies) {
+        destination.copy_(source.view(destination.sizes()));
+      }
+    };
+  }
+
+  // One flat contiguous tensor holding `tensors` one after another, all of
+  // one dtype, which is checked.
+  at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+    if (tensors.empty()) {
+      throw comm::InvalidArgument(where(call_) + "the tensor list is empty");
+    }
+    std::vector<at::Tensor> flat;
+    flat.reserve(tensors.size());
+    for (const at::Tensor& tensor : tensors) {
+      check_cpu(tensor, call_);
+      if (tensor.scalar_type() != tensors.front().scalar_type()) {
+        throw comm::InvalidArgument(
+            where(call_) + "the tensors must share one dtype; got " +
+            std::string(c10::toString(tensors.front().scalar_type())) +
+            " and " + std::string(c10::toString(tensor.scalar_type())));
+      }
+      flat.push_back(tensor.reshape({-1}));
+    }
+    return at::cat(flat);
+  }
+
+  // After the operation: the tensors receive `flat`'s elements from
+  // `offset` on, one after another.
+  void unflatten(const std::vector<at::Tensor>& tensors, const at::Tensor& flat,
+                 std::int64_t offset = 0) {
+    for (const at::Tensor& tensor : tensors) {
+      check_cpu(tensor, call_);
+      copy_back(tensor, flat.narrow(0, offset, tensor.numel()));
+      offset += tensor.numel();
+    }
+  }
+
+ private:
+  const char* call_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies_;
+};
+
+at::Tensor& single(std::vector<at::Tensor>& tensors, const char* call) {
+  if (tensors.size() != 1) {
+    throw comm::InvalidArgument(where(call) +
+                                "takes one tensor per rank, got " +
+                                std::to_string(tensors.size()) +
+                                " (libcomm serves one device per process)");
+  }
+  return tensors.front();
+}
+
+std::vector<at::Tensor>& per_rank(std::vector<std::vector<at::Tensor>>& lists,
+                                  int size, const char* call,
+                                  const char* what) {
+  if (lists.size() != 1 || lists.front().size() != std::size_t(size)) {
+    throw comm::InvalidArgument(where(call) + what + " must be one list of " +
+                                std::to_string(size) +
+                                " tensors (one per rank)");
+  }
+  return lists.front();
+}
+
+bool empty_lists(const std::vector<std::vector<at::Tensor>>& lists) {
+  for (const auto& list : lists) {
+    if (!list.empty()) return false;
+  }
+  return true;
+}
+
+void check_root(int64_t root_tensor, const char* call) {
+  if (root_tensor != 0) {
+    throw comm::InvalidArgument(where(call) +
+                                "rootTensor must be 0 (one tensor per rank)");
+  }
+}
+
+}  // namespace
+
+// ---- WorkLibcomm -----------------------------------------------------------
+
+WorkLibcomm::WorkLibcomm(int rank, c10d::OpType type,
+                         std::shared_ptr<comm::Work> work,
+                         std::vector<at::Tensor> outputs,
+                         std::function<void()> epilogue,
+                         std::shared_ptr<CompletionThread> completion)
+    : c10d::Work(rank, type),
+      work_(std::move(work)),
+      outputs_(std::move(outputs)),
+      epilogue_(std::move(epilogue)),
+      completion_(std::move(completion)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()))) {}
+
+WorkLibcomm::~WorkLibcomm() = default;
+
+void WorkLibcomm::complete() {
+  // Only the epilogue runs under the once-flag. The Future's callbacks (a
+  // DDP comm hook, in Python) run after it, on the first thread here, so
+  // that a thread that holds the GIL and asks isCompleted() never waits
+  // for a callback that needs the GIL.
+  std::exception_ptr error;
+  bool first = false;
+  std::call_once(complete_once_, [&] {
+    first = true;
+    error = work_->exception();
+    if (!error && epilogue_) {
+      try {
+        epilogue_();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    epilogue_ = nullptr;
+  });
+  if (!first) return;
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  finish(error);
+}
+
+void WorkLibcomm::complete_if_done() const {
+  // complete() only publishes what libcomm has already decided; it is
+  // const in what an observer can see.
+  if (work_->is_completed()) const_cast<WorkLibcomm*>(this)->complete();
+}
+
+bool WorkLibcomm::isCompleted() {
+  complete_if_done();
+  return c10d::Work::isCompleted();
+}
+
+bool WorkLibcomm::isSuccess() const {
+  complete_if_done();
+  return const_cast<WorkLibcomm*>(this)->c10d::Work::isCompleted() &&
+         c10d::Work::isSuccess();
+}
+
+std::exception_ptr WorkLibcomm::exception() const {
+  complete_if_done();
+  return c10d::Work::exception();
+}
+
+int WorkLibcomm::sourceRank() const {
+  if (opType_ != c10d::OpType::RECV && opType_ != c10d::OpType::RECVANYSOURCE) {
+    return c10d::Work::sourceRank();  // throws, as torch's Works do
+  }
+  return work_->source_rank();
+}
+
+std::vector<at::Tensor> WorkLibcomm::result() { return outputs_; }
+
+bool WorkLibcomm::wait(std::chrono::milliseconds timeout) {
+  try {
+    // Waiting at once runs the operation on this thread (libcomm's fast
+    // path); a failed operation throws here and again below.
+    work_->wait(timeout == ::kNoTimeout ? comm::Work::kNoTimeout : timeout);
+  } catch (...) {
+    if (!work_->is_completed()) throw;  // timed out; the operation goes on
+  }
+  complete();
+  return c10d::Work::wait(::kNoTimeout);
+}
+
+void WorkLibcomm::wait_for_libcomm() {
+  try {
+    work_->wait(comm::Work::kNoTimeout);
+  } catch (...) {
+    // The error is the operation's; complete() delivers it.
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkLibcomm::getFuture() {
+  if (!watched_.exchange(true)) {
+    if (work_->is_completed()) {
+      complete();
+    } else {
+      completion_->watch(c10::intrusive_ptr<WorkLibcomm>::reclaim_copy(this));
+    }
+  }
+  return future_;
+}
+
+// ---- CompletionThread ------------------------------------------------------
+
+std::shared_ptr<CompletionThread> CompletionThread::start() {
+  std::shared_ptr<CompletionThread> self(new CompletionThread());
+  self->thread_ = std::thread([self] { self->run(); });
+  return self;
+}
+
+void CompletionThread::watch(c10::intrusive_ptr<WorkLibcomm> work) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(work));
+  }
+  changed_.notify_one();
+}
+
+void CompletionThread::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  changed_.notify_one();
+  // A Future callback may drop the last reference to the group; the thread
+  // cannot join itself, and it ends on its own once the queue is empty.
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void CompletionThread::run() {
+  for (;;) {
+    c10::intrusive_ptr<WorkLibcomm> work;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      work = queue_.front();
+    }
+    work->wait_for_libcomm();
+    work->complete();
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.pop_front();
+  }
+}
+
+// ---- ProcessGroupLibcomm ---------------------------------------------------
+
+ProcessGroupLibcomm::ProcessGroupLibcomm(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout)
+    : c10d::ProcessGroup(rank, size),
+      group_(std::make_shared<comm::ProcessGroup>(
+          std::make_shared<TorchStore>(store, timeout), rank, size, "tcp",
+          timeout, "torch")),
+      completion_(CompletionThread::start()) {
+  init();
+}
+
+ProcessGroupLibcomm::~ProcessGroupLibcomm() {
+  // Shutting libcomm down completes every queued operation (with an error),
+  // so the completion thread drains and ends.
+  try {
+    group_->shutdown();
+  } catch (...) {
+  }
+  if (release_gil_while != nullptr) {
+    release_gil_while([this] { completion_->stop(); });
+  } else {
+    completion_->stop();
+  }
+}
+
+void (*ProcessGroupLibcomm::release_gil_while)(
+    const std::function<void()>& wait) = nullptr;
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::make_work(
+    c10d::OpType type, std::shared_ptr<comm::Work> work,
+    std::vector<at::Tensor> outputs, std::function<void()> epilogue) {
+  return c10::make_intrusive<WorkLibcomm>(getRank(), type, std::move(work),
+                                          std::move(outputs),
+                                          std::move(epilogue), completion_);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::broadcast(
+    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  constexpr const char* call = "broadcast";
+  check_root(opts.rootTensor, call);
+  Staging staging(call);
+  comm::Tensor tensor = staging.output(single(tensors, call));
+  auto work = group_->broadcast(
+      tensor, {.root = int(opts.rootRank), .timeout = opts.timeout});
+  return make_work(c10d::OpType::BROADCAST, std::move(work), tensors,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allreduce(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  constexpr const char* call = "allreduce";
+  Staging staging(call);
+  comm::Tensor tensor = staging.output(single(tensors, call));
+  auto work = group_->all_reduce(
+      tensor, {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+  return make_work(c10d::OpType::ALLREDUCE, std::move(work), tensors,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors,
+    const c10d::AllreduceCoalescedOptions& opts) {
+  constexpr const char* call = "allreduce_coalesced";
+  Staging staging(call);
+  at::Tensor flat = staging.flatten(tensors);
+  staging.unflatten(tensors, flat);
+  comm::Tensor tensor = view_of(flat, call);
+  auto work = group_->all_reduce(
+      tensor, {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+  return make_work(c10d::OpType::ALLREDUCE_COALESCED, std::move(work), tensors,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce(
+    std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  constexpr const char* call = "reduce";
+  check_root(opts.rootTensor, call);
+  Staging staging(call);
+  comm::Tensor tensor = staging.output(single(tensors, call));
+  auto work = group_->reduce(tensor, {.root = int(opts.rootRank),
+                                      .op = op_of(opts.reduceOp, call),
+                                      .timeout = opts.timeout});
+  return make_work(c10d::OpType::REDUCE, std::move(work), tensors,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  constexpr const char* call = "allgather";
+  Staging staging(call);
+  comm::Tensor input = staging.input(single(inputs, call));
+  std::vector<at::Tensor>& targets =
+      per_rank(outputs, getSize(), call, "the output");
+  std::vector<comm::Tensor> views;
+  views.reserve(targets.size());
+  for (const at::Tensor& target : targets)
+    views.push_back(staging.output(target));
+  auto work = group_->all_gather(views, input, {.timeout = opts.timeout});
+  return make_work(c10d::OpType::ALLGATHER, std::move(work), targets,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  constexpr const char* call = "_allgather_base";
+  Staging staging(call);
+  comm::Tensor in = staging.input(input);
+  comm::Tensor out = staging.output(output);
+  auto work = group_->all_gather_into(out, in, {.timeout = opts.timeout});
+  return make_work(c10d::OpType::_ALLGATHER_BASE, std::move(work), {output},
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  constexpr const char* call = "allgather_coalesced";
+  Staging staging(call);
+  at::Tensor flat_input = staging.flatten(inputs);
+  if (outputs.size() != std::size_t(getSize())) {
+    throw comm::InvalidArgument(
+        where(call) + "the output must hold " + std::to_string(getSize()) +
+        " lists (one per rank), got " + std::to_string(outputs.size()));
+  }
+  std::vector<at::Tensor> results;
+  for (std::size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size()) {
+      throw comm::InvalidArgument(
+          where(call) + "output list " + std::to_string(r) + " holds " +
+          std::to_string(outputs[r].size()) + " tensors; the input list " +
+          std::to_string(inputs.size()));
+    }
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      if (outputs[r][i].numel() != inputs[i].numel() ||
+          outputs[r][i].scalar_type() != inputs[i].scalar_type()) {
+        throw comm::InvalidArgument(
+            where(call) + "output " + std::to_string(r) + "[" +
+            std::to_string(i) + "] differs from input " + std::to_string(i) +
+            " in element count or dtype");
+      }
+    }
+  }
+  at::Tensor flat_output =
+      flat_input.new_empty({flat_input.numel() * getSize()});
+  for (std::size_t r = 0; r < outputs.size(); ++r) {
+    staging.unflatten(outputs[r], flat_output, r * flat_input.numel());
+    results.insert(results.end(), outputs[r].begin(), outputs[r].end());
+  }
+  comm::Tensor in = view_of(flat_input, call);
+  comm::Tensor out = view_of(flat_output, call);
+  auto work = group_->all_gather_into(out, in, {.timeout = opts.timeout});
+  return make_work(c10d::OpType::ALLGATHER_COALESCED, std::move(work),
+                   std::move(results), staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::gather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  constexpr const char* call = "gather";
+  Staging staging(call);
+  comm::Tensor input = staging.input(single(inputs, call));
+  std::vector<comm::Tensor> views;
+  std::vector<at::Tensor> results;
+  if (opts.rootRank == getRank()) {
+    results = per_rank(outputs, getSize(), call, "the root's output");
+    for (const at::Tensor& target : results) {
+      views.push_back(staging.output(target));
+    }
+  } else if (!empty_lists(outputs)) {
+    throw comm::InvalidArgument(where(call) +
+                                "only the root rank passes output tensors");
+  }
+  auto work = group_->gather(
+      views, input, {.root = int(opts.rootRank), .timeout = opts.timeout});
+  return make_work(c10d::OpType::GATHER, std::move(work), std::move(results),
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  constexpr const char* call = "scatter";
+  Staging staging(call);
+  comm::Tensor output = staging.output(single(outputs, call));
+  std::vector<comm::Tensor> views;
+  if (opts.rootRank == getRank()) {
+    for (const at::Tensor& source :
+         per_rank(inputs, getSize(), call, "the root's input")) {
+      views.push_back(staging.input(source));
+    }
+  } else if (!empty_lists(inputs)) {
+    throw comm::InvalidArgument(where(call) +
+                                "only the root rank passes input tensors");
+  }
+  auto work = group_->scatter(
+      output, views, {.root = int(opts.rootRank), .timeout = opts.timeout});
+  return make_work(c10d::OpType::SCATTER, std::move(work), outputs,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce_scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* call = "reduce_scatter";
+  Staging staging(call);
+  comm::Tensor output = staging.output(single(outputs, call));
+  std::vector<comm::Tensor> views;
+  for (const at::Tensor& source :
+       per_rank(inputs, getSize(), call, "the input")) {
+    views.push_back(staging.input(source));
+  }
+  auto work = group_->reduce_scatter(
+      output, views,
+      {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+  return make_work(c10d::OpType::REDUCE_SCATTER, std::move(work), outputs,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input,
+    const c10d::ReduceScatterOptions& opts) {
+  constexpr const char* call = "_reduce_scatter_base";
+  Staging staging(call);
+  comm::Tensor out = staging.output(output);
+  check_cpu(input, call);
+  if (input.numel() != output.numel() * getSize()) {
+    throw comm::InvalidArgument(
+        where(call) + "the input holds " + std::to_string(input.numel()) +
+        " elements; it must hold the output's " +
+        std::to_string(output.numel()) + " times the group's size " +
+        std::to_string(getSize()));
+  }
+  at::Tensor flat = input.contiguous().view({-1});
+  std::vector<comm::Tensor> views;
+  for (int r = 0; r < getSize(); ++r) {
+    views.push_back(view_of(
+        flat.narrow(0, r * output.numel(), output.numel()).view(output.sizes()),
+        call));
+  }
+  auto work = group_->reduce_scatter(
+      out, views, {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+  return make_work(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(work),
+                   {output}, staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::alltoall_base(
+    at::Tensor& output, at::Tensor& input,
+    std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes,
+    const c10d::AllToAllOptions& opts) {
+  constexpr const char* call = "alltoall_base";
+  Staging staging(call);
+  comm::Tensor in = staging.input(input);
+  comm::Tensor out = staging.output(output);
+  auto work = group_->all_to_all(out, in,
+                                 {.input_split_sizes = input_split_sizes,
+                                  .output_split_sizes = output_split_sizes,
+                                  .timeout = opts.timeout});
+  return make_work(c10d::OpType::ALLTOALL_BASE, std::move(work), {output},
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::alltoall(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllToAllOptions& opts) {
+  constexpr const char* call = "alltoall";
+  if (outputs.size() != std::size_t(getSize()) ||
+      inputs.size() != std::size_t(getSize())) {
+    throw comm::InvalidArgument(
+        where(call) + "takes one input and one output tensor per rank (" +
+        std::to_string(getSize()) + "), got " + std::to_string(inputs.size()) +
+        " and " + std::to_string(outputs.size()));
+  }
+  Staging staging(call);
+  at::Tensor flat_input = staging.flatten(inputs);
+  std::vector<int64_t> input_splits;
+  std::vector<int64_t> output_splits;
+  int64_t output_numel = 0;
+  for (int r = 0; r < getSize(); ++r) {
+    input_splits.push_back(inputs[r].numel());
+    output_splits.push_back(outputs[r].numel());
+    output_numel += outputs[r].numel();
+    if (outputs[r].scalar_type() != flat_input.scalar_type()) {
+      throw comm::InvalidArgument(where(call) +
+                                  "the outputs must have the inputs' dtype");
+    }
+  }
+  at::Tensor flat_output = flat_input.new_empty({output_numel});
+  staging.unflatten(outputs, flat_output);
+  comm::Tensor in = view_of(flat_input, call);
+  comm::Tensor out = view_of(flat_output, call);
+  auto work =
+      group_->all_to_all(out, in,
+                         {.input_split_sizes = std::move(input_splits),
+                          .output_split_sizes = std::move(output_splits),
+                          .timeout = opts.timeout});
+  return make_work(c10d::OpType::ALLTOALL, std::move(work), outputs,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::send(
+    std::vector<at::Tensor>& tensors, int dst, int tag) {
+  constexpr const char* call = "send";
+  Staging staging(call);
+  comm::Tensor tensor = staging.input(single(tensors, call));
+  auto work = group_->isend(tensor, dst, {.tag = tag});
+  return make_work(c10d::OpType::SEND, std::move(work), tensors);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::recv(
+    std::vector<at::Tensor>& tensors, int src, int tag) {
+  constexpr const char* call = "recv";
+  Staging staging(call);
+  comm::Tensor tensor = staging.output(single(tensors, call));
+  auto work = group_->irecv(tensor, src, {.tag = tag});
+  return make_work(c10d::OpType::RECV, std::move(work), tensors,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::recvAnysource(
+    std::vector<at::Tensor>& tensors, int tag) {
+  constexpr const char* call = "recvAnysource";
+  Staging staging(call);
+  comm::Tensor tensor = staging.output(single(tensors, call));
+  auto work = group_->irecv(tensor, comm::kAnySource, {.tag = tag});
+  return make_work(c10d::OpType::RECVANYSOURCE, std::move(work), tensors,
+                   staging.epilogue());
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::barrier(
+    const c10d::BarrierOptions& opts) {
+  auto work = group_->barrier({.timeout = opts.timeout});
+  return make_work(c10d::OpType::BARRIER, std::move(work), {});
+}
+
+void ProcessGroupLibcomm::monitoredBarrier(const c10d::BarrierOptions& opts,
+                                           bool /*wait_all_ranks*/) {
+  group_->barrier({.timeout = opts.timeout})->wait();
+}
+
+}  // namespace commdist_c10d

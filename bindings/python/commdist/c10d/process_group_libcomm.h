@@ -1,0 +1,197 @@
+// commdist_c10d::ProcessGroupLibcomm: a c10d::ProcessGroup (PyTorch 1.13's
+// interface) over a comm::ProcessGroup, registered with torch.distributed
+// as the backend "libcomm" by `import commdist.c10d`.
+//
+// Every call checks and translates its arguments on the caller's thread,
+// hands the operation to libcomm and returns at once with a WorkLibcomm.
+// The tensors are torch's own CPU memory viewed as comm::Tensor without a
+// copy; the exceptions are a non-contiguous tensor (staged through a
+// contiguous copy and copied back when the operation completes) and the
+// calls that take lists (coalesced, alltoall, allgather_coalesced), which
+// are flattened into one buffer and split again afterwards. The staging
+// copies are what gloo makes for the same calls.
+//
+// Threads: torch's Python bindings release the GIL before calling here, and
+// nothing below touches a Python object, so libcomm works without the GIL.
+// A caller that waits on its Work runs the operation on its own thread, as
+// libcomm's ProcessGroup allows. A Work whose Future is asked for (DDP's
+// reducer asks for every bucket's) is also watched by the group's
+// completion thread, which completes the Future, and runs the Future's
+// callbacks, as soon as libcomm completes the operation.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "libcomm/distributed/process_group.h"
+
+namespace commdist_c10d {
+
+class CompletionThread;
+
+// A libcomm operation seen as a c10d::Work. Complete (isCompleted() true,
+// the Future set) only once libcomm's Work is and the results are in the
+// caller's tensors. wait(timeout) throws, without completing, when the
+// operation is still running after `timeout`; an operation that failed
+// rethrows libcomm's error, whose message names the rank, the call and
+// its sequence number.
+class WorkLibcomm final : public c10d::Work {
+ public:
+  // `epilogue` runs once after libcomm's operation succeeds, before the
+  // Work completes: it copies results out of staging buffers. `outputs` is
+  // what result() and the Future give.
+  WorkLibcomm(int rank, c10d::OpType type, std::shared_ptr<comm::Work> work,
+              std::vector<at::Tensor> outputs, std::function<void()> epilogue,
+              std::shared_ptr<CompletionThread> completion);
+  ~WorkLibcomm() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  int sourceRank() const override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+  // Blocks until libcomm's operation is complete, whatever its outcome.
+  void wait_for_libcomm();
+  // Once libcomm's operation is complete: runs the epilogue, then completes
+  // the Future and this Work. Only the first call does anything.
+  void complete();
+
+ private:
+  // complete() when libcomm's operation is done; for the const observers.
+  void complete_if_done() const;
+
+  const std::shared_ptr<comm::Work> work_;
+  const std::vector<at::Tensor> outputs_;
+  std::function<void()> epilogue_;  // cleared by complete()
+  const std::shared_ptr<CompletionThread> completion_;
+  const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::once_flag complete_once_;
+  std::atomic<bool> watched_{false};
+};
+
+// The thread that completes watched Works in the order they were handed
+// over, which is the order libcomm runs them in for collectives. It owns
+// itself (its body holds a shared_ptr), so a thread that drops the last
+// reference from inside a Future callback can leave it detached.
+class CompletionThread : public std::enable_shared_from_this<CompletionThread> {
+ public:
+  static std::shared_ptr<CompletionThread> start();
+  void watch(c10::intrusive_ptr<WorkLibcomm> work);
+  // Waits until every watched Work is complete (the group shuts libcomm
+  // down first, which completes them all) and the thread has ended. The
+  // thread may need the GIL to run a Future's Python callbacks (DDP's comm
+  // hooks) and drop their references, so the caller must not hold it.
+  void stop();
+
+ private:
+  CompletionThread() = default;
+  void run();
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<c10::intrusive_ptr<WorkLibcomm>> queue_;  // under mutex_
+  bool stopping_ = false;                              // under mutex_
+  std::thread thread_;
+};
+
+class ProcessGroupLibcomm final : public c10d::ProcessGroup {
+ public:
+  // Joins the job through `store` (blocking until every rank of the group
+  // has); `timeout` is every operation's default timeout.
+  ProcessGroupLibcomm(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                      int size, std::chrono::milliseconds timeout);
+  ~ProcessGroupLibcomm() override;
+
+  // Runs `wait` (which blocks until the completion thread has ended) with
+  // the GIL released when the calling thread holds it; set by module.cpp,
+  // the one file that knows Python. Without it `wait` just runs.
+  static void (*release_gil_while)(const std::function<void()>& wait);
+
+  const std::string getBackendName() const override { return "libcomm"; }
+  const std::shared_ptr<comm::ProcessGroup>& group() const { return group_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input,
+      std::vector<int64_t>& output_split_sizes,
+      std::vector<int64_t>& input_split_sizes,
+      const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts) override;
+  // A barrier within `opts.timeout`; a rank that does not arrive fails it
+  // on every rank with libcomm's error naming that rank. (libcomm learns
+  // which rank it is from the broken connection or the timeout, so
+  // wait_all_ranks changes nothing.)
+  void monitoredBarrier(const c10d::BarrierOptions& opts,
+                        bool wait_all_ranks) override;
+
+ private:
+  c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type,
+                                           std::shared_ptr<comm::Work> work,
+                                           std::vector<at::Tensor> outputs,
+                                           std::function<void()> epilogue = {});
+
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::shared_ptr<CompletionThread> completion_;
+};
+
+}  // namespace commdist_c10d

@@ -1,0 +1,356 @@
+"""One rank of a torch.distributed test of the "libcomm" backend.
+
+    torch_worker.py SCENARIO BACKEND INIT_METHOD OUT_DIR [VARIANT]
+
+RANK and WORLD_SIZE come from the environment (MASTER_ADDR and MASTER_PORT
+too for env://). The same scenario runs on "gloo" and on "libcomm"; each
+rank saves what it computed to OUT_DIR/rank<R>.pt with torch.save, and the
+test compares the two backends' files bit for bit. A scenario that expects
+an error saves the error's message and how long it took to arrive.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import commdist.c10d  # noqa: F401  (registers "libcomm")
+
+RANK = int(os.environ["RANK"])
+WORLD = int(os.environ["WORLD_SIZE"])
+
+
+def init(backend, init_method):
+    if init_method == "env://":
+        dist.init_process_group(backend, init_method="env://")
+    else:
+        dist.init_process_group(backend, init_method=init_method, rank=RANK,
+                                world_size=WORLD)
+    assert dist.get_rank() == RANK and dist.get_world_size() == WORLD
+    assert dist.get_backend() == backend, dist.get_backend()
+
+
+# ---- DDP: the tutorial's ToyModel ---------------------------------------
+
+
+class ToyModel(nn.Module):
+    """The DDP tutorial's model, with an optional branch that the forward
+    pass never uses (for find_unused_parameters)."""
+
+    def __init__(self, unused_branch=False):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+        if unused_branch:
+            self.unused = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def batch(step):
+    generator = torch.Generator().manual_seed(1000 * step + RANK)
+    return (torch.randn(20, 10, generator=generator),
+            torch.randn(20, 5, generator=generator))
+
+
+def train(model, optimizer, steps, first_step, variant):
+    loss_fn = nn.MSELoss()
+    for step in range(first_step, first_step + steps):
+        inputs, labels = batch(step)
+        optimizer.zero_grad()
+        if variant == "no_sync" and step % 2 == 0:
+            # Accumulate this step's gradients locally; the next step's
+            # backward synchronizes both.
+            with model.no_sync():
+                loss_fn(model(inputs), labels).backward()
+            inputs, labels = batch(step + 500)
+        loss_fn(model(inputs), labels).backward()
+        optimizer.step()
+
+
+def scenario_ddp(out_dir, variant):
+    torch.manual_seed(RANK)  # DDP must broadcast rank 0's parameters
+    model = ToyModel(unused_branch=variant == "find_unused")
+    options = {}
+    if variant == "find_unused":
+        options["find_unused_parameters"] = True
+    if variant == "bucket_view":
+        options["gradient_as_bucket_view"] = True
+    if variant == "static_graph":
+        options["static_graph"] = True
+    ddp = DDP(model, bucket_cap_mb=0.0001, **options)  # several buckets
+    if variant == "allreduce_hook":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    if variant == "fp16_hook":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    optimizer = optim.SGD(ddp.parameters(), lr=0.01)
+    train(ddp, optimizer, 6, 0, variant)
+
+    # The tutorial's checkpoint: saved on rank 0, loaded on every rank.
+    checkpoint = os.path.join(out_dir, "checkpoint.pt")
+    if RANK == 0:
+        torch.save(ddp.state_dict(), checkpoint)
+    dist.barrier()
+    ddp.load_state_dict(torch.load(checkpoint, map_location="cpu"))
+    train(ddp, optimizer, 6, 6, variant)
+    state = {name: p.detach().clone() for name, p in ddp.named_parameters()}
+    torch.save(state, os.path.join(out_dir, f"rank{RANK}.pt"))
+
+
+# ---- Every collective on the same inputs --------------------------------
+
+
+def data(salt, count=7, dtype=torch.float32, rank=RANK):
+    values = (torch.arange(count, dtype=torch.float64) * (rank + 1) + rank +
+              salt) % 5 + 1
+    if dtype == torch.bool:
+        return (values.to(torch.int64) % 2).to(torch.bool)
+    if dtype.is_floating_point:
+        values = values / 3  # not exact in binary, so order would show
+    return values.to(dtype)
+
+
+def attempt(results, key, run):
+    """Records run()'s result under `key`, or None when the backend does
+    not support the call (gloo lacks some), so the test compares what both
+    have and checks libcomm's other results against references."""
+    try:
+        results[key] = run()
+    except RuntimeError as error:
+        if not any(text in str(error) for text in [
+                "does not support", "not supported", "no support for",
+                "Invalid scalar type"]):
+            raise
+        results[key] = None
+
+
+def scenario_collectives(out_dir, _variant):
+    results = {}
+    float_ops = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
+                 "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    int_ops = dict(float_ops, band=dist.ReduceOp.BAND,
+                   bor=dist.ReduceOp.BOR, bxor=dist.ReduceOp.BXOR)
+    dtypes = {"f32": torch.float32, "f64": torch.float64,
+              "bf16": torch.bfloat16, "f16": torch.float16,
+              "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8,
+              "i8": torch.int8}
+    for dname, dtype in dtypes.items():
+        ops = float_ops if dtype.is_floating_point else int_ops
+        for oname, op in ops.items():
+            tensor = data(1, 33, dtype)
+            attempt(results, f"all_reduce/{dname}/{oname}",
+                    lambda: dist.all_reduce(tensor, op=op) or tensor)
+            for root in range(WORLD):
+                tensor = data(2, 5, dtype)
+                attempt(results, f"reduce/{dname}/{oname}/{root}",
+                        lambda: dist.reduce(tensor, dst=root, op=op) or
+                        (tensor if RANK == root else "not the root"))
+    # A non-contiguous tensor: staged through a copy and copied back.
+    wide = data(3, 24).view(4, 6)
+    column = wide[:, 1]
+    dist.all_reduce(column)
+    results["all_reduce/non_contiguous"] = wide
+    # async_op, Work.wait and the Future's value.
+    tensor = data(4, 9)
+    work = dist.all_reduce(tensor, async_op=True)
+    future_value = work.get_future().wait()
+    work.wait()
+    assert work.is_completed() and work.is_success()
+    results["all_reduce/async"] = tensor
+    results["all_reduce/future"] = future_value[0]
+    coalesced = [data(5, 4), data(6, 6).view(2, 3)]
+    dist.all_reduce_coalesced(coalesced)
+    results["all_reduce_coalesced"] = coalesced
+    for root in range(WORLD):
+        tensor = data(7 + root, 11)
+        dist.broadcast(tensor, src=root)
+        results[f"broadcast/{root}"] = tensor
+    gathered = [torch.zeros(6) for _ in range(WORLD)]
+    dist.all_gather(gathered, data(8, 6))
+    results["all_gather"] = gathered
+    flat = torch.zeros(WORLD * 6)
+    attempt(results, "all_gather_into_tensor",
+            lambda: dist.all_gather_into_tensor(flat, data(9, 6)) or flat)
+    outputs = [[torch.zeros(3), torch.zeros(2, 2)] for _ in range(WORLD)]
+    attempt(results, "all_gather_coalesced", lambda: dist.all_gather_coalesced(
+        outputs, [data(10, 3), data(11, 4).view(2, 2)]) or outputs)
+    for root in range(WORLD):
+        targets = [torch.zeros(5) for _ in range(WORLD)] if RANK == root \
+            else None
+        dist.gather(data(12, 5), gather_list=targets, dst=root)
+        results[f"gather/{root}"] = targets
+        target = torch.zeros(5)
+        sources = [data(13 + r, 5) for r in range(WORLD)] if RANK == root \
+            else None
+        dist.scatter(target, scatter_list=sources, src=root)
+        results[f"scatter/{root}"] = target
+    target = torch.zeros(4)
+    attempt(results, "reduce_scatter", lambda: dist.reduce_scatter(
+        target, [data(20 + r, 4) for r in range(WORLD)]) or target)
+    target = torch.zeros(4)
+    attempt(results, "reduce_scatter_tensor",
+            lambda: dist.reduce_scatter_tensor(
+                target, data(30, 4 * WORLD)) or target)
+    target = torch.zeros(2 * WORLD)
+    dist.all_to_all_single(target, data(40, 2 * WORLD))
+    results["all_to_all_single"] = target
+    # Uneven splits: rank r sends r + s + 1 elements to rank s.
+    in_splits = [RANK + s + 1 for s in range(WORLD)]
+    out_splits = [r + RANK + 1 for r in range(WORLD)]
+    target = torch.zeros(sum(out_splits))
+    dist.all_to_all_single(target, data(41, sum(in_splits)),
+                           output_split_sizes=out_splits,
+                           input_split_sizes=in_splits)
+    results["all_to_all_single/splits"] = target
+    targets = [torch.zeros(RANK + r + 1) for r in range(WORLD)]
+    attempt(results, "all_to_all", lambda: dist.all_to_all(
+        targets, [data(50 + s, RANK + s + 1) for s in range(WORLD)]) or targets)
+    # Point to point in a ring, blocking and not, then from any source.
+    right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    target = torch.zeros(8)
+    if RANK % 2 == 0:
+        dist.send(data(60, 8), dst=right)
+        dist.recv(target, src=left)
+    else:
+        dist.recv(target, src=left)
+        dist.send(data(60, 8), dst=right)
+    results["send_recv"] = target
+    target = torch.zeros(8)
+    requests = [dist.isend(data(61, 8), dst=right, tag=7),
+                dist.irecv(target, src=left, tag=7)]
+    for request in requests:
+        request.wait()
+    results["isend_irecv"] = target
+    if RANK == 0:
+        sources = set()
+        for _ in range(WORLD - 1):
+            target = torch.zeros(3)
+            sources.add(dist.recv(target))
+            results[f"recv_any/{int(target[0])}"] = target
+        results["recv_any/sources"] = sorted(sources)
+    else:
+        dist.send(torch.full((3,), float(RANK)), dst=0)
+    dist.barrier()
+    # The object collectives.
+    gathered = [None] * WORLD
+    dist.all_gather_object(gathered, {"rank": RANK, "list": [RANK] * RANK})
+    results["all_gather_object"] = gathered
+    objects = [{"from": RANK, "x": 1.5}, "text"] if RANK == 0 else [None, None]
+    dist.broadcast_object_list(objects, src=0)
+    results["broadcast_object_list"] = objects
+    gathered = [None] * WORLD if RANK == 0 else None
+    dist.gather_object(("rank", RANK), gathered, dst=0)
+    results["gather_object"] = gathered
+    received = [None]
+    dist.scatter_object_list(received, [f"for {r}" for r in range(WORLD)]
+                             if RANK == 0 else None, src=0)
+    results["scatter_object_list"] = received
+    torch.save(results, os.path.join(out_dir, f"rank{RANK}.pt"))
+
+
+# ---- Subgroups, failures, errors -----------------------------------------
+
+
+def scenario_new_group(out_dir, _variant):
+    results = {}
+    evens = dist.new_group([r for r in range(WORLD) if r % 2 == 0],
+                           backend="libcomm")
+    everyone = dist.new_group(list(range(WORLD)), backend="libcomm")
+    tensor = data(70, 6)
+    dist.all_reduce(tensor, group=everyone)
+    results["everyone"] = tensor
+    if RANK % 2 == 0:
+        assert dist.get_backend(evens) == "libcomm", dist.get_backend(evens)
+        tensor = data(71, 6)
+        dist.all_reduce(tensor, group=evens)
+        results["evens"] = tensor
+    dist.barrier()
+    torch.save(results, os.path.join(out_dir, f"rank{RANK}.pt"))
+
+
+def save_error(out_dir, error, started):
+    with open(os.path.join(out_dir, f"rank{RANK}.error"), "w") as out:
+        # The exception's classes: libcomm's errors are RuntimeErrors, as
+        # torch's are, and commdist's classes when commdist is imported.
+        kinds = ",".join(kind.__name__ for kind in type(error).__mro__)
+        out.write(f"{time.monotonic() - started:.3f}\n{kinds}\n{error}")
+
+
+def scenario_kill(out_dir, _variant):
+    """Rank WORLD-1 exits hard in its 5th step; the others must raise."""
+    torch.manual_seed(0)
+    ddp = DDP(ToyModel())
+    optimizer = optim.SGD(ddp.parameters(), lr=0.01)
+    loss_fn = nn.MSELoss()
+    started = None
+    try:
+        for step in range(1000):
+            if step == 5:
+                if RANK == WORLD - 1:
+                    os._exit(17)
+                started = time.monotonic()
+            inputs, labels = batch(step)
+            optimizer.zero_grad()
+            loss_fn(ddp(inputs), labels).backward()
+            optimizer.step()
+    except RuntimeError as error:
+        save_error(out_dir, error, started or time.monotonic())
+        os._exit(0)
+    raise AssertionError("training went on without the killed rank")
+
+
+def scenario_mismatch(out_dir, _variant):
+    """Rank 0 all-reduces 10 elements, the others 11."""
+    tensor = torch.ones(10 if RANK == 0 else 11)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(tensor)
+    except RuntimeError as error:
+        save_error(out_dir, error, started)
+        os._exit(0)
+    raise AssertionError("the mismatched all_reduce succeeded")
+
+
+def scenario_unsupported(out_dir, _variant):
+    """What libcomm cannot do fails at the call, on this rank only, with
+    a message that says what; the group stays usable."""
+    messages = {}
+    for key, run in {
+        # torch.distributed's all_reduce views complex tensors as real
+        # ones; a direct call hands the complex tensor to the backend.
+        "complex": lambda: dist.distributed_c10d._get_default_group()
+        .broadcast([torch.ones(4, dtype=torch.cfloat)]).wait(),
+        "int16": lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)),
+        "premul_sum": lambda: dist.all_reduce(
+            torch.ones(4), op=dist._make_nccl_premul_sum(2.0)),
+    }.items():
+        try:
+            run()
+            messages[key] = None
+        except (RuntimeError, ValueError) as error:
+            messages[key] = str(error)
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+    messages["after"] = tensor.tolist()
+    torch.save(messages, os.path.join(out_dir, f"rank{RANK}.pt"))
+
+
+def main():
+    scenario, backend, init_method, out_dir = sys.argv[1:5]
+    variant = sys.argv[5] if len(sys.argv) > 5 else ""
+    init(backend, init_method)
+    globals()["scenario_" + scenario](out_dir, variant)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
