@@ -92,8 +92,13 @@ int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
 }
 
 Exchange::Exchange(Mesh& mesh, const CallInfo& call,
-                   detail::Clock::time_point deadline, int wake_fd)
-    : mesh_(mesh), call_(call), deadline_(deadline), wake_fd_(wake_fd) {
+                   detail::Clock::time_point deadline, int wake_fd,
+                   ControlChannel* control)
+    : mesh_(mesh),
+      call_(call),
+      deadline_(deadline),
+      wake_fd_(wake_fd),
+      control_(control) {
   transfers_.reserve(2);  // most steps send one message and receive one
 }
 
@@ -188,13 +193,20 @@ void Exchange::run() {
     if (transfers_[i].kind == Transfer::Kind::kRecv) advance(i);
   }
   std::vector<pollfd> fds;
-  std::vector<int> owner;  // per pollfd: transfer index, or -1 - peer (control)
+  // Per pollfd: a transfer's index, kAlarm (the control channel) or kWake.
+  constexpr int kAlarm = -1;
+  constexpr int kWake = -2;
+  std::vector<int> owner;
   // Polling without sleeping lasts until spin_until: one budget after the
   // step began, and again after each round that found a socket ready, so
   // that a long transfer whose bytes keep coming does not sleep between
   // them, while a peer that sends nothing costs one budget.
   const auto budget = spin_budget();
   auto spin_until = detail::Clock::now() + budget;
+  // When to ask the peers still owed which call they are in: kFirstQuery
+  // after the last bytes moved, then at doubling intervals.
+  auto query_interval = kFirstQuery;
+  auto next_query = detail::Clock::now() + query_interval;
   // Bounded by the deadline: every round waits in poll until a socket is
   // ready (without sleeping until spin_until), then moves what it can.
   while (true) {
@@ -213,30 +225,42 @@ void Exchange::run() {
       owner.push_back(static_cast<int>(i));
     }
     if (fds.empty()) return;
-    std::vector<int> control_peers;
-    watch_control(fds, control_peers);
-    for (int peer : control_peers) owner.push_back(-1 - peer);
+    if (control_ != nullptr) {
+      fds.push_back({control_->alarm_fd(), POLLIN, 0});
+      owner.push_back(kAlarm);
+    }
     if (wake_fd_ >= 0) {
       fds.push_back({wake_fd_, POLLIN, 0});
-      owner.push_back(INT32_MIN);
+      owner.push_back(kWake);
     }
-    const bool spinning =
-        budget.count() > 0 && detail::Clock::now() < spin_until;
+    const auto now = detail::Clock::now();
+    const bool spinning = budget.count() > 0 && now < spin_until;
+    const bool asking = control_ != nullptr;
     const int ready =
-        ::poll(fds.data(), fds.size(), spinning ? 0 : remaining_ms(deadline_));
+        ::poll(fds.data(), fds.size(),
+               spinning ? 0
+                        : remaining_ms(asking ? std::min(deadline_, next_query)
+                                              : deadline_));
     if (ready < 0) {
       if (errno == EINTR) continue;
       throw SystemError(errno, "poll");
     }
     if (ready == 0) {
-      if (detail::Clock::now() >= deadline_) time_out({});
+      const auto later = detail::Clock::now();
+      if (later >= deadline_) time_out({});
+      if (asking && later >= next_query) {
+        for (int peer : owed_peers()) control_->query(peer, call_);
+        query_interval = std::min(query_interval * 2, kMaxQuery);
+        next_query = later + query_interval;
+      }
       if (spinning) sched_yield();
       continue;
     }
+    bool moved = false;  // a transfer's socket was ready
     // The transfers' entries come first. Once they are all done, this step
-    // has succeeded: a report waiting on a control channel then belongs
-    // to a later call (a peer that went ahead and failed there), and is
-    // left for that call to read rather than failing this one.
+    // has succeeded: what the control channel's alarm announces then
+    // belongs to a later call (a peer that went ahead and failed there),
+    // or fails this call when the backend checks it as the call ends.
     for (std::size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       if (owner[k] < 0 &&
@@ -244,18 +268,23 @@ void Exchange::run() {
                       [](const Transfer& t) { return t.done(); })) {
         return;
       }
-      if (owner[k] == INT32_MIN) {
+      if (owner[k] == kWake) {
         throw BackendError(
             call_.describe() +
             " was interrupted: the process group is shutting down");
       }
-      if (owner[k] < 0) {
-        read_control(-1 - owner[k]);
+      if (owner[k] == kAlarm) {
+        read_control();
         continue;
       }
       advance(static_cast<std::size_t>(owner[k]));
+      moved = true;
     }
     spin_until = detail::Clock::now() + budget;
+    if (moved) {
+      query_interval = kFirstQuery;
+      next_query = spin_until + query_interval;
+    }
   }
 }
 
@@ -409,80 +438,17 @@ void Exchange::check_header(const Transfer& t) {
   }
 }
 
-void Exchange::watch_control(std::vector<pollfd>& fds,
-                             std::vector<int>& peers) const {
-  for (int peer = 0; peer < mesh_.size(); ++peer) {
-    if (peer == mesh_.rank()) continue;
-    const int fd = mesh_.socket(peer, Channel::kControl).fd();
-    if (fd >= 0) {
-      fds.push_back({fd, POLLIN, 0});
-      peers.push_back(peer);
-    }
-  }
-}
-
 void Exchange::read_pending_control(std::chrono::milliseconds grace) {
-  std::vector<pollfd> fds;
-  std::vector<int> peers;
-  watch_control(fds, peers);
-  if (fds.empty() ||
-      ::poll(fds.data(), fds.size(), static_cast<int>(grace.count())) <= 0) {
-    return;
-  }
-  for (std::size_t k = 0; k < fds.size(); ++k) {
-    if (fds[k].revents != 0) read_control(peers[k]);
-  }
+  if (control_ == nullptr) return;
+  pollfd alarm{control_->alarm_fd(), POLLIN, 0};
+  if (::poll(&alarm, 1, static_cast<int>(grace.count())) > 0) read_control();
 }
 
-std::optional<Exchange::Report> Exchange::read_report(int peer) {
-  detail::Socket& socket = mesh_.socket(peer, Channel::kControl);
-  std::uint8_t prefix[ControlMessage::kPrefixSize];
-  const ssize_t n =
-      ::recv(socket.fd(), prefix, sizeof(prefix), MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0 || (n < 0 && !would_block(errno))) {
-    // The peer is gone or going. Whether that matters shows on the channels
-    // this call uses; stop watching this one.
-    socket.close();
-    return std::nullopt;
-  }
-  if (n < static_cast<ssize_t>(sizeof(prefix))) return std::nullopt;
-  const std::optional<std::size_t> body = ControlMessage::body_size(prefix);
-  if (!body) {
-    // Not the control protocol: nothing more on this channel can be trusted.
-    socket.close();
-    return std::nullopt;
-  }
-  std::vector<std::uint8_t> bytes(ControlMessage::kPrefixSize + *body);
-  const auto deadline = detail::deadline_after(std::chrono::seconds(1));
-  socket.recv_all(bytes.data(), bytes.size(), deadline, mesh_.peer_name(peer),
-                  peer);
-  std::optional<ControlMessage> message =
-      ControlMessage::decode(bytes.data(), bytes.size());
-  if (!message || message->kind != ControlKind::kAbort) {
-    socket.close();
-    return std::nullopt;
-  }
-  return Report{peer, std::move(*message)};
-}
-
-void Exchange::read_control(int peer) {
-  auto report = read_report(peer);
+void Exchange::read_control() {
+  const std::optional<Report> report = control_->check(call_);
   if (!report) return;
   if (report->message.error == ErrorKind::kTimeout) time_out({*report});
-  raise(*report);
-}
-
-void Exchange::raise(const Report& report) {
-  const std::string text = call_.describe() + " failed: rank " +
-                           std::to_string(report.from) +
-                           " reported: " + report.message.text;
-  switch (report.message.error) {
-    case ErrorKind::kPeer:
-      throw Reported<PeerError>(report.message.blamed, text);
-    case ErrorKind::kMismatch: throw Reported<MismatchError>(text);
-    case ErrorKind::kTimeout: throw Reported<TimeoutError>(text);
-    default: throw Reported<BackendError>(text);
-  }
+  raise_report(call_, *report);
 }
 
 std::vector<int> Exchange::owed_peers() const {
@@ -505,12 +471,14 @@ void Exchange::time_out(std::vector<Report> reports) {
   std::string mine = call_.describe() + " on rank " +
                      std::to_string(mesh_.rank()) + " timed out waiting for";
   for (int peer : owed) mine += " rank " + std::to_string(peer);
-  ControlMessage abort;
-  abort.call = call_;
-  abort.error = ErrorKind::kTimeout;
-  abort.waiting_for = owed;
-  abort.text = mine;
-  mesh_.broadcast_control(abort.encode(), std::chrono::milliseconds(200));
+  if (control_ != nullptr) {
+    ControlMessage abort;
+    abort.call = call_;
+    abort.error = ErrorKind::kTimeout;
+    abort.waiting_for = owed;
+    abort.text = mine;
+    control_->broadcast(abort, std::chrono::milliseconds(200));
+  }
 
   Report own;
   own.from = mesh_.rank();
@@ -524,20 +492,21 @@ void Exchange::time_out(std::vector<Report> reports) {
   };
   // Collect the others' reports for a moment (bounded: 500 ms).
   const auto until = detail::deadline_after(std::chrono::milliseconds(500));
-  while (!accounted() && detail::Clock::now() < until) {
-    std::vector<pollfd> fds;
-    std::vector<int> peers;
-    watch_control(fds, peers);
-    if (fds.empty() || ::poll(fds.data(), fds.size(), remaining_ms(until)) <= 0)
-      break;
-    for (std::size_t k = 0; k < fds.size(); ++k) {
-      if (fds[k].revents == 0) continue;
-      auto report = read_report(peers[k]);
-      if (!report) continue;
+  // Bounded by `until`: each round sleeps until the alarm or the end.
+  while (control_ != nullptr && !accounted() && detail::Clock::now() < until) {
+    for (Report& report : control_->reports_for(call_.sequence)) {
       // A real cause (a dead peer, a mismatch) beats a timeout.
-      if (report->message.error != ErrorKind::kTimeout) raise(*report);
-      reports.push_back(*report);
+      if (report.message.error != ErrorKind::kTimeout) {
+        raise_report(call_, report);
+      }
+      const bool known =
+          std::any_of(reports.begin(), reports.end(),
+                      [&](const Report& r) { return r.from == report.from; });
+      if (!known) reports.push_back(std::move(report));
     }
+    if (accounted()) break;
+    pollfd alarm{control_->alarm_fd(), POLLIN, 0};
+    if (::poll(&alarm, 1, remaining_ms(until)) <= 0) break;
   }
 
   std::vector<int> silent;

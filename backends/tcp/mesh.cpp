@@ -101,6 +101,27 @@ void limit_local_send_buffer(int fd) {
   }
 }
 
+// " (host 10.0.0.2)" for a connection accepted from 10.0.0.2, or "" when
+// the address cannot be read; its port is not the peer's listening one.
+std::string connected_host(int fd) {
+  sockaddr_storage theirs{};
+  socklen_t size = sizeof(theirs);
+  char text[INET6_ADDRSTRLEN] = {};
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &size) != 0) {
+    return "";
+  }
+  const void* address =
+      theirs.ss_family == AF_INET
+          ? static_cast<const void*>(
+                &reinterpret_cast<const sockaddr_in&>(theirs).sin_addr)
+          : static_cast<const void*>(
+                &reinterpret_cast<const sockaddr_in6&>(theirs).sin6_addr);
+  if (inet_ntop(theirs.ss_family, address, text, sizeof(text)) == nullptr) {
+    return "";
+  }
+  return std::string(" (host ") + text + ")";
+}
+
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -257,7 +278,8 @@ void Mesh::accept_from_higher_ranks(int listener, std::uint64_t job,
     set_nonblocking(connection.fd());
     connection.set_no_delay();
     limit_local_send_buffer(connection.fd());
-    peer_names_[hello.rank] = "rank " + std::to_string(hello.rank);
+    peer_names_[hello.rank] =
+        "rank " + std::to_string(hello.rank) + connected_host(connection.fd());
     sockets_[hello.rank][hello.channel] = std::move(connection);
     --expected;
   }
@@ -267,22 +289,6 @@ Mesh::~Mesh() = default;
 
 detail::Socket& Mesh::socket(int peer, Channel channel) {
   return sockets_[peer][static_cast<int>(channel)];
-}
-
-void Mesh::broadcast_control(const std::vector<std::uint8_t>& message,
-                             std::chrono::milliseconds budget) {
-  std::lock_guard<std::mutex> lock(control_mutex_);
-  const auto deadline = detail::deadline_after(budget);
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    try {
-      socket(peer, Channel::kControl)
-          .send_all(message.data(), message.size(), deadline, peer_names_[peer],
-                    peer);
-    } catch (const Error&) {
-      // The peer may be the one that died; the others still get theirs.
-    }
-  }
 }
 
 void Mesh::shutdown_all() {

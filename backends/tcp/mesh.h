@@ -18,7 +18,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,13 +46,9 @@ class Mesh {
   int size() const { return size_; }
   // The (non-blocking) socket to `peer` on `channel`; peer != rank().
   detail::Socket& socket(int peer, Channel channel);
-  // "rank 3 (127.0.0.1:41235)", for messages.
+  // "rank 3 (127.0.0.1:41235)" for a rank this one connected to, "rank 5
+  // (host 10.0.0.2)" for one that connected to this one, for messages.
   const std::string& peer_name(int peer) const { return peer_names_[peer]; }
-
-  // Sends one whole control message to every other rank, best effort: a
-  // peer whose socket does not take it within `budget` is skipped.
-  void broadcast_control(const std::vector<std::uint8_t>& message,
-                         std::chrono::milliseconds budget);
 
   // Shuts every socket down (both directions) so that threads blocked on
   // them wake up, without closing the descriptors under them.
@@ -67,7 +62,6 @@ class Mesh {
   int size_;
   std::vector<std::array<detail::Socket, kChannels>> sockets_;
   std::vector<std::string> peer_names_;
-  std::mutex control_mutex_;
 };
 
 // The address this rank listens on: COMM_TCP_ADDR if set, 127.0.0.1 when
