@@ -234,6 +234,13 @@ std::vector<ControlChannel::Report> ControlChannel::reports_for(
   return found;
 }
 
+bool ControlChannel::answered_not_reached(int peer, std::uint64_t sequence) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto& answer = peers_[static_cast<std::size_t>(peer)].answer;
+  return answer && answer->state == CallState::kNotReached &&
+         answer->call.sequence == sequence;
+}
+
 ControlMessage ControlChannel::answer_for(const CallInfo& asked) const {
   ControlMessage answer;
   answer.kind = ControlKind::kAnswer;

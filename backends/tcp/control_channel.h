@@ -100,6 +100,10 @@ class ControlChannel {
   // ahead and failed there) do not fail `call`. Clears the alarm.
   std::optional<Report> check(const CallInfo& call);
 
+  // Whether `peer`'s last answer said it had not started collective
+  // `sequence` yet.
+  bool answered_not_reached(int peer, std::uint64_t sequence);
+
   // Every failure report received for collective `sequence`.
   std::vector<Report> reports_for(std::uint64_t sequence);
 

@@ -527,12 +527,27 @@ void Exchange::time_out(std::vector<Report> reports) {
   for (std::size_t i = 0; i < silent.size(); ++i) {
     names += (i ? ", rank " : "rank ") + std::to_string(silent[i]);
   }
+  // What the silent ranks answered when asked which call they were in:
+  // alive (their control thread answered) but not yet at this call.
+  std::string late;
+  for (int rank : silent) {
+    if (control_ != nullptr &&
+        control_->answered_not_reached(rank, call_.sequence)) {
+      late += (late.empty() ? "rank " : ", rank ") + std::to_string(rank);
+    }
+  }
+  if (!late.empty()) {
+    late = "; " + late +
+           " answered that it had not started this collective yet (alive "
+           "but late: a longer timeout, or its missing call, would help)";
+  }
   // The others were told above.
   throw Reported<TimeoutError>(
       call_.describe() + " timed out on rank " + std::to_string(mesh_.rank()) +
       ": " + names + (silent.size() == 1 ? " did" : " each did") +
       " not send or receive in time (stopped, overloaded, or not "
-      "calling this collective)");
+      "calling this collective)" +
+      late);
 }
 
 }  // namespace comm::tcp

@@ -120,9 +120,9 @@ class Exchange final : public CollectiveStep {
   // peer silent, MismatchError when a peer's message belongs to another
   // call or a peer answers that it called another, TimeoutError at the
   // deadline naming the peers nobody heard from, and a peer's reported
-  // failure as the error it names. The last two are Reported<E> (reported_failure.h): the
-  // other ranks know of them already, run() having told them of its
-  // timeout.
+  // failure as the error it names. The last two are Reported<E>
+  // (reported_failure.h): the other ranks know of them already, run()
+  // having told them of its timeout.
   void run() override;
 
  private:
