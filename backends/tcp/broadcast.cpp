@@ -2,6 +2,15 @@
 // receives from its parent and passes the bytes on to its children as they
 // arrive, so a large message crosses the log2(n) levels at once instead of
 // one level after another.
+//
+// Each child also sends its parent an empty message (a header alone) when
+// it starts, and a parent finishes only once it has its children's: a
+// confirmation that they are in the same call. Without it two ranks that
+// both name themselves the root would only send, and both return success
+// with different data; with it each reads the other's message, whose
+// header names another root, and fails with MismatchError. It costs the
+// root, and each rank with children, the wait for its children to arrive
+// (one small-message latency when they are there).
 #include "backends/tcp/algorithms.h"
 
 namespace comm::tcp::algorithms {
@@ -20,19 +29,22 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   int mask = 1;
   while (mask < size) {
     if (relative & mask) {
-      source = tree.recv_parts(real(relative - mask), {whole}, DType::kU8,
-                               ReduceOp::kSum);
+      const int parent = real(relative - mask);
+      source = tree.recv_parts(parent, {whole}, DType::kU8, ReduceOp::kSum);
+      tree.send(parent, nullptr, 0);
       break;
     }
     mask <<= 1;
   }
   for (mask >>= 1; mask > 0; mask >>= 1) {
     if (relative + mask >= size) continue;
+    const int child = real(relative + mask);
     if (source < 0) {
-      tree.send(real(relative + mask), data, bytes);
+      tree.send(child, data, bytes);
     } else {
-      tree.relay(real(relative + mask), {whole}, 0, source);
+      tree.relay(child, {whole}, 0, source);
     }
+    tree.recv(child, nullptr, 0);
   }
   tree.run();
 }

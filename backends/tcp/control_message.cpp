@@ -54,13 +54,25 @@ class Reader {
 };
 
 // The body's fixed fields before the rank list: the call (collective,
-// dtype, op, reserved byte, sequence, count, root), the error kind, three
-// reserved bytes, the rank blamed and the length of the rank list.
+// dtype, op, reserved byte, sequence, count, root), the error kind, the
+// answer's state, two reserved bytes, the rank blamed and the length of the
+// rank list.
 constexpr std::size_t kFixedBody = 4 + 8 + 8 + 4 + 1 + 3 + 4 + 4;
 
 }  // namespace
 
 std::vector<std::uint8_t> ControlMessage::encode() const {
+  if (kind == ControlKind::kHeartbeat) {
+    std::vector<std::uint8_t> bytes;
+    bytes.reserve(kPrefixSize);
+    Writer out(bytes);
+    out.put<std::uint32_t>(kMagic);
+    out.put<std::uint8_t>(kVersion);
+    out.put<std::uint8_t>(static_cast<std::uint8_t>(kind));
+    out.put<std::uint16_t>(0);
+    out.put<std::uint32_t>(0);
+    return bytes;
+  }
   // The rank list, then the text, are cut so that the body never exceeds
   // what a reader accepts.
   constexpr std::size_t kRoom = kMaxBodyBytes - kFixedBody - 4;
@@ -84,7 +96,7 @@ std::vector<std::uint8_t> ControlMessage::encode() const {
   out.put<std::int64_t>(call.count);
   out.put<std::int32_t>(call.root);
   out.put<std::uint8_t>(static_cast<std::uint8_t>(error));
-  out.put<std::uint8_t>(0);
+  out.put<std::uint8_t>(static_cast<std::uint8_t>(state));
   out.put<std::uint16_t>(0);
   out.put<std::int32_t>(blamed);
   out.put<std::uint32_t>(static_cast<std::uint32_t>(rank_count));
@@ -122,19 +134,25 @@ std::optional<ControlMessage> ControlMessage::decode(const std::uint8_t* bytes,
   if (!body || *body != size - kPrefixSize) return std::nullopt;
   ControlMessage message;
   std::uint8_t kind = bytes[5];
-  if (kind != static_cast<std::uint8_t>(ControlKind::kAbort)) {
+  if (kind < static_cast<std::uint8_t>(ControlKind::kAbort) ||
+      kind > static_cast<std::uint8_t>(ControlKind::kAnswer)) {
     return std::nullopt;
   }
   message.kind = static_cast<ControlKind>(kind);
+  if (message.kind == ControlKind::kHeartbeat) {
+    if (*body != 0) return std::nullopt;
+    return message;
+  }
 
   Reader in(bytes + kPrefixSize, *body);
-  std::uint8_t collective = 0, dtype = 0, op = 0, error = 0, pad8 = 0;
+  std::uint8_t collective = 0, dtype = 0, op = 0, error = 0, pad8 = 0,
+               state = 0;
   std::uint16_t pad16 = 0;
   std::uint32_t ranks = 0;
   if (!in.take(collective) || !in.take(dtype) || !in.take(op) ||
       !in.take(pad8) || !in.take(message.call.sequence) ||
       !in.take(message.call.count) || !in.take(message.call.root) ||
-      !in.take(error) || !in.take(pad8) || !in.take(pad16) ||
+      !in.take(error) || !in.take(state) || !in.take(pad16) ||
       !in.take(message.blamed) || !in.take(ranks)) {
     return std::nullopt;
   }
@@ -142,13 +160,15 @@ std::optional<ControlMessage> ControlMessage::decode(const std::uint8_t* bytes,
       collective > static_cast<std::uint8_t>(Collective::kSend) ||
       dtype > static_cast<std::uint8_t>(DType::kBool) ||
       op > static_cast<std::uint8_t>(ReduceOp::kBxor) ||
-      error > static_cast<std::uint8_t>(ErrorKind::kUnsupported)) {
+      error > static_cast<std::uint8_t>(ErrorKind::kUnsupported) ||
+      state > static_cast<std::uint8_t>(CallState::kForgotten)) {
     return std::nullopt;
   }
   message.call.collective = static_cast<Collective>(collective);
   message.call.dtype = static_cast<DType>(dtype);
   message.call.op = static_cast<ReduceOp>(op);
   message.error = static_cast<ErrorKind>(error);
+  message.state = static_cast<CallState>(state);
   // Checked before reserving, so that a forged count allocates nothing.
   if (ranks > in.left() / 4) return std::nullopt;
   message.waiting_for.reserve(ranks);

@@ -2,15 +2,21 @@
 // protocol, sent on the control connections (Channel::kControl), never on
 // the collective ones.
 //
-// Today its one kind is an abort: "my call failed, and this is why", sent
-// to every peer so that they fail now rather than at their timeouts, naming
-// the first cause. Heartbeats are to be another kind.
+// Kinds: an abort ("my call failed, and this is why", sent to every peer so
+// that they fail now rather than at their timeouts, naming the first
+// cause); a heartbeat (nothing but "I am alive", sent by every rank's
+// control thread at a fixed interval); and a query and its answer ("which
+// call is your collective number S?", asked of a peer that a step has
+// waited on for a while, so that ranks that named different roots, and so
+// exchange no message at all, find out). See control_channel.h.
 //
 // On the wire (little-endian): a fixed prefix of kPrefixSize bytes (magic
-// "CMCL", version, kind, the byte count of the body), then the body: the
-// failed call's CallInfo, the error kind, the rank blamed or -1, the ranks
-// the sender was still owed (for a timeout) and the text. decode() checks
-// every length against the bytes it was given.
+// "CMCL", version, kind, the byte count of the body), then the body. A
+// heartbeat has no body. The others' body: a CallInfo (the failed call,
+// the call asked about, or the answerer's call of that sequence number),
+// the error kind, the answer's state, the rank blamed or -1, the ranks the
+// sender was still owed (for a timeout) and the text. decode() checks every
+// length against the bytes it was given.
 #pragma once
 
 #include <cstddef>
@@ -25,7 +31,18 @@
 namespace comm::tcp {
 
 enum class ControlKind : std::uint8_t {
-  kAbort = 1,  // the sender's call failed
+  kAbort = 1,      // the sender's call failed
+  kHeartbeat = 2,  // the sender is alive; no body
+  kQuery = 3,      // which call is your collective `call.sequence`?
+  kAnswer = 4,     // the reply to a query; see CallState
+};
+
+// What a kAnswer says about the collective asked about.
+enum class CallState : std::uint8_t {
+  kNone = 0,        // not an answer
+  kNotReached = 1,  // the answerer has not started that collective yet
+  kStarted = 2,     // it has (running or done); `call` is its CallInfo
+  kForgotten = 3,   // it ran too long ago for the answerer to remember
 };
 
 struct ControlMessage {
@@ -37,8 +54,9 @@ struct ControlMessage {
   static constexpr std::size_t kMaxBodyBytes = 8192;
 
   ControlKind kind = ControlKind::kAbort;
-  CallInfo call;  // the call that failed
+  CallInfo call;  // the call that failed, is asked about, or the answer
   ErrorKind error = ErrorKind::kBackend;
+  CallState state = CallState::kNone;  // for kAnswer
   std::int32_t blamed = -1;      // the rank the failure is blamed on, or -1
   std::vector<int> waiting_for;  // for a timeout: the ranks still owed
   std::string text;              // the sender's error message
@@ -52,7 +70,8 @@ struct ControlMessage {
   // Reads one whole message of `size` bytes, prefix and body. Returns
   // nothing when it is malformed: a bad prefix, a size other than the one
   // the prefix announces, an unknown kind, collective, dtype, op or error
-  // kind, a field that runs past the end, or bytes left over.
+  // kind or state, a field that runs past the end, a heartbeat with a body,
+  // or bytes left over.
   static std::optional<ControlMessage> decode(const std::uint8_t* bytes,
                                               std::size_t size);
 };

@@ -143,8 +143,13 @@ long read_some(shm::Ring& ring, const iovec* parts, int count) {
 }
 
 Exchange::Exchange(Mesh& mesh, const CallInfo& call,
-                   detail::Clock::time_point deadline, int wake_fd)
-    : mesh_(mesh), call_(call), deadline_(deadline), wake_fd_(wake_fd) {
+                   detail::Clock::time_point deadline, int wake_fd,
+                   ControlChannel* control)
+    : mesh_(mesh),
+      call_(call),
+      deadline_(deadline),
+      wake_fd_(wake_fd),
+      control_(control) {
   transfers_.reserve(2);  // most steps send one message and receive one
 }
 
@@ -239,7 +244,7 @@ void Exchange::run() {
     if (transfers_[i].kind == Transfer::Kind::kRecv) advance(i);
   }
   // What each pollfd stands for.
-  enum class Watch { kTransfer, kControl, kWake, kDoorbell, kPeerExit };
+  enum class Watch { kTransfer, kAlarm, kWake, kDoorbell, kPeerExit };
   struct Watched {
     Watch what;
     int index;  // the transfer, or the peer
@@ -256,6 +261,10 @@ void Exchange::run() {
   // costs one budget.
   const auto budget = spin_budget();
   auto spin_until = detail::Clock::now() + budget;
+  // When to ask the peers still owed which call they are in: kFirstQuery
+  // after the last bytes moved, then at doubling intervals.
+  auto query_interval = kFirstQuery;
+  auto next_query = detail::Clock::now() + query_interval;
   // Bounded by the deadline: every round waits in poll until a socket is
   // ready, a doorbell rings or a peer exits (without sleeping until
   // spin_until), then moves what it can.
@@ -312,16 +321,22 @@ void Exchange::run() {
         owner.push_back({Watch::kPeerExit, peer});
       }
     }
-    std::vector<int> control_peers;
-    watch_control(fds, control_peers);
-    for (int peer : control_peers) owner.push_back({Watch::kControl, peer});
+    if (control_ != nullptr) {
+      fds.push_back({control_->alarm_fd(), POLLIN, 0});
+      owner.push_back({Watch::kAlarm, -1});
+    }
     if (wake_fd_ >= 0) {
       fds.push_back({wake_fd_, POLLIN, 0});
       owner.push_back({Watch::kWake, -1});
     }
-    if (moved) spin_until = detail::Clock::now() + budget;
+    if (moved) {
+      spin_until = detail::Clock::now() + budget;
+      query_interval = kFirstQuery;
+      next_query = spin_until + query_interval;
+    }
     const bool spinning =
         moved || (budget.count() > 0 && detail::Clock::now() < spin_until);
+    const bool asking = control_ != nullptr;
     // Before sleeping, raise the waiting flag of every ring waited on; a
     // ring that moved meanwhile means no sleep this round.
     bool armed = false;
@@ -335,8 +350,11 @@ void Exchange::run() {
         if (!(sending ? ring->arm_writer() : ring->arm_reader())) sleep = false;
       }
     }
-    const int ready =
-        ::poll(fds.data(), fds.size(), sleep ? remaining_ms(deadline_) : 0);
+    const int ready = ::poll(
+        fds.data(), fds.size(),
+        sleep
+            ? remaining_ms(asking ? std::min(deadline_, next_query) : deadline_)
+            : 0);
     const int poll_error = errno;
     if (armed) {
       for (int i : ring_transfers) {
@@ -355,14 +373,21 @@ void Exchange::run() {
       throw SystemError(poll_error, "poll");
     }
     if (ready == 0) {
-      if (detail::Clock::now() >= deadline_) time_out({});
+      const auto later = detail::Clock::now();
+      if (later >= deadline_) time_out({});
+      if (asking && later >= next_query) {
+        for (int peer : owed_peers()) control_->query(peer, call_);
+        query_interval = std::min(query_interval * 2, kMaxQuery);
+        next_query = later + query_interval;
+      }
       if (spinning && !moved) sched_yield();
       continue;
     }
+    bool socket_moved = false;  // a transfer's socket was ready
     // The transfers' entries come first. Once they are all done, this step
-    // has succeeded: a report waiting on a control channel then belongs
-    // to a later call (a peer that went ahead and failed there), and is
-    // left for that call to read rather than failing this one.
+    // has succeeded: what the control channel's alarm announces then
+    // belongs to a later call (a peer that went ahead and failed there),
+    // or fails this call when the backend checks it as the call ends.
     for (std::size_t k = 0; k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       const Watched& w = owner[k];
@@ -376,9 +401,10 @@ void Exchange::run() {
           throw BackendError(
               call_.describe() +
               " was interrupted: the process group is shutting down");
-        case Watch::kControl: read_control(w.index); break;
+        case Watch::kAlarm: read_control(); break;
         case Watch::kTransfer:
           advance(static_cast<std::size_t>(w.index));
+          socket_moved = true;
           break;
         case Watch::kDoorbell:
           // The rings are tried at the top of the next round.
@@ -388,6 +414,10 @@ void Exchange::run() {
       }
     }
     spin_until = detail::Clock::now() + budget;
+    if (socket_moved) {
+      query_interval = kFirstQuery;
+      next_query = spin_until + query_interval;
+    }
   }
 }
 
@@ -564,80 +594,17 @@ void Exchange::check_header(const Transfer& t) {
   }
 }
 
-void Exchange::watch_control(std::vector<pollfd>& fds,
-                             std::vector<int>& peers) const {
-  for (int peer = 0; peer < mesh_.size(); ++peer) {
-    if (peer == mesh_.rank()) continue;
-    const int fd = mesh_.socket(peer, Channel::kControl).fd();
-    if (fd >= 0) {
-      fds.push_back({fd, POLLIN, 0});
-      peers.push_back(peer);
-    }
-  }
-}
-
 void Exchange::read_pending_control(std::chrono::milliseconds grace) {
-  std::vector<pollfd> fds;
-  std::vector<int> peers;
-  watch_control(fds, peers);
-  if (fds.empty() ||
-      ::poll(fds.data(), fds.size(), static_cast<int>(grace.count())) <= 0) {
-    return;
-  }
-  for (std::size_t k = 0; k < fds.size(); ++k) {
-    if (fds[k].revents != 0) read_control(peers[k]);
-  }
+  if (control_ == nullptr) return;
+  pollfd alarm{control_->alarm_fd(), POLLIN, 0};
+  if (::poll(&alarm, 1, static_cast<int>(grace.count())) > 0) read_control();
 }
 
-std::optional<Exchange::Report> Exchange::read_report(int peer) {
-  detail::Socket& socket = mesh_.socket(peer, Channel::kControl);
-  std::uint8_t prefix[ControlMessage::kPrefixSize];
-  const ssize_t n =
-      ::recv(socket.fd(), prefix, sizeof(prefix), MSG_PEEK | MSG_DONTWAIT);
-  if (n == 0 || (n < 0 && !would_block(errno))) {
-    // The peer is gone or going. Whether that matters shows on the channels
-    // this call uses; stop watching this one.
-    socket.close();
-    return std::nullopt;
-  }
-  if (n < static_cast<ssize_t>(sizeof(prefix))) return std::nullopt;
-  const std::optional<std::size_t> body = ControlMessage::body_size(prefix);
-  if (!body) {
-    // Not the control protocol: nothing more on this channel can be trusted.
-    socket.close();
-    return std::nullopt;
-  }
-  std::vector<std::uint8_t> bytes(ControlMessage::kPrefixSize + *body);
-  const auto deadline = detail::deadline_after(std::chrono::seconds(1));
-  socket.recv_all(bytes.data(), bytes.size(), deadline, mesh_.peer_name(peer),
-                  peer);
-  std::optional<ControlMessage> message =
-      ControlMessage::decode(bytes.data(), bytes.size());
-  if (!message || message->kind != ControlKind::kAbort) {
-    socket.close();
-    return std::nullopt;
-  }
-  return Report{peer, std::move(*message)};
-}
-
-void Exchange::read_control(int peer) {
-  auto report = read_report(peer);
+void Exchange::read_control() {
+  const std::optional<Report> report = control_->check(call_);
   if (!report) return;
   if (report->message.error == ErrorKind::kTimeout) time_out({*report});
-  raise(*report);
-}
-
-void Exchange::raise(const Report& report) {
-  const std::string text = call_.describe() + " failed: rank " +
-                           std::to_string(report.from) +
-                           " reported: " + report.message.text;
-  switch (report.message.error) {
-    case ErrorKind::kPeer:
-      throw Reported<PeerError>(report.message.blamed, text);
-    case ErrorKind::kMismatch: throw Reported<MismatchError>(text);
-    case ErrorKind::kTimeout: throw Reported<TimeoutError>(text);
-    default: throw Reported<BackendError>(text);
-  }
+  raise_report(call_, *report);
 }
 
 std::vector<int> Exchange::owed_peers() const {
@@ -660,12 +627,14 @@ void Exchange::time_out(std::vector<Report> reports) {
   std::string mine = call_.describe() + " on rank " +
                      std::to_string(mesh_.rank()) + " timed out waiting for";
   for (int peer : owed) mine += " rank " + std::to_string(peer);
-  ControlMessage abort;
-  abort.call = call_;
-  abort.error = ErrorKind::kTimeout;
-  abort.waiting_for = owed;
-  abort.text = mine;
-  mesh_.broadcast_control(abort.encode(), std::chrono::milliseconds(200));
+  if (control_ != nullptr) {
+    ControlMessage abort;
+    abort.call = call_;
+    abort.error = ErrorKind::kTimeout;
+    abort.waiting_for = owed;
+    abort.text = mine;
+    control_->broadcast(abort, std::chrono::milliseconds(200));
+  }
 
   Report own;
   own.from = mesh_.rank();
@@ -679,20 +648,21 @@ void Exchange::time_out(std::vector<Report> reports) {
   };
   // Collect the others' reports for a moment (bounded: 500 ms).
   const auto until = detail::deadline_after(std::chrono::milliseconds(500));
-  while (!accounted() && detail::Clock::now() < until) {
-    std::vector<pollfd> fds;
-    std::vector<int> peers;
-    watch_control(fds, peers);
-    if (fds.empty() || ::poll(fds.data(), fds.size(), remaining_ms(until)) <= 0)
-      break;
-    for (std::size_t k = 0; k < fds.size(); ++k) {
-      if (fds[k].revents == 0) continue;
-      auto report = read_report(peers[k]);
-      if (!report) continue;
+  // Bounded by `until`: each round sleeps until the alarm or the end.
+  while (control_ != nullptr && !accounted() && detail::Clock::now() < until) {
+    for (Report& report : control_->reports_for(call_.sequence)) {
       // A real cause (a dead peer, a mismatch) beats a timeout.
-      if (report->message.error != ErrorKind::kTimeout) raise(*report);
-      reports.push_back(*report);
+      if (report.message.error != ErrorKind::kTimeout) {
+        raise_report(call_, report);
+      }
+      const bool known =
+          std::any_of(reports.begin(), reports.end(),
+                      [&](const Report& r) { return r.from == report.from; });
+      if (!known) reports.push_back(std::move(report));
     }
+    if (accounted()) break;
+    pollfd alarm{control_->alarm_fd(), POLLIN, 0};
+    if (::poll(&alarm, 1, remaining_ms(until)) <= 0) break;
   }
 
   std::vector<int> silent;
@@ -713,12 +683,27 @@ void Exchange::time_out(std::vector<Report> reports) {
   for (std::size_t i = 0; i < silent.size(); ++i) {
     names += (i ? ", rank " : "rank ") + std::to_string(silent[i]);
   }
+  // What the silent ranks answered when asked which call they were in:
+  // alive (their control thread answered) but not yet at this call.
+  std::string late;
+  for (int rank : silent) {
+    if (control_ != nullptr &&
+        control_->answered_not_reached(rank, call_.sequence)) {
+      late += (late.empty() ? "rank " : ", rank ") + std::to_string(rank);
+    }
+  }
+  if (!late.empty()) {
+    late = "; " + late +
+           " answered that it had not started this collective yet (alive "
+           "but late: a longer timeout, or its missing call, would help)";
+  }
   // The others were told above.
   throw Reported<TimeoutError>(
       call_.describe() + " timed out on rank " + std::to_string(mesh_.rank()) +
       ": " + names + (silent.size() == 1 ? " did" : " each did") +
       " not send or receive in time (stopped, overloaded, or not "
-      "calling this collective)");
+      "calling this collective)" +
+      late);
 }
 
 }  // namespace comm::tcp

@@ -20,9 +20,15 @@
 // that shares it, so ranks that outnumber the cores keep making progress.
 // bench/README.md ("The TCP backend's tuning") has the measurements.
 //
-// While waiting, run() also watches every peer's control channel and the
-// backend's wake-up descriptor, so that a failure elsewhere in the group or
-// a shutdown ends the wait at once.
+// While waiting, run() also watches the control channel's alarm (a peer's
+// failure report, a peer found silent by the heartbeats, an answer to a
+// query) and the backend's wake-up descriptor, so that a failure elsewhere
+// in the group or a shutdown ends the wait at once. A step that has waited
+// kFirstQuery without any bytes moving asks the peers it waits for which
+// call they are in, and again at doubling intervals up to kMaxQuery, so
+// that ranks that called different collectives (different roots, say) and
+// so exchange no message at all find out instead of waiting for the
+// timeout.
 //
 // A peer on this host is reached through shared-memory rings (Mesh::ring)
 // instead of a socket, with the same bytes (header and payload), so every
@@ -44,6 +50,7 @@
 #include <sys/uio.h>
 
 #include "backends/collective_step.h"
+#include "backends/tcp/control_channel.h"
 #include "backends/tcp/control_message.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
@@ -95,9 +102,16 @@ class Exchange final : public CollectiveStep {
  public:
   using Part = CollectiveStep::Part;
 
+  // How long a step waits before it first asks its peers which call they
+  // are in, and the longest interval between two such queries.
+  static constexpr std::chrono::milliseconds kFirstQuery{100};
+  static constexpr std::chrono::milliseconds kMaxQuery{2000};
+
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
+  // Without `control` (tests of the engine alone) nothing is reported to
+  // or heard from the peers' control channels.
   Exchange(Mesh& mesh, const CallInfo& call, detail::Clock::time_point deadline,
-           int wake_fd);
+           int wake_fd, ControlChannel* control = nullptr);
 
   void send(int peer, const void* data, std::size_t bytes) override;
   void recv(int peer, void* data, std::size_t bytes) override;
@@ -122,12 +136,13 @@ class Exchange final : public CollectiveStep {
              int source) override;
 
   // Progresses every transfer until all are done. Throws PeerError when a
-  // peer closes or resets its connection, MismatchError when a peer's
-  // message belongs to another call, TimeoutError at the deadline naming
-  // the peers nobody heard from, and a peer's reported failure as the
-  // error it names. The last two are Reported<E> (reported_failure.h): the
-  // other ranks know of them already, run() having told them of its
-  // timeout.
+  // peer closes or resets its connection or the control channel found a
+  // peer silent, MismatchError when a peer's message belongs to another
+  // call or a peer answers that it called another, TimeoutError at the
+  // deadline naming the peers nobody heard from, and a peer's reported
+  // failure as the error it names. The last two are Reported<E>
+  // (reported_failure.h): the other ranks know of them already, run()
+  // having told them of its timeout.
   void run() override;
 
  private:
@@ -177,33 +192,25 @@ class Exchange final : public CollectiveStep {
   // `peer`'s process ended (its pidfd): takes what it left in the rings,
   // then throws PeerError if this step still waits for it.
   void peer_exited(int peer);
-  // A peer's failure report from the control channel.
-  struct Report {
-    int from = -1;
-    ControlMessage message;
-  };
-  std::optional<Report> read_report(int peer);
-  // Reads a report from `peer`, if a whole one is there, and throws it.
-  void read_control(int peer);
-  // Throws a peer's report as this call's error, a Reported<E>.
-  [[noreturn]] void raise(const Report& report);
+  using Report = ControlChannel::Report;
+  // The control channel's alarm went off: throws what it recorded that
+  // fails this call, if anything.
+  void read_control();
   std::vector<int> owed_peers() const;
-  // Appends a POLLIN entry for every peer's open control socket, and the
-  // peer's rank to `peers`.
-  void watch_control(std::vector<pollfd>& fds, std::vector<int>& peers) const;
   // The deadline passed, here or (per `reports`) at a peer: tells the
   // others whom this rank waited for, gathers their reports for a moment,
   // and throws TimeoutError naming the ranks nobody heard from, as a
   // Reported<TimeoutError>.
   [[noreturn]] void time_out(std::vector<Report> reports);
-  // Reads any report already waiting (or arriving within `grace`) on the
-  // control channels; throws the first one.
+  // Reads any report already recorded (or arriving within `grace`) by the
+  // control channel; throws the first one.
   void read_pending_control(std::chrono::milliseconds grace);
 
   Mesh& mesh_;
   CallInfo call_;
   detail::Clock::time_point deadline_;
   int wake_fd_;
+  ControlChannel* control_;
   std::vector<Transfer> transfers_;
 };
 

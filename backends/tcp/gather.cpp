@@ -1,5 +1,10 @@
 // gather: every rank sends straight to the root, which receives from all
-// at once.
+// at once. The root sends each rank an empty message (a header alone) as
+// it starts, and a rank finishes only once it has it: a confirmation that
+// the root is in the same call. Without it ranks that name different roots
+// could all only send and return success; with it each reads a header
+// naming another root and fails with MismatchError. It costs a rank that
+// arrives before the root the wait for the root.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
@@ -11,6 +16,7 @@ void gather(CollectiveTransport& ctx, const void* input,
   if (ctx.rank() != root) {
     CollectiveStep& to_root = ctx.step();
     to_root.send(root, input, bytes);
+    to_root.recv(root, nullptr, 0);
     to_root.run();
     return;
   }
@@ -18,7 +24,9 @@ void gather(CollectiveTransport& ctx, const void* input,
     std::memmove(outputs[root], input, bytes);
   CollectiveStep& from_all = ctx.step();
   for (int peer = 0; peer < ctx.size(); ++peer) {
-    if (peer != root) from_all.recv(peer, outputs[peer], bytes);
+    if (peer == root) continue;
+    from_all.recv(peer, outputs[peer], bytes);
+    from_all.send(peer, nullptr, 0);
   }
   from_all.run();
 }

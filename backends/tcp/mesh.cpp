@@ -89,6 +89,27 @@ void limit_local_send_buffer(int fd) {
   }
 }
 
+// " (host 10.0.0.2)" for a connection accepted from 10.0.0.2, or "" when
+// the address cannot be read; its port is not the peer's listening one.
+std::string connected_host(int fd) {
+  sockaddr_storage theirs{};
+  socklen_t size = sizeof(theirs);
+  char text[INET6_ADDRSTRLEN] = {};
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &size) != 0) {
+    return "";
+  }
+  const void* address =
+      theirs.ss_family == AF_INET
+          ? static_cast<const void*>(
+                &reinterpret_cast<const sockaddr_in&>(theirs).sin_addr)
+          : static_cast<const void*>(
+                &reinterpret_cast<const sockaddr_in6&>(theirs).sin6_addr);
+  if (inet_ntop(theirs.ss_family, address, text, sizeof(text)) == nullptr) {
+    return "";
+  }
+  return std::string(" (host ") + text + ")";
+}
+
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -243,7 +264,8 @@ void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
     connection.set_no_delay();
     limit_local_send_buffer(connection.fd());
     if (!local_->is_local(accepted->rank)) {
-      peer_names_[accepted->rank] = "rank " + std::to_string(accepted->rank);
+      peer_names_[accepted->rank] = "rank " + std::to_string(accepted->rank) +
+                                    connected_host(connection.fd());
     }
     sockets_[accepted->rank][accepted->channel] = std::move(connection);
     --expected;
@@ -266,22 +288,6 @@ shm::Ring* Mesh::ring(int peer, Channel channel, bool outgoing) {
   const int lane = channel == Channel::kCollective ? 0 : 1;
   return outgoing ? &local_->outgoing(peer, lane)
                   : &local_->incoming(peer, lane);
-}
-
-void Mesh::broadcast_control(const std::vector<std::uint8_t>& message,
-                             std::chrono::milliseconds budget) {
-  std::lock_guard<std::mutex> lock(control_mutex_);
-  const auto deadline = detail::deadline_after(budget);
-  for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_) continue;
-    try {
-      socket(peer, Channel::kControl)
-          .send_all(message.data(), message.size(), deadline, peer_names_[peer],
-                    peer);
-    } catch (const Error&) {
-      // The peer may be the one that died; the others still get theirs.
-    }
-  }
 }
 
 void Mesh::shutdown_all() {

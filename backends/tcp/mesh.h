@@ -26,7 +26,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -65,13 +64,10 @@ class Mesh {
   shm::Ring* ring(int peer, Channel channel, bool outgoing);
   // The shared-memory links (none to a rank of another host).
   shm::LocalPeers& local_peers() { return *local_; }
-  // "rank 3 (127.0.0.1:41235)", for messages.
+  // "rank 3 (127.0.0.1:41235)" for a rank this one connected to, "rank 5
+  // (host 10.0.0.2)" for one that connected to this one, "rank 1 (pid 4242
+  // on this host, over shared memory)" for a local one, for messages.
   const std::string& peer_name(int peer) const { return peer_names_[peer]; }
-
-  // Sends one whole control message to every other rank, best effort: a
-  // peer whose socket does not take it within `budget` is skipped.
-  void broadcast_control(const std::vector<std::uint8_t>& message,
-                         std::chrono::milliseconds budget);
 
   // Shuts every socket down (both directions) and closes every ring, so
   // that threads blocked on them wake up, without closing the descriptors
@@ -90,7 +86,6 @@ class Mesh {
   std::unique_ptr<shm::LocalPeers> local_;
   std::vector<std::array<detail::Socket, kChannels>> sockets_;
   std::vector<std::string> peer_names_;
-  std::mutex control_mutex_;
 };
 
 // The address this rank listens on: COMM_TCP_ADDR if set, 127.0.0.1 when

@@ -1,6 +1,12 @@
 // reduce: a binomial tree towards `root`, each rank reducing its children's
 // data into its own buffer (in chunks, with O(chunk) scratch) before
-// sending the result to its parent.
+// sending the result to its parent. A parent sends each child an empty
+// message (a header alone) in the step that receives from it, and the
+// child finishes only once it has it: a confirmation that the parent is in
+// the same call, so that ranks that name different roots read a header
+// naming another root and fail with MismatchError instead of only sending
+// and returning success (see gather.cpp). It costs a child that is ready
+// before its parent the wait for the parent.
 #include "backends/tcp/algorithms.h"
 
 namespace comm::tcp::algorithms {
@@ -15,13 +21,17 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
   for (int mask = 1; mask < size; mask <<= 1) {
     if (relative & mask) {
       CollectiveStep& to_parent = ctx.step();
-      to_parent.send(real(relative & ~mask), data, bytes);
+      const int parent = real(relative & ~mask);
+      to_parent.send(parent, data, bytes);
+      to_parent.recv(parent, nullptr, 0);
       to_parent.run();
       return;
     }
     if (relative + mask < size) {
       CollectiveStep& from_child = ctx.step();
-      from_child.recv_reduce(real(relative + mask), data, bytes, dtype, op);
+      const int child = real(relative + mask);
+      from_child.recv_reduce(child, data, bytes, dtype, op);
+      from_child.send(child, nullptr, 0);
       from_child.run();
     }
   }

@@ -1,4 +1,10 @@
 // scatter: the root sends each rank its part directly, to all at once.
+// Each rank confirms with an empty message (a header alone) that it is in
+// the same call, and the root finishes once it has them all: ranks that
+// name different roots then read a header naming another root and fail
+// with MismatchError, instead of some only sending and returning success
+// (see broadcast.cpp). It costs the root the wait for the last rank to
+// arrive.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
@@ -10,6 +16,7 @@ void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
   if (ctx.rank() != root) {
     CollectiveStep& from_root = ctx.step();
     from_root.recv(root, output, bytes);
+    from_root.send(root, nullptr, 0);
     from_root.run();
     return;
   }
@@ -17,7 +24,9 @@ void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
     std::memmove(output, inputs[root], bytes);
   CollectiveStep& to_all = ctx.step();
   for (int peer = 0; peer < ctx.size(); ++peer) {
-    if (peer != root) to_all.send(peer, inputs[peer], bytes);
+    if (peer == root) continue;
+    to_all.send(peer, inputs[peer], bytes);
+    to_all.recv(peer, nullptr, 0);
   }
   to_all.run();
 }

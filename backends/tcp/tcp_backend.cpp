@@ -6,6 +6,7 @@
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/collective_context.h"
 #include "backends/tcp/collective_scheduler.h"
+#include "backends/tcp/control_channel.h"
 #include "backends/tcp/control_message.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/point_to_point.h"
@@ -69,7 +70,10 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
   read_params("COMM_TRANSPORT");
   read_params("COMM_SHM_");
   read_params("COMM_REDUCE_");
+  read_params("COMM_HEARTBEAT_");
   mesh_ = std::make_unique<tcp::Mesh>(*store, rank, size, timeout);
+  control_ = std::make_unique<tcp::ControlChannel>(
+      *mesh_, tcp::heartbeat_timeout(), tcp::heartbeat_interval());
   p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_);
   scheduler_ = tcp::CollectiveScheduler::start(
       rank, [this](const CallInfo& call, std::chrono::milliseconds limit,
@@ -82,6 +86,7 @@ void TcpBackend::shutdown() {
   if (!scheduler_->shutdown()) return;
   p2p_->stop(std::make_exception_ptr(BackendError(
       "the process group was shut down with this operation pending")));
+  control_->stop();
   mesh_->shutdown_all();
 }
 
@@ -98,10 +103,20 @@ std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
 
 void TcpBackend::execute(const CallInfo& call,
                          std::chrono::milliseconds timeout, const Body& body) {
-  CollectiveContext ctx{*mesh_, call, detail::deadline_after(timeout),
+  CollectiveContext ctx{*mesh_, *control_, call,
+                        detail::deadline_after(timeout),
                         scheduler_->interrupt_fd()};
   try {
+    // A failure the peers reported before this rank got here (a peer that
+    // timed out waiting for this late rank, say) fails the call before it
+    // reads data that the peers sent before they gave up; one reported
+    // while the call ran fails it even when its own transfers finished.
+    // See "Failures" in docs/design.md for the contract.
+    if (auto report = control_->begin_call(call)) {
+      tcp::raise_report(call, *report);
+    }
     body(ctx);
+    if (auto report = control_->check(call)) tcp::raise_report(call, *report);
   } catch (const tcp::ReportedFailure&) {
     // The others know already: a peer reported it, or it is a timeout the
     // exchange told them about.
@@ -128,7 +143,7 @@ void TcpBackend::execute(const CallInfo& call,
     } catch (...) {
     }
     COMM_LOG_ERROR("{} failed: {}", call.describe(), abort.text);
-    mesh_->broadcast_control(abort.encode(), std::chrono::milliseconds(200));
+    control_->broadcast(abort, std::chrono::milliseconds(200));
     throw;
   }
 }

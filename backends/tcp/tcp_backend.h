@@ -7,7 +7,9 @@
 // collectives, a timeout) tells the other ranks on the control channel, so
 // that they fail too instead of waiting for their timeouts, and leaves the
 // group unusable for collectives: later ones fail at once with an error
-// that names the first failure, as after an NCCL communicator abort.
+// that names the first failure, as after an NCCL communicator abort. A
+// control thread sends heartbeats, so that a peer that is frozen or cut off
+// is named within COMM_HEARTBEAT_TIMEOUT (tcp/control_channel.h).
 #pragma once
 
 #include <atomic>
@@ -22,6 +24,7 @@ namespace comm {
 
 namespace tcp {
 class Mesh;
+class ControlChannel;
 class PointToPoint;
 class CollectiveScheduler;
 struct CollectiveContext;
@@ -96,6 +99,7 @@ class COMM_API TcpBackend final : public Backend {
 
   std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Mesh> mesh_;
+  std::unique_ptr<tcp::ControlChannel> control_;
   std::unique_ptr<tcp::PointToPoint> p2p_;
   // Shared with the progress hooks of the Work handed out, which may
   // outlive this backend.

@@ -7,6 +7,7 @@
 #include "backends/tcp/control_message.h"
 
 using comm::ErrorKind;
+using comm::tcp::CallState;
 using comm::tcp::Collective;
 using comm::tcp::ControlKind;
 using comm::tcp::ControlMessage;
@@ -46,6 +47,43 @@ TEST_CASE("a control message survives encode and decode") {
   CHECK(got->text == sent.text);
 }
 
+TEST_CASE("a heartbeat is a prefix alone and survives encode and decode") {
+  ControlMessage beat;
+  beat.kind = ControlKind::kHeartbeat;
+  const std::vector<std::uint8_t> bytes = beat.encode();
+  REQUIRE(bytes.size() == ControlMessage::kPrefixSize);
+  CHECK(ControlMessage::body_size(bytes.data()) == 0u);
+  const auto got = ControlMessage::decode(bytes.data(), bytes.size());
+  REQUIRE(got);
+  CHECK(got->kind == ControlKind::kHeartbeat);
+  // A heartbeat with a body is malformed.
+  std::vector<std::uint8_t> bad = sample().encode();
+  bad[5] = static_cast<std::uint8_t>(ControlKind::kHeartbeat);
+  CHECK_FALSE(ControlMessage::decode(bad.data(), bad.size()));
+}
+
+TEST_CASE("a query and its answer survive encode and decode") {
+  ControlMessage answer = sample();
+  answer.kind = ControlKind::kAnswer;
+  answer.state = CallState::kStarted;
+  answer.call.root = 2;
+  const std::vector<std::uint8_t> bytes = answer.encode();
+  const auto got = ControlMessage::decode(bytes.data(), bytes.size());
+  REQUIRE(got);
+  CHECK(got->kind == ControlKind::kAnswer);
+  CHECK(got->state == CallState::kStarted);
+  CHECK(got->call == answer.call);
+  ControlMessage query;
+  query.kind = ControlKind::kQuery;
+  query.call = answer.call;
+  const std::vector<std::uint8_t> asked = query.encode();
+  const auto read = ControlMessage::decode(asked.data(), asked.size());
+  REQUIRE(read);
+  CHECK(read->kind == ControlKind::kQuery);
+  CHECK(read->state == CallState::kNone);
+  CHECK(read->call == query.call);
+}
+
 TEST_CASE("a control message's text is cut to what a reader accepts") {
   ControlMessage sent = sample();
   sent.text.assign(100000, 'x');
@@ -82,6 +120,14 @@ TEST_CASE("decode refuses malformed control messages") {
       bad[at] ^= 0x5a;
       CHECK_FALSE(ControlMessage::decode(bad.data(), bad.size()));
     }
+  }
+  SECTION("an unknown kind or answer state") {
+    std::vector<std::uint8_t> bad = good;
+    bad[5] = 9;  // kind
+    CHECK_FALSE(ControlMessage::decode(bad.data(), bad.size()));
+    bad = good;
+    bad[ControlMessage::kPrefixSize + 25] = 9;  // state
+    CHECK_FALSE(ControlMessage::decode(bad.data(), bad.size()));
   }
   SECTION("an unknown collective or error kind") {
     std::vector<std::uint8_t> bad = good;

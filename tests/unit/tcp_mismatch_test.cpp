@@ -3,7 +3,9 @@
 // corrupting data or hanging; and shutdown fails pending work promptly.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <string>
 #include <thread>
@@ -113,17 +115,16 @@ TEST_CASE("different dtypes, ops and collectives are mismatches",
   }
 }
 
-TEST_CASE(
-    "a rank that finished its part learns of the mismatch at its next call",
-    "[tcp][mismatch]") {
+TEST_CASE("a broadcast that meets a barrier fails on both ranks",
+          "[tcp][mismatch]") {
   std::vector<std::string> thrown(2);
   run_ranks(
       2,
       [&](ProcessGroup& group) {
         Tensor t = Tensor::zeros({8}, DType::kF32);
         try {
-          // Rank 0's broadcast only sends, so it completes; rank 1 expected a
-          // barrier and reports the mismatch to rank 0.
+          // Rank 0's broadcast sends, then waits for rank 1 to confirm; rank
+          // 1 expected a barrier. Each reads the other's message.
           if (group.rank() == 0) {
             group.broadcast(t, {0})->wait();
           } else {
@@ -138,9 +139,159 @@ TEST_CASE(
   // Rank 1 sees the broadcast's message where it expected its barrier.
   CHECK_THAT(thrown[1],
              Catch::Contains("broadcast #0") && Catch::Contains("barrier #0"));
-  // Rank 0 fails at its next call: either its own receive sees rank 1's
-  // barrier #0, or rank 1's report arrives first; a mismatch either way.
+  // Rank 0 reads rank 1's barrier #0 where it expected the confirmation,
+  // or rank 1's report arrives first; a mismatch either way.
   CHECK_THAT(thrown[0], Catch::Contains("barrier #0"));
+}
+
+namespace {
+
+enum class Rooted { kBroadcast, kScatter, kReduce, kGather };
+
+const char* rooted_name(Rooted kind) {
+  switch (kind) {
+    case Rooted::kBroadcast: return "broadcast";
+    case Rooted::kScatter: return "scatter";
+    case Rooted::kReduce: return "reduce";
+    case Rooted::kGather: return "gather";
+  }
+  return "?";
+}
+
+// Runs one rooted collective on every rank with the root `root_of(rank)`,
+// then a barrier, and returns per rank what the collective did: "ok" (its
+// data checked against what its root sent), or the error's kind and text;
+// then " | next: " and what the barrier did.
+std::vector<std::string> rooted_outcome(int world, Rooted kind,
+                                        const std::function<int(int)>& root_of,
+                                        std::chrono::milliseconds& slowest) {
+  std::vector<std::string> outcome(static_cast<std::size_t>(world));
+  std::vector<std::chrono::milliseconds> took(static_cast<std::size_t>(world));
+  auto errors = run_ranks(
+      world,
+      [&](ProcessGroup& group) {
+        const int rank = group.rank();
+        const int root = root_of(rank);
+        std::string& mine = outcome[static_cast<std::size_t>(rank)];
+        const auto start = std::chrono::steady_clock::now();
+        auto describe = [](const std::exception& e) {
+          if (dynamic_cast<const comm::MismatchError*>(&e) != nullptr)
+            return std::string("MismatchError: ") + e.what();
+          return std::string("other error: ") + e.what();
+        };
+        try {
+          // Rank r contributes r + 1 (per block r * 10 + b for scatter).
+          Tensor t = Tensor::full({4}, rank + 1, DType::kF32);
+          float expected = static_cast<float>(rank + 1);
+          switch (kind) {
+            case Rooted::kBroadcast:
+              group.broadcast(t, {root})->wait();
+              expected = static_cast<float>(root + 1);
+              break;
+            case Rooted::kScatter: {
+              std::vector<Tensor> blocks;
+              if (rank == root) {
+                for (int b = 0; b < world; ++b)
+                  blocks.push_back(
+                      Tensor::full({4}, rank * 10 + b, DType::kF32));
+              }
+              group.scatter(t, blocks, {root})->wait();
+              expected = static_cast<float>(root * 10 + rank);
+              break;
+            }
+            case Rooted::kReduce:
+              group.reduce(t, {root, ReduceOp::kSum})->wait();
+              if (rank == root) expected = world * (world + 1) / 2.0f;
+              break;
+            case Rooted::kGather: {
+              std::vector<Tensor> blocks;
+              if (rank == root) {
+                for (int b = 0; b < world; ++b)
+                  blocks.push_back(Tensor::zeros({4}, DType::kF32));
+              }
+              group.gather(blocks, t, {root})->wait();
+              if (rank == root) {
+                for (int b = 0; b < world; ++b) {
+                  if (blocks[b].data<float>()[0] != b + 1) expected = -1;
+                }
+              }
+              break;
+            }
+          }
+          mine = t.data<float>()[0] == expected ? "ok" : "WRONG DATA";
+        } catch (const std::exception& e) {
+          mine = describe(e);
+        }
+        took[static_cast<std::size_t>(rank)] =
+            std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::steady_clock::now() - start);
+        try {
+          group.barrier({std::chrono::milliseconds(5000)})->wait();
+          mine += " | next: ok";
+        } catch (const std::exception& e) {
+          mine += " | next: " + describe(e);
+        }
+      },
+      30s);
+  slowest = *std::max_element(took.begin(), took.end());
+  for (int r = 0; r < world; ++r) {
+    if (!errors[r].empty()) outcome[r] += " | escaped: " + errors[r];
+  }
+  return outcome;
+}
+
+}  // namespace
+
+// Ranks that name different roots must not return success with data that
+// differs from what their root sent, nor wait for the timeout (30 s here):
+// every rank fails with MismatchError, found by itself or relayed, except
+// that a rank whose messages all came from ranks that agree with it may
+// finish its call (its data is what the root it named sent) and then fails
+// its next call with the MismatchError. In the patterns below where every
+// rank's view disagrees with some rank it exchanges with (each names
+// itself, or the next rank), every rank fails the call itself.
+TEST_CASE("ranks that name different roots fail with MismatchError, promptly",
+          "[tcp][mismatch][root]") {
+  struct Pattern {
+    const char* name;
+    std::function<int(int, int)> root;  // (rank, world) -> root
+    bool all_fail;                      // every rank fails the call itself
+  };
+  const std::vector<Pattern> patterns = {
+      {"each names itself", [](int r, int) { return r; }, true},
+      {"each names the next rank", [](int r, int n) { return (r + 1) % n; },
+       true},
+      {"the last rank names 1, the others 0",
+       [](int r, int n) { return r == n - 1 ? 1 : 0; }, false},
+      {"half name 0, half the last rank",
+       [](int r, int n) { return r < n / 2 ? 0 : n - 1; }, false},
+  };
+  for (int world : {2, 3, 4}) {
+    for (Rooted kind : {Rooted::kBroadcast, Rooted::kScatter, Rooted::kReduce,
+                        Rooted::kGather}) {
+      for (const Pattern& pattern : patterns) {
+        std::chrono::milliseconds slowest{0};
+        auto outcome = rooted_outcome(
+            world, kind, [&](int rank) { return pattern.root(rank, world); },
+            slowest);
+        INFO("world " << world << ", " << rooted_name(kind) << ", "
+                      << pattern.name);
+        for (int r = 0; r < world; ++r) {
+          INFO("rank " << r << " (root " << pattern.root(r, world)
+                       << "): " << outcome[r]);
+          const bool failed = outcome[r].rfind("MismatchError", 0) == 0;
+          const bool finished = outcome[r].rfind("ok |", 0) == 0;
+          CHECK((failed || finished));
+          if (pattern.all_fail || world == 2) CHECK(failed);
+          // A rank that finished learns of the mismatch at its next call.
+          if (finished)
+            CHECK_THAT(outcome[r], Catch::Contains("next: Mismatch"));
+          CHECK_THAT(outcome[r], !Catch::Contains("escaped"));
+        }
+        CHECK(slowest < 5s);
+      }
+    }
+  }
 }
 
 TEST_CASE("after a failure the group refuses further collectives",

@@ -1,0 +1,161 @@
+// comm::tcp::ControlChannel: the TCP backend's control connections
+// (Channel::kControl), owned by a thread of their own that keeps running
+// while the rank computes.
+//
+// The thread reads every control message as it arrives and sends a
+// heartbeat to every peer each heartbeat_interval() (a fifth of
+// COMM_HEARTBEAT_TIMEOUT), whatever the rank is doing. So a peer that is
+// alive but slow to reach a collective keeps beating and is waited for up
+// to the operation's timeout, while a peer whose control connection stays
+// silent for COMM_HEARTBEAT_TIMEOUT (a process stopped by SIGSTOP or a
+// debugger, a host that hangs, a network cut) is declared silent: every
+// collective running or started afterwards fails with a PeerError naming
+// it. A peer that closes its control connection (it exited, or destroyed
+// its group) is not an error by itself: whether that matters shows on the
+// collective connections of a call that needs it.
+//
+// It also records the peers' failure reports (aborts) and answers their
+// queries ("which call is your collective number S?") from the calls this
+// rank has started (begin_call), and records their answers to this rank's
+// queries. A step that waits watches alarm_fd(), which becomes readable
+// when something was recorded, and then asks check() whether it fails the
+// step's call. Between those, a collective costs one uncontended lock
+// (begin_call) and one atomic load (check() when nothing was recorded).
+//
+// Writes to a peer are queued and sent without blocking, by whichever
+// thread queues them or, when the socket is full, by the control thread,
+// so that messages never interleave and a peer that does not read never
+// blocks anyone.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/tcp/control_message.h"
+#include "backends/tcp/mesh.h"
+#include "libcomm/detail/socket.h"
+
+namespace comm::tcp {
+
+// COMM_HEARTBEAT_TIMEOUT: how long a peer's control connection may stay
+// silent before the peer is declared frozen, dead or cut off.
+std::chrono::milliseconds heartbeat_timeout();
+// How often every rank sends a heartbeat: a fifth of the timeout, so that
+// a peer is declared silent only after it missed four beats in a row, and
+// a beat delayed by a loaded scheduler is no false alarm.
+std::chrono::milliseconds heartbeat_interval();
+
+class ControlChannel {
+ public:
+  // A peer's failure report, as it arrived.
+  struct Report {
+    int from = -1;
+    ControlMessage message;
+  };
+
+  // Takes over the control sockets of `mesh` (nobody else may touch them
+  // from now on) and starts the control thread.
+  ControlChannel(Mesh& mesh, std::chrono::milliseconds timeout,
+                 std::chrono::milliseconds interval);
+  ~ControlChannel();
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  // Stops the control thread; queued messages that have not left are
+  // dropped. Call before the mesh's sockets are shut down.
+  void stop();
+
+  // Queues `message` to every peer and waits up to `budget` for it to
+  // leave this rank (best effort: a peer whose socket does not take it in
+  // time misses it).
+  void broadcast(const ControlMessage& message,
+                 std::chrono::milliseconds budget);
+  // Asks `peer` which call is its collective number `call.sequence`; its
+  // answer is recorded and wakes alarm_fd().
+  void query(int peer, const CallInfo& call);
+
+  // Records that this rank starts `call` (collectives start in sequence
+  // order), so that queries about it are answered, then does check(call).
+  // Returns a peer's failure report that fails `call`, as check() does.
+  std::optional<Report> begin_call(const CallInfo& call);
+
+  // Readable when something was recorded since the last check(): a peer's
+  // failure report, a peer found silent, an answer to a query.
+  int alarm_fd() const { return alarm_fd_; }
+
+  // What the channel knows that fails `call`: returns the first failure
+  // report of a peer for `call` or an earlier collective (the caller raises
+  // it as a Reported<E>); throws PeerError when a peer was found silent and
+  // MismatchError when a peer answered that its collective of the same
+  // number is another call. Reports of later collectives (a peer that went
+  // ahead and failed there) do not fail `call`. Clears the alarm.
+  std::optional<Report> check(const CallInfo& call);
+
+  // Whether `peer`'s last answer said it had not started collective
+  // `sequence` yet.
+  bool answered_not_reached(int peer, std::uint64_t sequence);
+
+  // Every failure report received for collective `sequence`.
+  std::vector<Report> reports_for(std::uint64_t sequence);
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  // How many started calls are remembered to answer queries.
+  static constexpr std::size_t kHistory = 64;
+
+  struct Peer {
+    bool open = false;
+    detail::Clock::time_point last_heard;
+    std::vector<std::uint8_t> input;  // bytes of a message not yet whole
+    std::deque<std::vector<std::uint8_t>> outbox;
+    std::size_t sent = 0;  // bytes of outbox.front() already sent
+    std::optional<ControlMessage> answer;
+  };
+
+  void run();
+  // All need mutex_.
+  void queue(int peer, std::vector<std::uint8_t> bytes);
+  void flush(int peer);
+  void close_peer(int peer, const char* why);
+  void record_event();
+  void dispatch(int peer, ControlMessage message);
+  ControlMessage answer_for(const CallInfo& asked) const;
+  // Reads what `peer` sent, outside the lock; dispatches whole messages.
+  void read_from(int peer);
+
+  Mesh& mesh_;
+  const std::chrono::milliseconds timeout_;
+  const std::chrono::milliseconds interval_;
+  int alarm_fd_ = -1;
+  int wake_fd_ = -1;  // wakes the control thread: stop, or a queue to send
+  std::thread thread_;
+  // Nonzero once anything that may fail a call was recorded.
+  std::atomic<std::uint64_t> events_{0};
+
+  std::mutex mutex_;
+  std::condition_variable flushed_;
+  bool stopping_ = false;
+  std::vector<Peer> peers_;
+  std::vector<Report> reports_;
+  int silent_peer_ = -1;
+  std::chrono::milliseconds silent_for_{0};
+  // The calls started, by sequence number modulo kHistory.
+  std::array<CallInfo, kHistory> history_{};
+  std::uint64_t started_ = 0;  // the number of collectives started
+};
+
+// Throws a peer's failure report as the error of `call`, a Reported<E>.
+[[noreturn]] void raise_report(const CallInfo& call,
+                               const ControlChannel::Report& report);
+
+}  // namespace comm::tcp
