@@ -6,19 +6,17 @@
 #include <string>
 
 #include "libcomm/distributed/process_group.h"
+#include "support/rank_checks.h"
 #include "support/thread_ranks.h"
 
 using comm::Device;
 using comm::DType;
 using comm::ProcessGroup;
 using comm::Tensor;
+using comm::testing::expect;
 using comm::testing::run_ranks;
 
 namespace {
-
-void expect(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
 
 float first(const Tensor& cuda) {
   return cuda.to(Device::cpu()).data<float>()[0];

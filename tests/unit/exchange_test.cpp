@@ -22,6 +22,7 @@
 #include "backends/tcp/mesh.h"
 #include "libcomm/error.h"
 #include "support/mesh_ranks.h"
+#include "support/rank_checks.h"
 
 using comm::DType;
 using comm::ReduceOp;
@@ -30,21 +31,12 @@ using comm::tcp::CallInfo;
 using comm::tcp::Collective;
 using comm::tcp::Exchange;
 using comm::tcp::Mesh;
+using comm::testing::check_all_ok;
+using comm::testing::expect;
 using comm::testing::run_meshes;
 using namespace std::chrono_literals;
 
 namespace {
-
-void expect(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
-
-void check_all_ok(const std::vector<std::string>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    INFO("rank " << r);
-    CHECK(errors[r] == "");
-  }
-}
 
 CallInfo call_of(std::int64_t count, DType dtype = DType::kF32) {
   return {Collective::kAllReduce, 0, dtype, count, ReduceOp::kSum, -1};

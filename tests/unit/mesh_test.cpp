@@ -20,18 +20,16 @@
 #include "store/tcp_store.h"
 #include "support/keyed_store.h"
 #include "support/mesh_ranks.h"
+#include "support/rank_checks.h"
 
 using comm::HashStore;
 using comm::tcp::Channel;
 using comm::tcp::Mesh;
+using comm::testing::expect;
 using comm::testing::run_meshes;
 using namespace std::chrono_literals;
 
 namespace {
-
-void expect(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
 
 // The handshake a connecting rank sends first (see rank_handshake.h): magic
 // "CMT2", channel, version 2, whether it authenticates, a reserved byte,

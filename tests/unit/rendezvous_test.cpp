@@ -18,8 +18,10 @@
 #include "libcomm/distributed/rendezvous.h"
 #include "libcomm/error.h"
 #include "store/hash_store.h"
+#include "support/rank_checks.h"
 #include "support/temp_path.h"
 
+using comm::testing::expect;
 using namespace std::chrono_literals;
 
 namespace {
@@ -44,10 +46,6 @@ class ScopedEnv {
 
 // Throws where a rank's thread finds something wrong: Catch2's assertions
 // are not thread-safe, so rank threads report through run_ranks' errors.
-void expect(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
-
 // Runs `world` ranks as threads; returns each rank's error message, empty
 // where the rank succeeded.
 template <typename F>

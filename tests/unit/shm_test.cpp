@@ -23,11 +23,13 @@
 #include "backends/tcp/mesh.h"
 #include "libcomm/param.h"
 #include "support/mesh_ranks.h"
+#include "support/rank_checks.h"
 
 using comm::shm::Doorbell;
 using comm::shm::Ring;
 using comm::tcp::Channel;
 using comm::tcp::Mesh;
+using comm::testing::expect;
 using namespace std::chrono_literals;
 
 namespace {
@@ -50,10 +52,6 @@ struct LocalRing {
 bool rang(const Doorbell& bell) {
   pollfd entry{bell.fd(), POLLIN, 0};
   return ::poll(&entry, 1, 0) == 1;
-}
-
-void expect(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
 }
 
 // Sets COMM_TRANSPORT for this test and puts it back afterwards.

@@ -17,27 +17,19 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"
+#include "support/rank_checks.h"
 #include "support/thread_ranks.h"
 
 using comm::DType;
 using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::Tensor;
+using comm::testing::check_all_ok;
+using comm::testing::expect;
 using comm::testing::run_ranks;
 using namespace std::chrono_literals;
 
 namespace {
-
-void expect(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
-
-void check_all_ok(const std::vector<std::string>& errors) {
-  for (std::size_t r = 0; r < errors.size(); ++r) {
-    INFO("rank " << r);
-    CHECK(errors[r] == "");
-  }
-}
 
 // Rank r's contribution for a reduction: values whose every partial result
 // is exact in every dtype (so the order of reduction cannot matter), or,
