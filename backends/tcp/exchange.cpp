@@ -48,9 +48,13 @@ std::chrono::microseconds spin_budget() {
   return std::chrono::microseconds(kSpinUs.get());
 }
 
-long send_some(int fd, const std::uint8_t* header, std::size_t& header_done,
-               const iovec* payload, int count) {
-  iovec parts[1 + kMaxPayloadRegions];
+namespace {
+
+// Lays out the unsent rest of the header, then up to kMaxPayloadRegions
+// payload regions, in `parts`; returns how many it used.
+int gather_header_and_payload(iovec* parts, const std::uint8_t* header,
+                              std::size_t header_done, const iovec* payload,
+                              int count) {
   int used = 0;
   if (header_done < MessageHeader::kWireSize) {
     parts[used++] = {const_cast<std::uint8_t*>(header) + header_done,
@@ -59,36 +63,59 @@ long send_some(int fd, const std::uint8_t* header, std::size_t& header_done,
   for (int i = 0; i < count && i < kMaxPayloadRegions; ++i) {
     parts[used++] = payload[i];
   }
-  msghdr message{};
-  message.msg_iov = parts;
-  message.msg_iovlen = static_cast<std::size_t>(used);
-  ssize_t n;
-  do {
-    n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return -1;
-  const auto moved = static_cast<std::size_t>(n);
+  return used;
+}
+
+// Counts `moved` bytes against the header first; returns the payload's
+// share.
+long payload_share(std::size_t moved, std::size_t& header_done) {
   const std::size_t to_header =
       std::min(moved, MessageHeader::kWireSize - header_done);
   header_done += to_header;
   return static_cast<long>(moved - to_header);
 }
 
-int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
-                 const std::uint8_t* data, std::size_t bytes,
-                 std::size_t& payload_done) {
+// send_message over either channel: send_some until the message is out or
+// the channel is full.
+template <typename Channel>
+int send_whole_message(Channel& channel, const std::uint8_t* header,
+                       std::size_t& header_done, const std::uint8_t* data,
+                       std::size_t bytes, std::size_t& payload_done) {
   // Bounded: every round moves bytes or returns.
   while (header_done < MessageHeader::kWireSize || payload_done < bytes) {
     const iovec rest{const_cast<std::uint8_t*>(data) + payload_done,
                      bytes - payload_done};
-    const long sent =
-        send_some(fd, header, header_done, &rest, payload_done < bytes ? 1 : 0);
+    const long sent = send_some(channel, header, header_done, &rest,
+                                payload_done < bytes ? 1 : 0);
     if (sent < 0) {
       return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
     }
     payload_done += static_cast<std::size_t>(sent);
   }
   return 1;
+}
+
+}  // namespace
+
+long send_some(int fd, const std::uint8_t* header, std::size_t& header_done,
+               const iovec* payload, int count) {
+  iovec parts[1 + kMaxPayloadRegions];
+  msghdr message{};
+  message.msg_iov = parts;
+  message.msg_iovlen = static_cast<std::size_t>(
+      gather_header_and_payload(parts, header, header_done, payload, count));
+  ssize_t n;
+  do {
+    n = ::sendmsg(fd, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return -1;
+  return payload_share(static_cast<std::size_t>(n), header_done);
+}
+
+int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
+                 const std::uint8_t* data, std::size_t bytes,
+                 std::size_t& payload_done) {
+  return send_whole_message(fd, header, header_done, data, bytes, payload_done);
 }
 
 long send_some(shm::Ring& ring, const std::uint8_t* header,
@@ -98,38 +125,21 @@ long send_some(shm::Ring& ring, const std::uint8_t* header,
     return -1;
   }
   iovec parts[1 + kMaxPayloadRegions];
-  int used = 0;
-  if (header_done < MessageHeader::kWireSize) {
-    parts[used++] = {const_cast<std::uint8_t*>(header) + header_done,
-                     MessageHeader::kWireSize - header_done};
-  }
-  for (int i = 0; i < count && i < kMaxPayloadRegions; ++i) {
-    parts[used++] = payload[i];
-  }
-  const std::size_t moved = ring.write(parts, used);
+  const std::size_t moved = ring.write(
+      parts,
+      gather_header_and_payload(parts, header, header_done, payload, count));
   if (moved == 0) {
     errno = EAGAIN;
     return -1;
   }
-  const std::size_t to_header =
-      std::min(moved, MessageHeader::kWireSize - header_done);
-  header_done += to_header;
-  return static_cast<long>(moved - to_header);
+  return payload_share(moved, header_done);
 }
 
 int send_message(shm::Ring& ring, const std::uint8_t* header,
                  std::size_t& header_done, const std::uint8_t* data,
                  std::size_t bytes, std::size_t& payload_done) {
-  // Bounded: every round moves bytes or returns.
-  while (header_done < MessageHeader::kWireSize || payload_done < bytes) {
-    const iovec rest{const_cast<std::uint8_t*>(data) + payload_done,
-                     bytes - payload_done};
-    const long sent = send_some(ring, header, header_done, &rest,
-                                payload_done < bytes ? 1 : 0);
-    if (sent < 0) return errno == EAGAIN ? 0 : -1;
-    payload_done += static_cast<std::size_t>(sent);
-  }
-  return 1;
+  return send_whole_message(ring, header, header_done, data, bytes,
+                            payload_done);
 }
 
 long read_some(shm::Ring& ring, const iovec* parts, int count) {
