@@ -522,21 +522,29 @@ TEST_CASE("commrun --redirects sends each rank's streams to its own log files",
   // 1: stdout only; stderr stays on the console with the rank prefix. The
   // underscore spelling, and a temporary directory when none is given.
   ScratchDir dir2;
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::string saved_tmpdir = tmpdir != nullptr ? tmpdir : "";
+  setenv("TMPDIR", dir2.path.str().c_str(), 1);
   auto out_only =
       start_commrun(dir2, {"--nproc_per_node=2", "--master-port", "0",
                            "--redirects", "1", "sh", "-c", kTwoStreams});
+  if (tmpdir != nullptr) {
+    setenv("TMPDIR", saved_tmpdir.c_str(), 1);
+  } else {
+    unsetenv("TMPDIR");
+  }
   REQUIRE(out_only->wait(30s) == 0);
   const std::regex said(R"(commrun: log directory set to: (\S+/none_\S+))");
   std::smatch match;
   const std::string err2 = read_file(dir2 / "stderr");
   REQUIRE(std::regex_search(err2, match, said));
   const std::string run2 = match[1].str();
+  CHECK(run2.rfind(dir2.path.str() + "/torchelastic_", 0) == 0);
   CHECK(read_file(run2 + "/attempt_0/1/stdout.log") == "out1\nmore1\nlast1");
   CHECK_FALSE(exists(run2 + "/attempt_0/1/stderr.log"));
   CHECK(read_file(dir2 / "stdout").empty());
   CHECK(worker_errors(dir2) ==
         std::vector<std::string>{"[0]: err0", "[1]: err1"});
-  std::filesystem::remove_all(std::filesystem::path(run2).parent_path());
 
   // Each restart writes its own attempt_<restart>.
   ScratchDir dir3;
