@@ -9,6 +9,7 @@
 //           [--local-addr ADDR]
 //           [--pass-local-rank [--local-rank-spelling underscore|dash]]
 //           [--role NAME]
+//           [--log-dir DIR] [-r|--redirects V] [-t|--tee V]
 //           PROGRAM [ARGS...]
 //
 // torchrun's options are taken in both spellings (--nproc-per-node and
@@ -34,6 +35,19 @@
 // whole in one write(2), so lines of different workers never mix. A line
 // longer than 64 KiB is cut into 64 KiB lines.
 //
+// Logs, as torchrun lays them out: with --log-dir DIR (or with -r or -t,
+// which without DIR use a fresh TMPDIR/torchelastic_XXXXXX as torchrun
+// does), commrun makes DIR/<run id>_XXXXXX once and says so, and each
+// generation of workers (each restart) gets attempt_<restart>/<local
+// rank>/ in it. -r V sends the chosen streams of each worker to stdout.log
+// and stderr.log there instead of the console: V is 0 (none), 1 (stdout),
+// 2 (stderr), 3 (both), or a map of local ranks to these, "0:1,1:2" (a
+// local rank left out gets 0). A redirected stream is the file itself, so
+// the worker's output reaches it even when commrun dies. -t V, with the
+// same values, writes the chosen streams to the files as they are read and
+// copies them to the console with torchrun's "[<role><local rank>]:"
+// prefix.
+//
 // SIGINT and SIGTERM are forwarded to every worker; commrun then exits with
 // 128 + the signal. When a worker fails (a non-zero status or a signal),
 // commrun stops the others (SIGTERM, then SIGKILL after --term-grace),
@@ -54,6 +68,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,8 +78,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <random>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -97,13 +115,26 @@ struct Config {
   std::size_t local_rank_at = 0;
   std::string local_rank_flag;  // "--local_rank", "--local-rank" or empty
   bool set_omp_threads = false;
+  // Per local rank, which streams go to the log files (kOut | kErr), and
+  // which of those are also copied to the console.
+  std::vector<int> redirects;
+  std::vector<int> tee;
+  std::string log_dir;  // this run's DIR/<run id>_XXXXXX, when logging
 };
 
-// One worker's output stream: bytes read so far that do not yet end a line.
+constexpr int kOut = 1;
+constexpr int kErr = 2;
+
+// One worker's output stream that commrun reads: bytes read so far that do
+// not yet end a line, the prefix of its lines on the console, and, for
+// --tee, the log file every byte read is written to at once (so that what
+// was read is in the file whatever happens next).
 struct Stream {
   int fd = -1;
   int target = STDOUT_FILENO;
   std::string pending;
+  std::string prefix;
+  int log_fd = -1;
 };
 
 struct Worker {
@@ -148,8 +179,8 @@ void say(const std::string& message) {
 
 // Emits the complete lines of `stream` with the rank prefix; at EOF also the
 // unfinished last line.
-void emit_lines(Stream& stream, int rank, bool at_eof) {
-  const std::string prefix = "[" + std::to_string(rank) + "]: ";
+void emit_lines(Stream& stream, bool at_eof) {
+  const std::string& prefix = stream.prefix;
   std::string lines;
   std::size_t start = 0;
   while (true) {
@@ -268,33 +299,84 @@ class Launcher {
   }
 
  private:
-  bool spawn(Worker& w, int port, int restart) {
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0) return spawn_failed("pipe");
-    if (pipe2(err, O_CLOEXEC) != 0) {
-      close(out[0]);
-      close(out[1]);
+  // Sets up where one of w's streams goes: `child_fd` is what the worker
+  // writes to, and `stream` what commrun reads, if anything. A redirected
+  // stream is its log file; a teed one a pipe with the file beside it; any
+  // other a pipe to the console.
+  bool open_stream(const Worker& w, int which, const std::string& rank_dir,
+                   Stream& stream, int& child_fd) {
+    const auto local = static_cast<std::size_t>(w.local_rank);
+    const bool logged = (config_.redirects[local] & which) != 0;
+    const bool teed = (config_.tee[local] & which) != 0;
+    stream = {};
+    stream.target = which == kOut ? STDOUT_FILENO : STDERR_FILENO;
+    if (logged) {
+      const std::string path =
+          rank_dir + (which == kOut ? "/stdout.log" : "/stderr.log");
+      const int fd =
+          open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) return spawn_failed(("open " + path).c_str());
+      if (!teed) {
+        child_fd = fd;
+        return true;
+      }
+      stream.log_fd = fd;
+      stream.prefix = "[" + config_.role + std::to_string(w.local_rank) + "]:";
+    } else {
+      stream.prefix = "[" + std::to_string(w.rank) + "]: ";
+    }
+    int ends[2];
+    if (pipe2(ends, O_CLOEXEC) != 0) {
+      close_stream(stream);
       return spawn_failed("pipe");
+    }
+    stream.fd = ends[0];
+    child_fd = ends[1];
+    return true;
+  }
+
+  static void close_stream(Stream& stream) {
+    for (int* fd : {&stream.fd, &stream.log_fd}) {
+      if (*fd >= 0) close(*fd);
+      *fd = -1;
+    }
+  }
+
+  bool spawn(Worker& w, int port, int restart) {
+    std::string rank_dir;
+    if (!config_.log_dir.empty()) {
+      const std::string attempt =
+          config_.log_dir + "/attempt_" + std::to_string(restart);
+      rank_dir = attempt + "/" + std::to_string(w.local_rank);
+      if (w.local_rank == 0 && mkdir(attempt.c_str(), 0755) != 0)
+        return spawn_failed(("mkdir " + attempt).c_str());
+      if (mkdir(rank_dir.c_str(), 0755) != 0)
+        return spawn_failed(("mkdir " + rank_dir).c_str());
+    }
+    int out = -1, err = -1;
+    if (!open_stream(w, kOut, rank_dir, w.out, out)) return false;
+    if (!open_stream(w, kErr, rank_dir, w.err, err)) {
+      close(out);
+      close_stream(w.out);
+      return false;
     }
     const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid == 0)
-      exec_worker(config_, w, port, restart, parent, out[1], err[1], blocked_);
-    close(out[1]);
-    close(err[1]);
+      exec_worker(config_, w, port, restart, parent, out, err, blocked_);
+    close(out);
+    close(err);
     if (pid > 0) setpgid(pid, pid);  // whichever of the two runs first
     if (pid < 0) {
-      close(out[0]);
-      close(err[0]);
+      close_stream(w.out);
+      close_stream(w.err);
       return spawn_failed("fork");
     }
     w.pid = pid;
-    w.out = {out[0], STDOUT_FILENO, {}};
-    w.err = {err[0], STDERR_FILENO, {}};
     return true;
   }
 
-  bool spawn_failed(const char* what) {
+  static bool spawn_failed(const char* what) {
     say(std::string(what) + " failed: " + std::strerror(errno));
     return false;
   }
@@ -349,12 +431,12 @@ class Launcher {
         if (Clock::now() >= *drain_until) break;
       }
       std::vector<pollfd> fds{{signal_fd_, POLLIN, 0}};
-      std::vector<std::pair<Worker*, Stream*>> owners{{nullptr, nullptr}};
+      std::vector<Stream*> owners{nullptr};
       for (Worker& w : workers_) {
         for (Stream* s : {&w.out, &w.err}) {
           if (s->fd < 0) continue;
           fds.push_back({s->fd, POLLIN, 0});
-          owners.push_back({&w, s});
+          owners.push_back(s);
         }
       }
       if (fds.size() == 1 && all_exited()) break;
@@ -381,25 +463,27 @@ class Launcher {
       if (fds[0].revents != 0) handle_signal(outcome, kill_at);
       for (std::size_t k = 1; k < fds.size(); ++k) {
         if (fds[k].revents == 0) continue;
-        auto [worker, stream] = owners[k];
+        Stream* stream = owners[k];
         char buffer[16384];
         const ssize_t n = read(stream->fd, buffer, sizeof(buffer));
         if (n > 0) {
+          if (stream->log_fd >= 0) {
+            write_all(stream->log_fd,
+                      std::string(buffer, static_cast<std::size_t>(n)));
+          }
           stream->pending.append(buffer, static_cast<std::size_t>(n));
-          emit_lines(*stream, worker->rank, false);
+          emit_lines(*stream, false);
         } else if (n == 0 || errno != EINTR) {
-          emit_lines(*stream, worker->rank, true);
-          close(stream->fd);
-          stream->fd = -1;
+          emit_lines(*stream, true);
+          close_stream(*stream);
         }
       }
     }
     for (Worker& w : workers_) {
       for (Stream* s : {&w.out, &w.err}) {
         if (s->fd < 0) continue;
-        emit_lines(*s, w.rank, true);
-        close(s->fd);
-        s->fd = -1;
+        emit_lines(*s, true);
+        close_stream(*s);
       }
     }
   }
@@ -455,6 +539,76 @@ std::optional<int> processes_per_node(const std::string& text,
   return static_cast<int>(n);
 }
 
+// torchrun's --redirects and --tee: one of 0 (none), 1 (stdout), 2
+// (stderr), 3 (both) for every local rank, or LOCAL:V,... for some (the
+// others get 0). Empty, with `problem` set, when `text` is neither or names
+// a local rank twice or one this node does not have.
+std::optional<std::vector<int>> streams_per_rank(const std::string& flag,
+                                                 const std::string& text,
+                                                 int nproc,
+                                                 std::string& problem) {
+  const auto bad = [&](const std::string& why) {
+    if (problem.empty()) problem = flag + " " + text + ": " + why;
+    return std::nullopt;
+  };
+  const std::string values =
+      "give 0 (none), 1 (stdout), 2 (stderr) or 3 (both), or a map of local "
+      "ranks to these such as 0:1,1:2";
+  if (std::regex_match(text, std::regex("[0-3]"))) {
+    return std::vector<int>(static_cast<std::size_t>(nproc), text[0] - '0');
+  }
+  if (!std::regex_match(text, std::regex(R"((\d{1,6}:[0-3],)*\d{1,6}:[0-3])")))
+    return bad(values);
+  std::vector<int> chosen(static_cast<std::size_t>(nproc), 0);
+  std::vector<bool> seen(static_cast<std::size_t>(nproc), false);
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    const int local = std::stoi(item.substr(0, item.find(':')));
+    if (local >= nproc) {
+      return bad("local rank " + std::to_string(local) +
+                 " is not below --nproc-per-node " + std::to_string(nproc));
+    }
+    if (seen[static_cast<std::size_t>(local)])
+      return bad("local rank " + std::to_string(local) + " is given twice");
+    seen[static_cast<std::size_t>(local)] = true;
+    chosen[static_cast<std::size_t>(local)] = item.back() - '0';
+  }
+  return chosen;
+}
+
+// Makes this run's log directory, BASE/<run id>_XXXXXX, as torchrun does
+// (BASE is made when missing; without one, a fresh TMPDIR/torchelastic_XXXXXX).
+// Empty, with `problem` set, on failure.
+std::string make_log_dir(std::string base, const std::string& run_id,
+                         std::string& problem) {
+  std::error_code error;
+  if (base.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
+        "/torchelastic_XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) {
+      problem = "cannot make a log directory " + pattern + ": " +
+                std::strerror(errno) + "; give one with --log-dir";
+      return {};
+    }
+    base = pattern;
+  } else if (std::filesystem::create_directories(base, error);
+             error || !std::filesystem::is_directory(base)) {
+    problem = "--log-dir " + base + ": cannot make the directory" +
+              (error ? ": " + error.message() : "");
+    return {};
+  }
+  std::string id = run_id;
+  std::replace(id.begin(), id.end(), '/', '_');
+  std::string pattern = base + "/" + id + "_XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    problem = "--log-dir: cannot make " + pattern + ": " + std::strerror(errno);
+    return {};
+  }
+  return pattern;
+}
+
 // A random run id for --standalone, as torchrun makes one.
 std::string random_run_id() {
   std::random_device device;
@@ -481,6 +635,9 @@ int parse(int argc, char** argv, Config& config) {
   bool use_env = false;
   double monitor_interval = 5;
   std::string start_method = "spawn";
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
   app.add_option("--nproc-per-node,--nproc_per_node", nproc,
                  "workers on this node: a count, auto (the GPUs, else the "
                  "CPUs), cpu or gpu")
@@ -564,6 +721,18 @@ int parse(int argc, char** argv, Config& config) {
                  "accepted for torchrun's command lines; workers are always "
                  "started with fork and exec")
       ->check(CLI::IsMember({"spawn", "fork", "forkserver"}));
+  app.add_option("--log-dir,--log_dir", log_dir,
+                 "where the workers' logs go: DIR/<run id>_XXXXXX/"
+                 "attempt_<restart>/<local rank>/{stdout,stderr}.log");
+  app.add_option("-r,--redirects", redirects,
+                 "streams that go to the log files instead of the console: "
+                 "0 none, 1 stdout, 2 stderr, 3 both, or per local rank "
+                 "(0:1,1:2)")
+      ->capture_default_str();
+  app.add_option("-t,--tee", tee,
+                 "streams that go to the log files and to the console, "
+                 "prefixed [<role><local rank>]: (values as --redirects)")
+      ->capture_default_str();
   // Everything from the first argument that is not an option on is the
   // program and its arguments, untouched.
   app.prefix_command();
@@ -656,6 +825,17 @@ int parse(int argc, char** argv, Config& config) {
         "--module and --run-path run PROGRAM under Python; --no-python says "
         "not to";
   }
+  const auto redirected = streams_per_rank("--redirects", redirects,
+                                           config.nproc_per_node, problem);
+  const auto teed =
+      streams_per_rank("--tee", tee, config.nproc_per_node, problem);
+  if (redirected && teed) {
+    // As torchrun: a teed stream goes to its file too.
+    config.redirects = *redirected;
+    config.tee = *teed;
+    for (std::size_t k = 0; k < config.tee.size(); ++k)
+      config.redirects[k] |= config.tee[k];
+  }
   if (pass_local_rank && use_env && problem.empty()) {
     problem =
         "--pass-local-rank puts the local rank in argv; --use-env says not to";
@@ -675,6 +855,18 @@ int parse(int argc, char** argv, Config& config) {
     std::fprintf(stderr, "commrun: %s\n%s", problem.c_str(),
                  app.help().c_str());
     return 2;
+  }
+  const bool logging =
+      !log_dir.empty() ||
+      std::any_of(config.redirects.begin(), config.redirects.end(),
+                  [](int streams) { return streams != 0; });
+  if (logging) {
+    config.log_dir = make_log_dir(log_dir, config.run_id, problem);
+    if (config.log_dir.empty()) {
+      say(problem);
+      return 1;
+    }
+    say("log directory set to: " + config.log_dir);
   }
   const std::string& first = program.front();
   const bool is_python_file =

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -455,6 +456,254 @@ TEST_CASE("commrun takes torchrun's flags and sets torchrun's environment",
         dir2, {"--nproc-per-node", "auto", "--master-port", "0", "true"});
     CHECK(automatic->wait(60s) == 0);
   }
+}
+
+// The one run directory commrun made in `base` (BASE/<run id>_XXXXXX), or
+// empty when there is not exactly one.
+std::string run_log_dir(const std::string& base, const std::string& run_id) {
+  std::vector<std::string> found;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(base, error)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind(run_id + "_", 0) == 0 &&
+        name.size() > run_id.size() + 1) {
+      found.push_back(entry.path().string());
+    }
+  }
+  return found.size() == 1 ? found.front() : std::string();
+}
+
+bool exists(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0;
+}
+
+std::vector<std::string> sorted_lines(const std::string& text) {
+  auto lines = lines_of(text);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+// commrun's stderr without its own lines ("commrun: ...").
+std::vector<std::string> worker_errors(const ScratchDir& dir) {
+  auto lines = sorted_lines(read_file(dir / "stderr"));
+  std::erase_if(lines, [](const std::string& line) {
+    return line.rfind("commrun: ", 0) == 0;
+  });
+  return lines;
+}
+
+const std::string kTwoStreams =
+    "echo out$RANK; echo err$RANK >&2; echo more$RANK; printf last$RANK";
+
+TEST_CASE("commrun --redirects sends each rank's streams to its own log files",
+          "[commrun]") {
+  ScratchDir dir;
+  const std::string logs = dir / "logs";  // made by commrun, as torchrun does
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "2", "--master-port", "0", "--rdzv-id", "job7",
+            "--log-dir", logs, "-r", "3", "sh", "-c", kTwoStreams});
+  REQUIRE(commrun->wait(30s) == 0);
+  const std::string run = run_log_dir(logs, "job7");
+  REQUIRE_FALSE(run.empty());
+  // Said once, where the files are.
+  const std::string err = read_file(dir / "stderr");
+  CHECK_THAT(err, Catch::Contains("log directory set to: " + run));
+  for (int rank : {0, 1}) {
+    const std::string at = run + "/attempt_0/" + std::to_string(rank) + "/";
+    const std::string r = std::to_string(rank);
+    CHECK(read_file(at + "stdout.log") ==
+          "out" + r + "\nmore" + r + "\nlast" + r);
+    CHECK(read_file(at + "stderr.log") == "err" + r + "\n");
+  }
+  CHECK(read_file(dir / "stdout").empty());
+  CHECK(worker_errors(dir).empty());
+
+  // 1: stdout only; stderr stays on the console with the rank prefix. The
+  // underscore spelling, and a temporary directory when none is given.
+  ScratchDir dir2;
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::string saved_tmpdir = tmpdir != nullptr ? tmpdir : "";
+  setenv("TMPDIR", dir2.path.str().c_str(), 1);
+  auto out_only =
+      start_commrun(dir2, {"--nproc_per_node=2", "--master-port", "0",
+                           "--redirects", "1", "sh", "-c", kTwoStreams});
+  if (tmpdir != nullptr) {
+    setenv("TMPDIR", saved_tmpdir.c_str(), 1);
+  } else {
+    unsetenv("TMPDIR");
+  }
+  REQUIRE(out_only->wait(30s) == 0);
+  const std::regex said(R"(commrun: log directory set to: (\S+/none_\S+))");
+  std::smatch match;
+  const std::string err2 = read_file(dir2 / "stderr");
+  REQUIRE(std::regex_search(err2, match, said));
+  const std::string run2 = match[1].str();
+  CHECK(run2.rfind(dir2.path.str() + "/torchelastic_", 0) == 0);
+  CHECK(read_file(run2 + "/attempt_0/1/stdout.log") == "out1\nmore1\nlast1");
+  CHECK_FALSE(exists(run2 + "/attempt_0/1/stderr.log"));
+  CHECK(read_file(dir2 / "stdout").empty());
+  CHECK(worker_errors(dir2) ==
+        std::vector<std::string>{"[0]: err0", "[1]: err1"});
+
+  // Each restart writes its own attempt_<restart>.
+  ScratchDir dir3;
+  auto restarted =
+      start_commrun(dir3, {"--master-port", "0", "--max-restarts", "1",
+                           "--log_dir", dir3 / "logs", "-r", "3", "sh", "-c",
+                           "echo try$TORCHELASTIC_RESTART_COUNT; exit 3"});
+  CHECK(restarted->wait(30s) == 3);
+  const std::string run3 = run_log_dir(dir3 / "logs", "none");
+  REQUIRE_FALSE(run3.empty());
+  CHECK(read_file(run3 + "/attempt_0/0/stdout.log") == "try0\n");
+  CHECK(read_file(run3 + "/attempt_1/0/stdout.log") == "try1\n");
+}
+
+TEST_CASE("commrun --tee writes the files and prefixed lines to the console",
+          "[commrun]") {
+  ScratchDir dir;
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "2", "--master-port", "0", "--role", "trainer",
+            "--log-dir", dir / "logs", "-t", "3", "sh", "-c", kTwoStreams});
+  REQUIRE(commrun->wait(30s) == 0);
+  const std::string run = run_log_dir(dir / "logs", "none");
+  REQUIRE_FALSE(run.empty());
+  CHECK(sorted_lines(read_file(dir / "stdout")) ==
+        std::vector<std::string>{"[trainer0]:last0", "[trainer0]:more0",
+                                 "[trainer0]:out0", "[trainer1]:last1",
+                                 "[trainer1]:more1", "[trainer1]:out1"});
+  CHECK(worker_errors(dir) ==
+        std::vector<std::string>{"[trainer0]:err0", "[trainer1]:err1"});
+  for (int rank : {0, 1}) {
+    const std::string at = run + "/attempt_0/" + std::to_string(rank) + "/";
+    const std::string r = std::to_string(rank);
+    CHECK(read_file(at + "stdout.log") ==
+          "out" + r + "\nmore" + r + "\nlast" + r);
+    CHECK(read_file(at + "stderr.log") == "err" + r + "\n");
+  }
+
+  // A rank that closes its output early stalls no one: rank 0 closes both
+  // streams and keeps running while rank 1 writes 2000 lines.
+  ScratchDir dir2;
+  auto closing = start_commrun(
+      dir2, {"--nproc-per-node", "2", "--master-port", "0", "--log-dir",
+             dir2 / "logs", "-t", "1", "sh", "-c",
+             "if [ $RANK = 0 ]; then echo bye; exec >&- 2>&-; sleep 1; "
+             "else i=0; while [ $i -lt 2000 ]; do echo line$i; i=$((i+1)); "
+             "done; fi"});
+  REQUIRE(closing->wait(60s) == 0);
+  const std::string run2 = run_log_dir(dir2 / "logs", "none");
+  REQUIRE_FALSE(run2.empty());
+  CHECK(read_file(run2 + "/attempt_0/0/stdout.log") == "bye\n");
+  const auto lines = lines_of(read_file(run2 + "/attempt_0/1/stdout.log"));
+  REQUIRE(lines.size() == 2000);
+  CHECK(lines.back() == "line1999");
+  CHECK(lines_of(read_file(dir2 / "stdout")).size() == 2001);
+}
+
+TEST_CASE("commrun --redirects and --tee take torchrun's per-rank map",
+          "[commrun]") {
+  ScratchDir dir;
+  // Rank 0: stdout to its file; rank 1: stderr to its file and stdout to
+  // file and console; rank 2, left out: everything on the console.
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "3", "--master-port", "0", "--log-dir",
+            dir / "logs", "-r", "0:1,1:2", "-t", "1:1", "sh", "-c",
+            "echo out$RANK; echo err$RANK >&2"});
+  REQUIRE(commrun->wait(30s) == 0);
+  const std::string run = run_log_dir(dir / "logs", "none");
+  REQUIRE_FALSE(run.empty());
+  CHECK(read_file(run + "/attempt_0/0/stdout.log") == "out0\n");
+  CHECK_FALSE(exists(run + "/attempt_0/0/stderr.log"));
+  CHECK(read_file(run + "/attempt_0/1/stdout.log") == "out1\n");
+  CHECK(read_file(run + "/attempt_0/1/stderr.log") == "err1\n");
+  CHECK(exists(run + "/attempt_0/2"));
+  CHECK_FALSE(exists(run + "/attempt_0/2/stdout.log"));
+  CHECK_FALSE(exists(run + "/attempt_0/2/stderr.log"));
+  CHECK(sorted_lines(read_file(dir / "stdout")) ==
+        std::vector<std::string>{"[2]: out2", "[default1]:out1"});
+  CHECK(worker_errors(dir) ==
+        std::vector<std::string>{"[0]: err0", "[2]: err2"});
+}
+
+TEST_CASE("bad --redirects and --tee values are refused with the reason",
+          "[commrun]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"-r", "4", "true"}, "--redirects 4: give 0 (none)"},
+      {{"--redirects", "stdout", "true"}, "--redirects stdout: give 0"},
+      {{"-t", "0:5", "true"}, "--tee 0:5: give 0"},
+      {{"--tee", "0:1,", "true"}, "--tee 0:1,: give 0"},
+      {{"--nproc-per-node", "2", "-r", "2:1", "true"},
+       "--redirects 2:1: local rank 2 is not below --nproc-per-node 2"},
+      {{"--nproc-per-node", "2", "-t", "0:1,0:2", "true"},
+       "--tee 0:1,0:2: local rank 0 is given twice"},
+  };
+  for (const auto& [args, message] : bad) {
+    ScratchDir dir;
+    INFO(message);
+    auto commrun = start_commrun(dir, args);
+    CHECK(commrun->wait(10s) == 2);
+    CHECK_THAT(read_file(dir / "stderr"), Catch::Contains(message));
+  }
+  // A log directory that cannot be made is named.
+  ScratchDir dir;
+  const std::string file = dir / "file";
+  std::ofstream(file) << "x";
+  auto commrun =
+      start_commrun(dir, {"--log-dir", file + "/logs", "-r", "3", "true"});
+  CHECK(commrun->wait(10s) == 1);
+  CHECK_THAT(read_file(dir / "stderr"),
+             Catch::Contains("--log-dir " + file + "/logs"));
+}
+
+TEST_CASE("a rank killed or stopped mid-output keeps its lines in its file",
+          "[commrun]") {
+  for (const std::string mode : {"-r", "-t"}) {
+    INFO(mode);
+    ScratchDir dir;
+    // Rank 1 writes, waits for rank 0 to have written, and is killed
+    // before it can write more; rank 0 is then stopped by commrun.
+    const std::string ready = dir / "ready";
+    auto commrun = start_commrun(
+        dir, {"--nproc-per-node", "2", "--master-port", "0", "--log-dir",
+              dir / "logs", mode, "3", "sh", "-c",
+              "echo before$RANK; printf partial$RANK; echo oops$RANK >&2; "
+              "if [ $RANK = 1 ]; then i=0; while [ $i -lt 500 ] && ! [ -e " +
+                  ready +
+                  " ]; do sleep 0.02; i=$((i+1)); done; kill -9 $$; "
+                  "fi; touch " +
+                  ready + "; exec sleep 60"});
+    CHECK(commrun->wait(30s) == 128 + SIGKILL);
+    const std::string run = run_log_dir(dir / "logs", "none");
+    REQUIRE_FALSE(run.empty());
+    for (int rank : {0, 1}) {
+      const std::string at = run + "/attempt_0/" + std::to_string(rank) + "/";
+      const std::string r = std::to_string(rank);
+      CHECK(read_file(at + "stdout.log") == "before" + r + "\npartial" + r);
+      CHECK(read_file(at + "stderr.log") == "oops" + r + "\n");
+    }
+  }
+  // commrun itself signalled while the workers' output waits in its pipes:
+  // all of it reaches the files and the console.
+  ScratchDir dir;
+  const std::string lots =
+      "i=0; while [ $i -lt 500 ]; do echo line$RANK.$i; i=$((i+1)); done; " +
+      sleeper(dir);
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "2", "--master-port", "0", "--log-dir",
+            dir / "logs", "-t", "3", "sh", "-c", lots});
+  wait_for_pids(dir, 2);
+  commrun->kill(SIGTERM);
+  CHECK(commrun->wait(20s) == 128 + SIGTERM);
+  const std::string run = run_log_dir(dir / "logs", "none");
+  REQUIRE_FALSE(run.empty());
+  for (int rank : {0, 1}) {
+    const auto lines = lines_of(
+        read_file(run + "/attempt_0/" + std::to_string(rank) + "/stdout.log"));
+    REQUIRE(lines.size() == 500);
+    CHECK(lines.back() == "line" + std::to_string(rank) + ".499");
+  }
+  CHECK(lines_of(read_file(dir / "stdout")).size() == 1000);
 }
 
 TEST_CASE("a libcomm job runs under commrun", "[commrun]") {
