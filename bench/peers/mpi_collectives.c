@@ -17,10 +17,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { kAllReduce, kAllGather, kBroadcast, kReduce, kReduceScatter, kAllToAll, kGather, kScatter, kCount };
+enum {
+  kAllReduce,
+  kAllGather,
+  kBroadcast,
+  kReduce,
+  kReduceScatter,
+  kAllToAll,
+  kGather,
+  kScatter,
+  kCount
+};
 
 static const char* const kCollectives[kCount] = {
-    "all_reduce", "all_gather", "broadcast", "reduce", "reduce_scatter", "alltoall", "gather", "scatter"};
+    "all_reduce",     "all_gather", "broadcast", "reduce",
+    "reduce_scatter", "alltoall",   "gather",    "scatter"};
 
 static const long kMinBytes = 1024;
 static const long kMaxBytes = 64L << 20;
@@ -35,22 +46,45 @@ static int iterations_for(long bytes) {
   return (int)iterations;
 }
 
-static void run_once(int collective, float* in, float* out, long total, long block) {
+static void run_once(int collective, float* in, float* out, long total,
+                     long block) {
   switch (collective) {
-    case kAllReduce: MPI_Allreduce(in, out, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-    case kAllGather: MPI_Allgather(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, MPI_COMM_WORLD); break;
-    case kBroadcast: MPI_Bcast(in, (int)total, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
-    case kReduce: MPI_Reduce(in, out, (int)total, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD); break;
-    case kReduceScatter: MPI_Reduce_scatter_block(in, out, (int)block, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-    case kAllToAll: MPI_Alltoall(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, MPI_COMM_WORLD); break;
-    case kGather: MPI_Gather(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
-    case kScatter: MPI_Scatter(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+    case kAllReduce:
+      MPI_Allreduce(in, out, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      break;
+    case kAllGather:
+      MPI_Allgather(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT,
+                    MPI_COMM_WORLD);
+      break;
+    case kBroadcast:
+      MPI_Bcast(in, (int)total, MPI_FLOAT, 0, MPI_COMM_WORLD);
+      break;
+    case kReduce:
+      MPI_Reduce(in, out, (int)total, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+      break;
+    case kReduceScatter:
+      MPI_Reduce_scatter_block(in, out, (int)block, MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD);
+      break;
+    case kAllToAll:
+      MPI_Alltoall(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT,
+                   MPI_COMM_WORLD);
+      break;
+    case kGather:
+      MPI_Gather(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, 0,
+                 MPI_COMM_WORLD);
+      break;
+    case kScatter:
+      MPI_Scatter(in, (int)block, MPI_FLOAT, out, (int)block, MPI_FLOAT, 0,
+                  MPI_COMM_WORLD);
+      break;
   }
 }
 
 /* Whether the size counts the whole buffer of n blocks (see above). */
 static int size_is_total(int collective) {
-  return collective != kAllReduce && collective != kBroadcast && collective != kReduce;
+  return collective != kAllReduce && collective != kBroadcast &&
+         collective != kReduce;
 }
 
 static void measure(int collective, int rank, int world) {
@@ -81,7 +115,8 @@ static void measure(int collective, int rank, int world) {
     const double mean = (MPI_Wtime() - start) / iterations;
     double slowest = 0;
     MPI_Reduce(&mean, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-    if (rank == 0) printf("%s %ld %.2f\n", kCollectives[collective], bytes, slowest * 1e6);
+    if (rank == 0)
+      printf("%s %ld %.2f\n", kCollectives[collective], bytes, slowest * 1e6);
     free(in);
     free(out);
   }
@@ -94,16 +129,19 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   for (int a = 1; a < argc; a++) {
     int known = 0;
-    for (int c = 0; c < kCount; c++) known |= strcmp(argv[a], kCollectives[c]) == 0;
+    for (int c = 0; c < kCount; c++)
+      known |= strcmp(argv[a], kCollectives[c]) == 0;
     if (!known) {
-      if (rank == 0) fprintf(stderr, "mpi_collectives: unknown collective '%s'\n", argv[a]);
+      if (rank == 0)
+        fprintf(stderr, "mpi_collectives: unknown collective '%s'\n", argv[a]);
       MPI_Finalize();
       return 2;
     }
   }
   for (int c = 0; c < kCount; c++) {
     int wanted = argc == 1;
-    for (int a = 1; a < argc; a++) wanted |= strcmp(argv[a], kCollectives[c]) == 0;
+    for (int a = 1; a < argc; a++)
+      wanted |= strcmp(argv[a], kCollectives[c]) == 0;
     if (wanted) measure(c, rank, world);
   }
   MPI_Finalize();
