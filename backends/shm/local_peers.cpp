@@ -262,8 +262,12 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                                  std::to_string(segment_bytes_) +
                                  " bytes (COMM_SHM_RING_BYTES)");
   }
-  segment_ = ::mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED,
-                    memfd, 0);
+  // MAP_POPULATE allocates and maps every page now, at group creation, so
+  // that the first pass of each ring does not take a page fault per page on
+  // both ends: in a virtual machine a first touch can cost a hundred times
+  // a small message.
+  segment_ = ::mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_POPULATE, memfd, 0);
   if (segment_ == MAP_FAILED) {
     const int error = errno;
     segment_ = nullptr;
@@ -400,8 +404,8 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                            " sent a segment smaller than its rings");
       }
       peer.segment_bytes = need;
-      peer.segment =
-          ::mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+      peer.segment = ::mmap(nullptr, need, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_POPULATE, fds[0], 0);
       ::close(fds[0]);
       if (peer.segment == MAP_FAILED) {
         const int error = errno;
