@@ -1,6 +1,7 @@
 #include "backends/shm/local_peers.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "libcomm/detail/log.h"
 #include "libcomm/enum_param.h"
@@ -102,6 +104,42 @@ void close_carried(msghdr& message) {
   }
 }
 
+// The CPUs this process may run on, as the hex digits of a bit mask (CPU 0
+// is bit 0 of the last digit).
+std::string cpu_mask_hex() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) != 0) return "";
+  std::string digits;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu += 4) {
+    int digit = 0;
+    for (int bit = 0; bit < 4; ++bit) {
+      if (CPU_ISSET(cpu + bit, &set)) digit |= 1 << bit;
+    }
+    digits.insert(digits.begin(), "0123456789abcdef"[digit]);
+  }
+  const auto first = digits.find_first_not_of('0');
+  return first == std::string::npos ? "0" : digits.substr(first);
+}
+
+// ORs the mask `hex` (cpu_mask_hex's form) into `cpus`; false when it is not
+// such a mask.
+bool add_cpu_mask(const std::string& hex, std::vector<bool>& cpus) {
+  if (hex.empty()) return false;
+  for (std::size_t i = 0; i < hex.size(); ++i) {
+    const char c = hex[hex.size() - 1 - i];
+    const auto at = std::string_view("0123456789abcdef").find(c);
+    if (at == std::string_view::npos) return false;
+    for (int bit = 0; bit < 4; ++bit) {
+      if ((at >> bit & 1) == 0) continue;
+      const std::size_t cpu = 4 * i + static_cast<std::size_t>(bit);
+      if (cpus.size() <= cpu) cpus.resize(cpu + 1);
+      cpus[cpu] = true;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 Transport transport_choice() {
@@ -177,9 +215,11 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   }
   const std::size_t capacity = ring_bytes();
   const std::string me = host_identity();
-  // "transport identity pid": a rank that says tcp is local to nobody.
+  // "transport identity pid P cpus MASK": a rank that says tcp is local to
+  // nobody.
   store.set_string("shm/host/" + std::to_string(rank),
-                   word + " " + me + " pid " + std::to_string(::getpid()));
+                   word + " " + me + " pid " + std::to_string(::getpid()) +
+                       " cpus " + cpu_mask_hex());
   // A rank that asked for tcp is local to nobody, and needs nobody's
   // identity; the others read its word and treat it as remote.
   if (choice == Transport::kTcp) return;
@@ -204,8 +244,16 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   }
   std::string remote;
   std::vector<std::string> strict;  // the ranks that asked for shm
+  std::vector<bool> local_cpus;     // the union of the local ranks' CPUs
+  bool cpus_known = true;
   for (int r = 0; r < size; ++r) {
-    const std::string text = to_string(published[r]);
+    std::string text = to_string(published[r]);
+    const auto cpus_at = text.rfind(" cpus ");
+    std::string cpus;
+    if (cpus_at != std::string::npos) {
+      cpus = text.substr(cpus_at + 6);
+      text.resize(cpus_at);
+    }
     const auto pid_at = text.rfind(" pid ");
     const std::string their_choice = text.substr(0, text.find(' '));
     const std::string identity =
@@ -218,7 +266,10 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     peers_[r].pid = static_cast<pid_t>(std::stol(text.substr(pid_at + 5)));
     peers_[r].local =
         identity == me && their_choice != "tcp" && choice != Transport::kTcp;
-    if (peers_[r].local) local_ranks_.push_back(r);
+    if (peers_[r].local) {
+      local_ranks_.push_back(r);
+      cpus_known = add_cpu_mask(cpus, local_cpus) && cpus_known;
+    }
   }
   if (choice == Transport::kShm && !remote.empty()) {
     // Every rank that asked for shm finds the same and fails alike; each
@@ -240,6 +291,9 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   }
   peers_[rank].local = false;  // never a link to itself
   local_count_ = static_cast<int>(local_ranks_.size());
+  oversubscribed_ = !cpus_known || local_count_ > static_cast<int>(std::count(
+                                                      local_cpus.begin(),
+                                                      local_cpus.end(), true));
   if (local_count_ <= 1) return;
 
   // This rank's segment: the rings its local peers write to it.

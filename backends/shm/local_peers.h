@@ -4,7 +4,8 @@
 // Locality. Every rank publishes its host identity: the kernel's boot id
 // and the inodes of its IPC, network and PID namespaces (a rank in another
 // network namespace counts as another host, which is also how the tests
-// emulate two hosts), with its process id and its COMM_TRANSPORT. Two
+// emulate two hosts), with its process id, its COMM_TRANSPORT and the CPUs
+// it may run on. Two
 // ranks are local to each other when their identities are equal and
 // neither asked for `tcp`; the relation is symmetric, so both ends agree.
 //
@@ -72,6 +73,11 @@ class LocalPeers {
   bool is_local(int peer) const { return peers_[peer].local; }
   // The ranks local to this one, itself included.
   int local_count() const { return local_count_; }
+  // Whether this host's ranks of the group outnumber the CPUs they may run
+  // on together (each rank publishes its affinity mask), so that a rank
+  // waiting for another may be keeping it off its CPU. Every local rank
+  // computes the same answer.
+  bool oversubscribed() const { return oversubscribed_; }
 
   // This rank's end of the ring to `peer` (writer) and from `peer`
   // (reader) on `lane`; peer must be local.
@@ -110,6 +116,7 @@ class LocalPeers {
 
   int rank_;
   int local_count_ = 1;
+  bool oversubscribed_ = false;
   std::vector<int> local_ranks_;  // sorted, this rank included
   std::vector<Peer> peers_;
   std::array<std::unique_ptr<Doorbell>, kLanes> doorbells_;

@@ -38,6 +38,25 @@ int remaining_ms(detail::Clock::time_point deadline) {
       std::clamp<std::int64_t>(left.count() + 1, 0, 1 << 30));
 }
 
+// One pause of a spinning step between two looks at its transfers: a yield
+// of the CPU where this host's ranks outnumber their CPUs (the rank waited
+// for may be the one that would run), else a few instructions' pause,
+// which leaves the core to its hyperthread sibling without the cost of a
+// system call.
+void relax(bool oversubscribed) {
+  if (oversubscribed) {
+    sched_yield();
+    return;
+  }
+  for (int i = 0; i < 16; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+}
+
 }  // namespace
 
 std::size_t chunk_bytes() {
@@ -275,6 +294,8 @@ void Exchange::run() {
   // after the last bytes moved, then at doubling intervals.
   auto query_interval = kFirstQuery;
   auto next_query = detail::Clock::now() + query_interval;
+  auto next_descriptor_poll = detail::Clock::now() + kDescriptorPollInterval;
+  const bool oversubscribed = mesh_.local_peers().oversubscribed();
   // Bounded by the deadline: every round waits in poll until a socket is
   // ready, a doorbell rings or a peer exits (without sleeping until
   // spin_until), then moves what it can.
@@ -284,6 +305,7 @@ void Exchange::run() {
     ring_transfers.clear();
     ring_peers.clear();
     bool moved = false;
+    bool on_socket = false;  // some transfer waits on a socket
     for (std::size_t i = 0; i < transfers_.size(); ++i) {
       Transfer& t = transfers_[i];
       if (t.done()) continue;
@@ -309,6 +331,7 @@ void Exchange::run() {
         continue;
       }
       const short events = sending ? POLLOUT : POLLIN;
+      on_socket = true;
       fds.push_back(
           {mesh_.socket(t.peer, Channel::kCollective).fd(), events, 0});
       owner.push_back({Watch::kTransfer, static_cast<int>(i)});
@@ -344,8 +367,19 @@ void Exchange::run() {
       query_interval = kFirstQuery;
       next_query = spin_until + query_interval;
     }
-    const bool spinning =
-        moved || (budget.count() > 0 && detail::Clock::now() < spin_until);
+    const auto now = detail::Clock::now();
+    const bool spinning = moved || (budget.count() > 0 && now < spin_until);
+    // A spin that waits on rings alone needs no system call to see them
+    // move; the descriptors (a doorbell, a peer's exit, the alarm, the
+    // wake-up) are polled once per kDescriptorPollInterval. Between two
+    // rounds it pauses the core briefly, or, where the host's ranks
+    // outnumber their CPUs, yields it to the rank it may be waiting for.
+    if (spinning && !ring_transfers.empty() && !on_socket &&
+        now < next_descriptor_poll) {
+      relax(oversubscribed);
+      continue;
+    }
+    next_descriptor_poll = now + kDescriptorPollInterval;
     const bool asking = control_ != nullptr;
     // Before sleeping, raise the waiting flag of every ring waited on; a
     // ring that moved meanwhile means no sleep this round.

@@ -33,7 +33,11 @@
 // A peer on this host is reached through shared-memory rings (Mesh::ring)
 // instead of a socket, with the same bytes (header and payload), so every
 // algorithm and every check runs unchanged. Rings are progressed without a
-// system call while the step polls; before it sleeps, the step raises the
+// system call while the step polls; a step that waits on rings alone spins
+// without system calls, polling its descriptors only every
+// kDescriptorPollInterval, and between two looks pauses the core, or
+// yields it where the host's ranks outnumber their CPUs
+// (shm::LocalPeers::oversubscribed); before it sleeps, the step raises the
 // waiting flag of each ring it waits on and sleeps on its doorbell
 // (shm/ring.h says why no wake-up is lost), and on the pidfd of each such
 // peer, so that a peer that dies is a PeerError at once.
@@ -106,6 +110,10 @@ class Exchange final : public CollectiveStep {
   // are in, and the longest interval between two such queries.
   static constexpr std::chrono::milliseconds kFirstQuery{100};
   static constexpr std::chrono::milliseconds kMaxQuery{2000};
+  // How often a step that spins on shared-memory rings alone polls its
+  // descriptors (doorbell, peers' exits, alarm, wake-up): each poll is a
+  // system call, and the rings need none to be seen moving.
+  static constexpr std::chrono::microseconds kDescriptorPollInterval{20};
 
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
   // Without `control` (tests of the engine alone) nothing is reported to

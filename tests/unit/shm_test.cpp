@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include <chrono>
@@ -230,4 +231,25 @@ TEST_CASE("COMM_TRANSPORT=tcp keeps every channel on sockets", "[shm][mesh]") {
   });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
+}
+
+TEST_CASE("a host's ranks know whether they outnumber their CPUs",
+          "[shm][mesh]") {
+  TransportIs shm("shm");
+  cpu_set_t usable;
+  CPU_ZERO(&usable);
+  REQUIRE(::sched_getaffinity(0, sizeof(usable), &usable) == 0);
+  const int cpus = CPU_COUNT(&usable);
+  // Thread ranks share this process's CPUs: one more rank than CPUs is too
+  // many, two ranks on two or more CPUs are not.
+  for (const int world : {2, cpus + 1}) {
+    if ((world == 2 && cpus < 2) || world > 16) continue;  // too many threads
+    const bool expected = world > cpus;
+    INFO("world " << world << ", " << cpus << " usable CPUs");
+    auto errors = comm::testing::run_meshes(world, 20s, [&](Mesh& mesh) {
+      expect(mesh.local_peers().oversubscribed() == expected,
+             expected ? "not oversubscribed" : "oversubscribed");
+    });
+    for (const std::string& error : errors) CHECK(error == "");
+  }
 }
