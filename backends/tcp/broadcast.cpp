@@ -4,13 +4,14 @@
 // one level after another.
 //
 // Each child also sends its parent an empty message (a header alone) when
-// it starts, and a parent finishes only once it has its children's: a
-// confirmation that they are in the same call. Without it two ranks that
-// both name themselves the root would only send, and both return success
-// with different data; with it each reads the other's message, whose
-// header names another root, and fails with MismatchError. It costs the
-// root, and each rank with children, the wait for its children to arrive
-// (one small-message latency when they are there).
+// it starts: a confirmation that it is in the same call. Without it two
+// ranks that both name themselves the root would only send, and nobody
+// would ever notice that they disagree; with it each reads the other's
+// message, whose header names another root, and fails with MismatchError.
+// The parent reads its children's confirmations after the call
+// (recv_confirmation), as its next collective begins, so the root and the
+// relays do not wait for their children to arrive: successive broadcasts
+// flow down the tree one after another, as an eager MPI broadcast does.
 #include "backends/tcp/algorithms.h"
 
 namespace comm::tcp::algorithms {
@@ -44,7 +45,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
     } else {
       tree.relay(child, {whole}, 0, source);
     }
-    tree.recv(child, nullptr, 0);
+    tree.recv_confirmation(child);
   }
   tree.run();
 }

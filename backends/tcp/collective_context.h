@@ -1,11 +1,18 @@
 // comm::tcp::CollectiveContext: the TCP backend's CollectiveTransport for
 // one call: the mesh and its control channel, the call (stamped on every
 // message), its deadline, and the descriptor that interrupts it at
-// shutdown. Its steps are
-// Exchanges, built in place one after another.
+// shutdown. Its steps are Exchanges, built in place one after another.
+//
+// Confirmations (CollectiveStep::recv_confirmation) are not waited for in
+// the call: each step records the peers that owe one in the backend's
+// DeferredConfirmations, and the backend reads them (settle_confirmations)
+// as its next collective begins. So a rooted collective's senders finish
+// without waiting for their neighbours to arrive, and a rank runs at most
+// one call ahead of the peers whose confirmations it still expects.
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "backends/collective_transport.h"
 #include "backends/tcp/exchange.h"
@@ -14,16 +21,54 @@
 
 namespace comm::tcp {
 
+// The confirmations one call's steps left to be read after it: the call
+// they confirm, and the peers that owe one (a peer once per confirmation).
+struct DeferredConfirmations {
+  CallInfo call;
+  std::vector<int> peers;
+};
+
+// Reads and checks every confirmation in `deferred`, within `deadline`, and
+// empties it. Throws as Exchange::run does; a confirmation that names
+// another call is a MismatchError naming both.
+inline void settle_confirmations(Mesh& mesh, ControlChannel& control,
+                                 DeferredConfirmations& deferred,
+                                 detail::Clock::time_point deadline,
+                                 int wake_fd) {
+  // A step receives at most one message per peer: a peer that owes several
+  // confirmations is read once per round.
+  while (!deferred.peers.empty()) {
+    Exchange round(mesh, deferred.call, deadline, wake_fd, &control);
+    std::vector<int> later;
+    std::vector<bool> taken(static_cast<std::size_t>(mesh.size()), false);
+    for (int peer : deferred.peers) {
+      if (taken[static_cast<std::size_t>(peer)]) {
+        later.push_back(peer);
+        continue;
+      }
+      taken[static_cast<std::size_t>(peer)] = true;
+      round.recv(peer, nullptr, 0);
+    }
+    deferred.peers = std::move(later);
+    round.run();
+  }
+}
+
 class CollectiveContext final : public CollectiveTransport {
  public:
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
+  // `deferred` must be settled (empty); the call's steps fill it.
   CollectiveContext(Mesh& mesh, ControlChannel& control, const CallInfo& call,
-                    detail::Clock::time_point deadline, int wake_fd)
+                    detail::Clock::time_point deadline, int wake_fd,
+                    DeferredConfirmations& deferred)
       : mesh_(mesh),
         control_(control),
         call_(call),
         deadline_(deadline),
-        wake_fd_(wake_fd) {}
+        wake_fd_(wake_fd),
+        deferred_(deferred) {
+    deferred_.call = call;
+  }
 
   int rank() const override { return mesh_.rank(); }
   int size() const override { return mesh_.size(); }
@@ -31,6 +76,7 @@ class CollectiveContext final : public CollectiveTransport {
   // allocates what an Exchange of its own did, nothing more.
   CollectiveStep& step() override {
     exchange_.emplace(mesh_, call_, deadline_, wake_fd_, &control_);
+    exchange_->set_deferred_confirmations(&deferred_.peers);
     return *exchange_;
   }
 
@@ -40,6 +86,7 @@ class CollectiveContext final : public CollectiveTransport {
   const CallInfo call_;
   const detail::Clock::time_point deadline_;
   const int wake_fd_;
+  DeferredConfirmations& deferred_;
   std::optional<Exchange> exchange_;
 };
 

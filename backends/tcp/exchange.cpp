@@ -217,6 +217,14 @@ void Exchange::recv(int peer, void* data, std::size_t bytes) {
   add(Transfer::Kind::kRecv, peer, {{static_cast<std::uint8_t*>(data), bytes}});
 }
 
+void Exchange::recv_confirmation(int peer) {
+  if (deferred_confirmations_ != nullptr) {
+    deferred_confirmations_->push_back(peer);
+  } else {
+    recv(peer, nullptr, 0);
+  }
+}
+
 void Exchange::recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
                            ReduceOp op, const void* base) {
   recv_parts(peer,

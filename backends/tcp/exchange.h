@@ -142,6 +142,14 @@ class Exchange final : public CollectiveStep {
   // caller makes the parts past `ready` the memory that the receive fills.
   void relay(int peer, std::vector<Part> parts, std::size_t ready,
              int source) override;
+  // Adds `peer` to the confirmations this step's owner reads later (see
+  // set_deferred_confirmations), or, without one, receives it in this step.
+  void recv_confirmation(int peer) override;
+  // Where recv_confirmation records the peers whose confirmations of this
+  // call are read after it; null (the default) reads them in the step.
+  void set_deferred_confirmations(std::vector<int>* peers) {
+    deferred_confirmations_ = peers;
+  }
 
   // Progresses every transfer until all are done. Throws PeerError when a
   // peer closes or resets its connection or the control channel found a
@@ -220,6 +228,7 @@ class Exchange final : public CollectiveStep {
   int wake_fd_;
   ControlChannel* control_;
   std::vector<Transfer> transfers_;
+  std::vector<int>* deferred_confirmations_ = nullptr;
 };
 
 }  // namespace comm::tcp

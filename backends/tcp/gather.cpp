@@ -1,10 +1,11 @@
 // gather: every rank sends straight to the root, which receives from all
 // at once. The root sends each rank an empty message (a header alone) as
-// it starts, and a rank finishes only once it has it: a confirmation that
-// the root is in the same call. Without it ranks that name different roots
-// could all only send and return success; with it each reads a header
-// naming another root and fails with MismatchError. It costs a rank that
-// arrives before the root the wait for the root.
+// it starts: a confirmation that the root is in the same call. Without it
+// ranks that name different roots could all only send, and nobody would
+// notice; with it each reads a header naming another root and fails with
+// MismatchError. A rank reads its confirmation after the call
+// (recv_confirmation), as its next collective begins, so it does not wait
+// for the root to arrive.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
@@ -16,7 +17,7 @@ void gather(CollectiveTransport& ctx, const void* input,
   if (ctx.rank() != root) {
     CollectiveStep& to_root = ctx.step();
     to_root.send(root, input, bytes);
-    to_root.recv(root, nullptr, 0);
+    to_root.recv_confirmation(root);
     to_root.run();
     return;
   }

@@ -1,12 +1,12 @@
 // reduce: a binomial tree towards `root`, each rank reducing its children's
 // data into its own buffer (in chunks, with O(chunk) scratch) before
 // sending the result to its parent. A parent sends each child an empty
-// message (a header alone) in the step that receives from it, and the
-// child finishes only once it has it: a confirmation that the parent is in
-// the same call, so that ranks that name different roots read a header
-// naming another root and fail with MismatchError instead of only sending
-// and returning success (see gather.cpp). It costs a child that is ready
-// before its parent the wait for the parent.
+// message (a header alone) in the step that receives from it: a
+// confirmation that the parent is in the same call, so that ranks that
+// name different roots read a header naming another root and fail with
+// MismatchError instead of only sending unnoticed (see gather.cpp). The
+// child reads it after the call (recv_confirmation), as its next
+// collective begins, so it does not wait for its parent to arrive.
 #include "backends/tcp/algorithms.h"
 
 namespace comm::tcp::algorithms {
@@ -23,7 +23,7 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
       CollectiveStep& to_parent = ctx.step();
       const int parent = real(relative & ~mask);
       to_parent.send(parent, data, bytes);
-      to_parent.recv(parent, nullptr, 0);
+      to_parent.recv_confirmation(parent);
       to_parent.run();
       return;
     }

@@ -1,10 +1,10 @@
 // scatter: the root sends each rank its part directly, to all at once.
 // Each rank confirms with an empty message (a header alone) that it is in
-// the same call, and the root finishes once it has them all: ranks that
-// name different roots then read a header naming another root and fail
-// with MismatchError, instead of some only sending and returning success
-// (see broadcast.cpp). It costs the root the wait for the last rank to
-// arrive.
+// the same call: ranks that name different roots then read a header naming
+// another root and fail with MismatchError, instead of some only sending
+// and nobody noticing (see broadcast.cpp). The root reads the
+// confirmations after the call (recv_confirmation), as its next collective
+// begins, so it does not wait for the last rank to arrive.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
@@ -26,7 +26,7 @@ void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
   for (int peer = 0; peer < ctx.size(); ++peer) {
     if (peer == root) continue;
     to_all.send(peer, inputs[peer], bytes);
-    to_all.recv(peer, nullptr, 0);
+    to_all.recv_confirmation(peer);
   }
   to_all.run();
 }
