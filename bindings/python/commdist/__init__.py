@@ -763,6 +763,20 @@ def _unpickle(tensor, size):
     return _pickle.loads(_host(tensor)[:size].tobytes())
 
 
+def _pickle_and_share_sizes(obj, g, group):
+    """Pickles `obj` and all-gathers every rank's pickle length over `group`
+    (whose process group is `g`), the prologue of the object gathers.
+    Returns (device, data, sizes, longest): the device the bytes travel on,
+    this rank's pickle, each rank's pickle length (a list of ints) and the
+    largest of them, the slot size every rank pads its pickle to."""
+    device = _byte_device(g)
+    data = _pickle.dumps(obj)
+    sizes = _counts_tensor([0] * g.size(), device)
+    all_gather_into_tensor(sizes, _counts_tensor([len(data)], device), group)
+    sizes = [int(s) for s in _host(sizes)]
+    return device, data, sizes, max(sizes)
+
+
 def all_gather_object(object_list, obj, group=None):
     """Fills object_list (one slot per rank) with every rank's `obj`."""
     if _not_member(group):
@@ -773,12 +787,7 @@ def all_gather_object(object_list, obj, group=None):
         raise InvalidArgument(
             f"all_gather_object: object_list has {len(object_list)} slots; "
             f"it needs one per rank ({world})")
-    device = _byte_device(g)
-    data = _pickle.dumps(obj)
-    sizes = _counts_tensor([0] * world, device)
-    all_gather_into_tensor(sizes, _counts_tensor([len(data)], device), group)
-    sizes = [int(s) for s in _host(sizes)]
-    longest = max(sizes)
+    device, data, sizes, longest = _pickle_and_share_sizes(obj, g, group)
     everyone = _bytes_tensor(b"", device, longest * world)
     all_gather_into_tensor(everyone, _bytes_tensor(data, device, longest),
                            group)
@@ -827,12 +836,7 @@ def gather_object(obj, object_gather_list=None, dst=0, group=None):
         raise InvalidArgument(
             f"gather_object: on dst, object_gather_list needs one slot per "
             f"rank ({world})")
-    device = _byte_device(g)
-    data = _pickle.dumps(obj)
-    sizes = _counts_tensor([0] * world, device)
-    all_gather_into_tensor(sizes, _counts_tensor([len(data)], device), group)
-    sizes = [int(s) for s in _host(sizes)]
-    longest = max(sizes)
+    device, data, sizes, longest = _pickle_and_share_sizes(obj, g, group)
     slots = [_bytes_tensor(b"", device, longest) for _ in range(world)] \
         if me_dst else None
     gather(_bytes_tensor(data, device, longest), slots, dst, group)
