@@ -51,47 +51,25 @@ std::set<std::string> dev_shm_entries() {
   return names;
 }
 
-// Whether this process maps a shared-memory segment of libcomm's.
-bool maps_shared_memory() {
+// Whether a mapping of this process names `needle` (/proc/self/maps).
+bool maps(const std::string& needle) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
-    if (line.find("memfd:libcomm-shm") != std::string::npos) return true;
+    if (line.find(needle) != std::string::npos) return true;
   }
   return false;
 }
 
-// Whether this process maps or holds open anything under /dev/shm.
-bool uses_dev_shm() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    if (line.find("/dev/shm/") != std::string::npos) return true;
-  }
+// How many of this process's open files' names start with `prefix`.
+int open_files(const std::string& prefix) {
+  int count = 0;
   if (DIR* dir = opendir("/proc/self/fd")) {
     while (dirent* entry = readdir(dir)) {
       char target[4096] = {};
       const std::string link = std::string("/proc/self/fd/") + entry->d_name;
       if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
-          std::string(target).starts_with("/dev/shm/")) {
-        closedir(dir);
-        return true;
-      }
-    }
-    closedir(dir);
-  }
-  return false;
-}
-
-// How many sockets this process holds.
-int open_sockets() {
-  int count = 0;
-  if (DIR* dir = opendir("/proc/self/fd")) {
-    while (dirent* entry = readdir(dir)) {
-      char target[256] = {};
-      const std::string link = std::string("/proc/self/fd/") + entry->d_name;
-      if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
-          std::string(target).starts_with("socket:")) {
+          std::string(target).starts_with(prefix)) {
         ++count;
       }
     }
@@ -99,6 +77,15 @@ int open_sockets() {
   }
   return count;
 }
+
+// Whether this process maps a shared-memory segment of libcomm's.
+bool maps_shared_memory() { return maps("memfd:libcomm-shm"); }
+
+// Whether this process maps or holds open anything under /dev/shm.
+bool uses_dev_shm() { return maps("/dev/shm/") || open_files("/dev/shm/") > 0; }
+
+// How many sockets this process holds.
+int open_sockets() { return open_files("socket:"); }
 
 // Every collective and point-to-point on `group`, checked against values
 // computed here (integers, exact in float32 and the same bits everywhere).
