@@ -6,10 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "bench/harness/runner.h"
 #include "libcomm/cuda.h"
@@ -150,33 +152,7 @@ int spawn_ranks(const Collective& collective, const Options& options,
                  program.c_str(), e.what());
     return 1;
   }
-  // Wait for every rank. The first one to fail takes the others down: they
-  // would only wait for it until their timeout.
-  int status_code = 0;
-  std::size_t running = children.size();
-  while (running > 0) {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    --running;
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (ok || status_code != 0) continue;
-    status_code = 1;
-    const auto rank =
-        std::find(children.begin(), children.end(), pid) - children.begin();
-    if (WIFSIGNALED(status)) {
-      std::fprintf(stderr, "%s: rank %ld was killed by signal %d (%s)\n",
-                   program.c_str(), static_cast<long>(rank), WTERMSIG(status),
-                   strsignal(WTERMSIG(status)));
-    }
-    for (pid_t child : children) {
-      if (child != pid) kill(child, SIGTERM);
-    }
-  }
-  return status_code;
+  return wait_for_ranks(children, program, kRankExitGrace, stderr);
 }
 
 // What can only be checked once the collective and the world size are
@@ -202,6 +178,68 @@ void check_case_options(const Collective& collective, const Options& options,
 }
 
 }  // namespace
+
+int wait_for_ranks(const std::vector<pid_t>& ranks, const std::string& program,
+                   std::chrono::milliseconds grace, std::FILE* log) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<bool> ended(ranks.size(), false);
+  std::size_t running = ranks.size();
+  int status_code = 0;
+  std::size_t first_failed = 0;
+  // Set at the first failure: when the ranks still running are killed.
+  std::optional<Clock::time_point> kill_at;
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, kill_at ? WNOHANG : 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      break;  // no child left to wait for
+    }
+    if (pid == 0) {
+      // After a failure: a short sleep between polls, bounded by kill_at.
+      if (Clock::now() < *kill_at) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+        if (ended[rank]) continue;
+        // SIGKILL ends a stopped process too.
+        kill(ranks[rank], SIGKILL);
+        while (waitpid(ranks[rank], nullptr, 0) < 0 && errno == EINTR) {
+        }
+        ended[rank] = true;
+        --running;
+        std::fprintf(log,
+                     "%s: rank %zu had not ended %.1f s after rank %zu "
+                     "failed; killed it (SIGKILL)\n",
+                     program.c_str(), rank,
+                     std::chrono::duration<double>(grace).count(),
+                     first_failed);
+      }
+      break;
+    }
+    const auto found = std::find(ranks.begin(), ranks.end(), pid);
+    if (found == ranks.end()) continue;  // not a rank of this job
+    const auto rank = static_cast<std::size_t>(found - ranks.begin());
+    ended[rank] = true;
+    --running;
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (ok || status_code != 0) continue;
+    status_code = 1;
+    first_failed = rank;
+    if (WIFSIGNALED(status)) {
+      std::fprintf(log, "%s: rank %zu was killed by signal %d (%s)\n",
+                   program.c_str(), rank, WTERMSIG(status),
+                   strsignal(WTERMSIG(status)));
+    }
+    for (std::size_t other = 0; other < ranks.size(); ++other) {
+      if (!ended[other]) kill(ranks[other], SIGTERM);
+    }
+    kill_at = Clock::now() + grace;
+  }
+  std::fflush(log);
+  return status_code;
+}
 
 Placement detect_placement(const Options& options) {
   Placement p;

@@ -14,7 +14,12 @@
 //   none of these   one rank.
 #pragma once
 
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "bench/harness/collective.h"
 #include "bench/harness/options.h"
@@ -35,6 +40,23 @@ struct Placement {
 // combined with a launcher, or when a multi-host MPI or Slurm job lacks
 // MASTER_ADDR and MASTER_PORT.
 Placement detect_placement(const Options& options);
+
+// How long -np waits for the other ranks to end, once one failed and it
+// asked them to (SIGTERM), before it kills those left with SIGKILL: a rank
+// that is stopped (SIGSTOP, a debugger) or ignores SIGTERM would otherwise
+// be waited for forever. A rank ends within milliseconds of a SIGTERM it
+// does not ignore.
+inline constexpr std::chrono::milliseconds kRankExitGrace{5000};
+
+// -np's wait for its rank processes (`ranks`, their pids in rank order),
+// which reaps every one of them. The first rank that fails (a non-zero exit
+// status, a signal) makes it send SIGTERM to every rank still running, which
+// would otherwise wait for the failed one until their timeouts; those that
+// have not ended `grace` later are killed with SIGKILL. A first failure by a
+// signal, and each rank it killed, are named on `log`, after `program`.
+// Returns 0 when every rank exited with 0, else 1.
+int wait_for_ranks(const std::vector<pid_t>& ranks, const std::string& program,
+                   std::chrono::milliseconds grace, std::FILE* log);
 
 // The whole program: parses argv, starts or joins the ranks, runs, prints
 // and writes JSON. Returns the exit status: 0, 1 when a result was wrong or

@@ -2,7 +2,7 @@
 // ends a job (a failing worker, restarts, signals, bad arguments). Workers
 // are small shell scripts; one test runs a real libcomm job under it. The
 // bench binaries' own launcher (-np) is checked here too, for how it
-// places its ranks on CPUs.
+// places its ranks on CPUs and how it ends them once one failed.
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -771,4 +771,40 @@ TEST_CASE("all_reduce_perf -np places its ranks as --bind-to asks", "[bench]") {
     const auto crowded = bench_rank_cpus("auto", count + 1);
     CHECK(crowded[0] == bench_rank_cpus("none", 1)[0]);
   }
+}
+
+TEST_CASE("all_reduce_perf -np kills a rank left stopped after another failed",
+          "[bench]") {
+  ScratchDir dir;
+  // A long run whose operations time out after 2 s: once rank 1 is stopped,
+  // rank 0's all_reduce fails, and the SIGTERM that follows stays pending
+  // on the stopped rank 1.
+  auto bench =
+      start_program(dir, from_env("ALL_REDUCE_PERF_BIN"),
+                    {"-np", "2", "-b", "1K", "-e", "1K", "-n", "10000000", "-w",
+                     "0", "--timeout", "2", "--bind-to", "none"});
+  // Rank 1's pid, from the header that rank 0 prints before it times
+  // anything.
+  const std::regex row(R"(#  Rank +1 Pid +(\d+) )");
+  pid_t rank1 = -1;
+  for (int round = 0; round < 3000 && rank1 < 0; ++round) {  // at most 30 s
+    std::smatch match;
+    const std::string out = read_file(dir / "stdout");
+    if (std::regex_search(out, match, row)) {
+      rank1 = std::stoi(match[1].str());
+    } else {
+      std::this_thread::sleep_for(10ms);
+    }
+  }
+  REQUIRE(rank1 > 0);
+  REQUIRE(kill(rank1, SIGSTOP) == 0);
+  // Rank 0 fails 2 s later; rank 1 is killed 5 s after that
+  // (comm::bench::kRankExitGrace).
+  CHECK(bench->wait(60s) == 1);
+  CHECK_FALSE(alive(rank1));
+  const std::string err = read_file(dir / "stderr");
+  INFO(err);
+  CHECK_THAT(err, Catch::Contains("all_reduce_perf: rank 1 had not ended "
+                                  "5.0 s after rank 0 failed; killed it "
+                                  "(SIGKILL)"));
 }

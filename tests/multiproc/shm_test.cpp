@@ -8,9 +8,6 @@
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -18,29 +15,32 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "libcomm/detail/socket.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
-#include "support/child_process.h"
+#include "support/namespace_pair.h"
+#include "support/rank_processes.h"
 
-using comm::testing::ChildProcess;
+using comm::testing::kFirstTestExitCode;
+using comm::testing::kOtherError;
+using comm::testing::kPeerErrorNamingVictim;
+using comm::testing::NamespacePair;
+using comm::testing::PipeSignal;
 using namespace std::chrono_literals;
 
 namespace {
 
-constexpr int kPeerErrorNamingVictim = 20;
-constexpr int kNoSharedMemory = 23;
-constexpr int kWrongResult = 24;
-constexpr int kOtherError = 22;
-constexpr int kUsesDevShm = 25;
-constexpr int kDataOverTcp = 26;
+// This test's own exit codes of a rank, beside rank_processes.h's.
+constexpr int kNoSharedMemory = kFirstTestExitCode;
+constexpr int kWrongResult = kFirstTestExitCode + 1;
+constexpr int kUsesDevShm = kFirstTestExitCode + 2;
+constexpr int kDataOverTcp = kFirstTestExitCode + 3;
+// Group creation refused COMM_TRANSPORT=shm for a group spanning hosts.
+constexpr int kShmRefusedAcrossHosts = kFirstTestExitCode + 4;
 
 std::set<std::string> dev_shm_entries() {
   std::set<std::string> names;
@@ -51,47 +51,25 @@ std::set<std::string> dev_shm_entries() {
   return names;
 }
 
-// Whether this process maps a shared-memory segment of libcomm's.
-bool maps_shared_memory() {
+// Whether a mapping of this process names `needle` (/proc/self/maps).
+bool maps(const std::string& needle) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
-    if (line.find("memfd:libcomm-shm") != std::string::npos) return true;
+    if (line.find(needle) != std::string::npos) return true;
   }
   return false;
 }
 
-// Whether this process maps or holds open anything under /dev/shm.
-bool uses_dev_shm() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    if (line.find("/dev/shm/") != std::string::npos) return true;
-  }
+// How many of this process's open files' names start with `prefix`.
+int open_files(const std::string& prefix) {
+  int count = 0;
   if (DIR* dir = opendir("/proc/self/fd")) {
     while (dirent* entry = readdir(dir)) {
       char target[4096] = {};
       const std::string link = std::string("/proc/self/fd/") + entry->d_name;
       if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
-          std::string(target).starts_with("/dev/shm/")) {
-        closedir(dir);
-        return true;
-      }
-    }
-    closedir(dir);
-  }
-  return false;
-}
-
-// How many sockets this process holds.
-int open_sockets() {
-  int count = 0;
-  if (DIR* dir = opendir("/proc/self/fd")) {
-    while (dirent* entry = readdir(dir)) {
-      char target[256] = {};
-      const std::string link = std::string("/proc/self/fd/") + entry->d_name;
-      if (readlink(link.c_str(), target, sizeof(target) - 1) > 0 &&
-          std::string(target).starts_with("socket:")) {
+          std::string(target).starts_with(prefix)) {
         ++count;
       }
     }
@@ -100,58 +78,14 @@ int open_sockets() {
   return count;
 }
 
-bool wait_readable(int fd, std::chrono::milliseconds timeout) {
-  pollfd entry{fd, POLLIN, 0};
-  return poll(&entry, 1, static_cast<int>(timeout.count())) == 1;
-}
+// Whether this process maps a shared-memory segment of libcomm's.
+bool maps_shared_memory() { return maps("memfd:libcomm-shm"); }
 
-// Runs `command` through the shell; true when it exits 0.
-bool shell(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
+// Whether this process maps or holds open anything under /dev/shm.
+bool uses_dev_shm() { return maps("/dev/shm/") || open_files("/dev/shm/") > 0; }
 
-// Two network namespaces joined by a veth pair, 10.77.0.1 in the first and
-// 10.77.0.2 in the second, each with its loopback up; removed on
-// destruction. `ok` is false, with `why`, where they cannot be made.
-struct TwoHosts {
-  std::string names[2];
-  bool ok = false;
-  std::string why;
-
-  TwoHosts() {
-    const std::string tag = std::to_string(getpid());
-    names[0] = "lcshm" + tag + "a";
-    names[1] = "lcshm" + tag + "b";
-    const std::string veth0 = "lcv" + tag + "a", veth1 = "lcv" + tag + "b";
-    if (!shell("ip netns add " + names[0]) ||
-        !shell("ip netns add " + names[1])) {
-      why =
-          "cannot create network namespaces (`ip netns add` failed: not "
-          "root, or no iproute2)";
-      return;
-    }
-    ok = shell("ip link add " + veth0 + " netns " + names[0] +
-               " type veth peer name " + veth1 + " netns " + names[1]) &&
-         shell("ip -n " + names[0] + " addr add 10.77.0.1/24 dev " + veth0) &&
-         shell("ip -n " + names[1] + " addr add 10.77.0.2/24 dev " + veth1) &&
-         shell("ip -n " + names[0] + " link set " + veth0 + " up") &&
-         shell("ip -n " + names[1] + " link set " + veth1 + " up") &&
-         shell("ip -n " + names[0] + " link set lo up") &&
-         shell("ip -n " + names[1] + " link set lo up");
-    if (!ok) why = "cannot join the namespaces with a veth pair";
-  }
-  ~TwoHosts() {
-    for (const auto& name : names) shell("ip netns del " + name);
-  }
-  // Moves the calling (single-threaded, child) process into host `h`.
-  void enter(int h) const {
-    const int fd = open(("/var/run/netns/" + names[h]).c_str(), O_RDONLY);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-      throw std::runtime_error("setns into " + names[h] + " failed");
-    }
-    close(fd);
-  }
-};
+// How many sockets this process holds.
+int open_sockets() { return open_files("socket:"); }
 
 // Every collective and point-to-point on `group`, checked against values
 // computed here (integers, exact in float32 and the same bits everywhere).
@@ -220,66 +154,37 @@ TEST_CASE(
     "[shm][multiproc][failure]") {
   const std::set<std::string> before = dev_shm_entries();
   const int world = 4, victim = 1;
-  const std::string url =
-      "tcp://127.0.0.1:" + std::to_string(comm::detail::free_loopback_port()) +
-      "?world_size=" + std::to_string(world);
-  int started[2];
-  REQUIRE(pipe(started) == 0);
-  std::vector<std::unique_ptr<ChildProcess>> ranks;
-  for (int rank = 0; rank < world; ++rank) {
-    ranks.push_back(std::make_unique<ChildProcess>([=] {
-      setenv("COMM_TRANSPORT", "shm", 1);
-      try {
-        auto group = comm::init_process_group("tcp", url, rank, world, 30s);
-        if (!maps_shared_memory()) return kNoSharedMemory;
-        // Local ranks open no TCP data connection to each other: a rank
-        // that does not host the store holds one control connection per
-        // peer and at most two to the store (over TCP it would hold
-        // three connections per peer).
-        if (rank != 0 && open_sockets() > (world - 1) + 2) {
-          return kDataOverTcp;
-        }
-        if (const int bad = check_collectives(*group)) return bad;
-        comm::Tensor t = comm::Tensor::full({1 << 20}, 1.0, comm::DType::kF32);
-        for (int i = 0; i < 100000; ++i) {
-          group->all_reduce(t, {comm::ReduceOp::kMax, 60s})->wait();
-          if (i == 0 && rank == 0) (void)!write(started[1], "x", 1);
-        }
-        return 0;
-      } catch (const comm::PeerError& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        if (uses_dev_shm()) return kUsesDevShm;
-        return e.peer_rank() == victim &&
-                       std::string(e.what()).find("rank " +
-                                                  std::to_string(victim)) !=
-                           std::string::npos
-                   ? kPeerErrorNamingVictim
-                   : kOtherError;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        return kOtherError;
+  const std::string url = comm::testing::loopback_url(world);
+  PipeSignal started;
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", "shm", 1);
+    try {
+      auto group = comm::init_process_group("tcp", url, rank, world, 30s);
+      if (!maps_shared_memory()) return kNoSharedMemory;
+      // Local ranks open no TCP data connection to each other: a rank
+      // that does not host the store holds one control connection per
+      // peer and at most two to the store (over TCP it would hold
+      // three connections per peer).
+      if (rank != 0 && open_sockets() > (world - 1) + 2) {
+        return kDataOverTcp;
       }
-    }));
-  }
-  const bool looping = wait_readable(started[0], 120s);
-  close(started[0]);
-  close(started[1]);
-  if (!looping) {
-    for (int rank = 0; rank < world; ++rank) {
-      INFO("rank " << rank);
-      CHECK(ranks[rank]->wait(1s) == 0);
+      if (const int bad = check_collectives(*group)) return bad;
+      comm::testing::all_reduce_rounds(*group, 1 << 20, 100000, 60s, started);
+      return 0;
+    } catch (...) {
+      const int code = comm::testing::failure_exit_code(
+          std::current_exception(), rank, victim);
+      return uses_dev_shm() ? kUsesDevShm : code;
     }
+  });
+  if (!started.wait(120s)) {
+    comm::testing::check_exit_codes(ranks, -1, 0, 1s);
     FAIL("the ranks never reached their loop");
   }
   std::this_thread::sleep_for(50ms);
   ranks[victim]->kill(SIGKILL);
-  const auto killed = std::chrono::steady_clock::now();
-  for (int rank = 0; rank < world; ++rank) {
-    if (rank == victim) continue;
-    INFO("rank " << rank);
-    CHECK(ranks[rank]->wait(5s) == kPeerErrorNamingVictim);
-  }
-  CHECK(std::chrono::steady_clock::now() - killed < 5s + 500ms);
+  CHECK(comm::testing::check_exit_codes(ranks, victim, kPeerErrorNamingVictim,
+                                        5s) < 5.5);
   CHECK(ranks[victim]->wait(5s) == 128 + SIGKILL);
   // Nothing any rank made is left behind: the segments were memfds.
   // Other programs on a shared machine make entries too: Python's
@@ -297,53 +202,46 @@ TEST_CASE(
 
 TEST_CASE("a group spanning two hosts: shared memory inside, TCP between",
           "[shm][multiproc][hosts]") {
-  TwoHosts hosts;
-  if (!hosts.ok) {
-    WARN("SKIPPED: " << hosts.why);
+  NamespacePair hosts;
+  if (!hosts.ok()) {
+    WARN("SKIPPED: cannot create two network namespaces: " << hosts.why());
     return;
   }
   const int world = 4;
-  const std::string url = "tcp://10.77.0.1:29517?world_size=4";
-  auto run = [&](const char* transport) {
-    std::vector<std::unique_ptr<ChildProcess>> ranks;
-    for (int rank = 0; rank < world; ++rank) {
+  // Rank 0's namespace is fresh: any port is free there.
+  const std::string url =
+      "tcp://" + NamespacePair::address(0) + ":29517?world_size=4";
+  auto start = [&](const char* transport) {
+    return comm::testing::start_ranks(world, [&](int rank) {
       const int host = rank / 2;  // ranks 0, 1 on one host; 2, 3 on the other
-      ranks.push_back(std::make_unique<ChildProcess>([=, &hosts] {
-        hosts.enter(host);
-        setenv("COMM_TRANSPORT", transport, 1);
-        setenv("COMM_TCP_ADDR", host == 0 ? "10.77.0.1" : "10.77.0.2", 1);
-        try {
-          auto group = comm::init_process_group("tcp", url, rank, world, 30s);
-          if (!maps_shared_memory()) return kNoSharedMemory;
-          return check_collectives(*group);
-        } catch (const comm::InvalidArgument& e) {
-          std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-          return std::string(e.what()).find("COMM_TRANSPORT=shm") !=
-                         std::string::npos
-                     ? 30
-                     : kOtherError;
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-          return kOtherError;
-        }
-      }));
-    }
-    std::vector<int> codes;
-    for (auto& r : ranks) codes.push_back(r->wait(120s));
-    return codes;
+      if (!hosts.enter(host)) {
+        std::fprintf(stderr, "rank %d: setns failed\n", rank);
+        return kOtherError;
+      }
+      setenv("COMM_TRANSPORT", transport, 1);
+      setenv("COMM_TCP_ADDR", NamespacePair::address(host).c_str(), 1);
+      try {
+        auto group = comm::init_process_group("tcp", url, rank, world, 30s);
+        if (!maps_shared_memory()) return kNoSharedMemory;
+        return check_collectives(*group);
+      } catch (const comm::InvalidArgument& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return std::string(e.what()).find("COMM_TRANSPORT=shm") !=
+                       std::string::npos
+                   ? kShmRefusedAcrossHosts
+                   : kOtherError;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return kOtherError;
+      }
+    });
   };
   SECTION("auto: every result as on one host") {
-    const auto codes = run("auto");
-    for (int rank = 0; rank < world; ++rank) {
-      INFO("rank " << rank);
-      CHECK(codes[rank] == 0);
-    }
+    auto ranks = start("auto");
+    comm::testing::check_exit_codes(ranks, -1, 0, 120s);
   }
   SECTION("shm: group creation fails saying why") {
-    const auto codes = run("shm");
-    for (int rank = 0; rank < world; ++rank) {
-      INFO("rank " << rank);
-      CHECK(codes[rank] == 30);
-    }
+    auto ranks = start("shm");
+    comm::testing::check_exit_codes(ranks, -1, kShmRefusedAcrossHosts, 120s);
   }
 }

@@ -565,16 +565,7 @@ TEST_CASE("warnings about refused clients are rate-limited",
   TempPath log("tcp_store_refusals");
   comm::TCPStoreServerOptions options;
   options.token = "job-secret";
-  // The server process writes its log to the file: redirect stderr around
-  // the fork.
-  const int saved = dup(2);
-  const int file = open(log.str().c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
-  REQUIRE(file >= 0);
-  dup2(file, 2);
-  auto server = std::make_unique<ServerProcess>(options);
-  dup2(saved, 2);
-  close(saved);
-  close(file);
+  auto server = logged_server(options, log);
   for (int i = 0; i < 200; ++i) {
     RawClient raw(server->port());
     raw.hello(true);
@@ -584,24 +575,18 @@ TEST_CASE("warnings about refused clients are rate-limited",
     raw.send_bytes(proto::encode_proof(guess));
     CHECK(raw.welcome().status == proto::HelloStatus::kBadToken);
   }
-  auto count = [&](const std::string& needle) {
-    std::ifstream in(log.str());
-    std::string line;
-    int n = 0;
-    while (std::getline(in, line)) n += line.find(needle) != std::string::npos;
-    return n;
-  };
   // The count of the suppressed ones appears when the interval ends, even
   // with no further refusal.
   const auto deadline = std::chrono::steady_clock::now() + 15s;
-  while (count("suppressed") == 0 &&
+  while (lines_containing(log, "suppressed") == 0 &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(200ms);
   // Five per interval; the 200 refusals take one interval, or two on a
   // slow machine.
-  CHECK(count("wrong token") >= 5);
-  CHECK(count("wrong token") <= 10);
-  CHECK(count("more warnings about refused clients were suppressed") >= 1);
+  CHECK(lines_containing(log, "wrong token") >= 5);
+  CHECK(lines_containing(log, "wrong token") <= 10);
+  CHECK(lines_containing(
+            log, "more warnings about refused clients were suppressed") >= 1);
   CHECK(server->stop() == 0);
 }
 

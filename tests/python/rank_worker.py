@@ -446,9 +446,41 @@ def monitored_barrier_names_the_absent(_):
     os._exit(0)
 
 
+def monitored_barrier_after_a_timeout(_):
+    """The last rank reaches the first monitored_barrier after rank 0 gave
+    up on it: that barrier fails on every rank (on the late one as soon as
+    it arrives, from rank 0's answer rather than its own timeout), and what
+    follows with every rank there works: a monitored_barrier, a collective,
+    and another monitored_barrier."""
+    late = WORLD - 1
+    if RANK == late:
+        time.sleep(3)
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))
+    except dist.TimeoutError as e:
+        print(f"rank {RANK}: TimeoutError: {e}", flush=True)
+        if RANK == 0:
+            assert f"rank {late} did not reach the barrier" in str(e), str(e)
+        if RANK == late:
+            assert "this rank arrived after rank 0 gave up on the barrier: " \
+                f"rank {late} did not reach the barrier" in str(e), str(e)
+    else:
+        raise AssertionError(f"rank {RANK}: a monitored_barrier passed "
+                             f"without rank {late}")
+    start = time.monotonic()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    x = np.full(4, RANK + 1, dtype=np.int64)
+    dist.all_reduce(x)
+    assert (x == WORLD * (WORLD + 1) // 2).all(), x
+    dist.monitored_barrier(timeout=30, wait_all_ranks=True)
+    assert time.monotonic() - start < 20
+    print(f"rank {RANK}: monitored_barrier after a timeout ok", flush=True)
+
+
 SCENARIOS = {
     "torch_names": torch_names,
     "monitored_barrier_names_the_absent": monitored_barrier_names_the_absent,
+    "monitored_barrier_after_a_timeout": monitored_barrier_after_a_timeout,
     "ddp_features": ddp_features,
     "collectives": collectives,
     "point_to_point": point_to_point,

@@ -267,3 +267,9 @@ def test_monitored_barrier_names_a_rank_that_never_comes(tmp_path):
     outputs = run_ranks(tmp_path, "monitored_barrier_names_the_absent",
                         "numpy", 3)
     assert "rank 2 did not reach the barrier" in outputs[0], outputs[0]
+
+
+def test_monitored_barrier_works_again_after_one_timed_out(tmp_path):
+    outputs = run_ranks(tmp_path, "monitored_barrier_after_a_timeout",
+                        "numpy", 3)
+    assert all("monitored_barrier after a timeout ok" in o for o in outputs)

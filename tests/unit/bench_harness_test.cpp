@@ -1,13 +1,24 @@
 // The *_perf harness: its command line, nccl-tests' bandwidth formulas, the
-// result check (on correct results and on a deliberately corrupted one) and
-// the JSON file.
+// result check (on correct results and on a deliberately corrupted one), the
+// JSON file, and how -np waits for its rank processes.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "bench/harness/collective.h"
+#include "bench/harness/launch.h"
 #include "bench/harness/options.h"
 #include "bench/harness/runner.h"
 #include "libcomm/error.h"
@@ -270,4 +281,121 @@ TEST_CASE("-J writes JSON that a JSON parser reads back", "[bench][json]") {
       "for r in d['results']); assert len(d['peak_rss_bytes'])==2";
   CHECK(std::system(("python3 -c \"" + script + "\" " + path.str()).c_str()) ==
         0);
+}
+
+namespace {
+
+// Forks a process that stands for a rank: it runs `body` and exits with its
+// value, and dies with the test process, so that none outlives a failed
+// test.
+pid_t fork_rank(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    _exit(body());
+  }
+  return pid;
+}
+
+// What comm::bench::wait_for_ranks said on its log.
+std::string read_log(std::FILE* log) {
+  std::rewind(log);
+  std::string text;
+  char chunk[512];
+  while (std::fgets(chunk, sizeof(chunk), log) != nullptr) text += chunk;
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "-np: ranks that have not ended some time after one failed are killed "
+    "and named",
+    "[bench][launch]") {
+  using namespace std::chrono_literals;
+  int ready[2];
+  REQUIRE(pipe(ready) == 0);
+  std::vector<pid_t> ranks(4);
+  // Rank 1 is stopped (SIGSTOP), rank 2 ignores SIGTERM, rank 3 ends on it;
+  // each waits at most a minute. Rank 0 then fails.
+  ranks[1] = fork_rank([] {
+    raise(SIGSTOP);
+    return 0;
+  });
+  int status = 0;
+  REQUIRE(waitpid(ranks[1], &status, WUNTRACED) == ranks[1]);
+  REQUIRE(WIFSTOPPED(status));
+  for (int rank : {2, 3}) {
+    ranks[rank] = fork_rank([&, rank] {
+      if (rank == 2) signal(SIGTERM, SIG_IGN);
+      (void)!write(ready[1], "x", 1);
+      sleep(60);
+      return 0;
+    });
+  }
+  char byte;
+  for (int i = 0; i < 2; ++i) REQUIRE(read(ready[0], &byte, 1) == 1);
+  close(ready[0]);
+  close(ready[1]);
+  ranks[0] = fork_rank([] { return 1; });
+
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log != nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(comm::bench::wait_for_ranks(ranks, "all_reduce_perf", 500ms, log) == 1);
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= 500ms);
+  CHECK(took < 5s);
+  const std::string said = read_log(log);
+  std::fclose(log);
+  INFO(said);
+  CHECK_THAT(said, Catch::Contains("all_reduce_perf: rank 1 had not ended "
+                                   "0.5 s after rank 0 failed; killed it "
+                                   "(SIGKILL)\n") &&
+                       Catch::Contains("all_reduce_perf: rank 2 had not "
+                                       "ended 0.5 s after rank 0 failed"));
+  CHECK_THAT(said, !Catch::Contains("rank 3"));
+  // Every rank was reaped.
+  for (pid_t pid : ranks) {
+    errno = 0;
+    CHECK(waitpid(pid, nullptr, WNOHANG) == -1);
+    CHECK(errno == ECHILD);
+  }
+}
+
+TEST_CASE("-np: ranks that all succeed are waited for, and nothing is said",
+          "[bench][launch]") {
+  std::vector<pid_t> ranks;
+  for (int rank = 0; rank < 3; ++rank) {
+    ranks.push_back(fork_rank([rank] {
+      usleep(static_cast<useconds_t>(rank) * 20000);
+      return 0;
+    }));
+  }
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log != nullptr);
+  CHECK(comm::bench::wait_for_ranks(ranks, "all_reduce_perf",
+                                    std::chrono::milliseconds(500), log) == 0);
+  CHECK(read_log(log).empty());
+  std::fclose(log);
+}
+
+TEST_CASE("-np: a rank that a signal ended first is named with the signal",
+          "[bench][launch]") {
+  std::vector<pid_t> ranks;
+  ranks.push_back(fork_rank([] { return 0; }));
+  ranks.push_back(fork_rank([] {
+    raise(SIGKILL);
+    return 0;
+  }));
+  std::FILE* log = std::tmpfile();
+  REQUIRE(log != nullptr);
+  CHECK(comm::bench::wait_for_ranks(ranks, "all_reduce_perf",
+                                    std::chrono::milliseconds(500), log) == 1);
+  CHECK_THAT(read_log(log),
+             Catch::Contains("all_reduce_perf: rank 1 was killed by signal " +
+                             std::to_string(SIGKILL)));
+  std::fclose(log);
 }

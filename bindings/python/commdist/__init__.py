@@ -583,13 +583,179 @@ def barrier(group=None, async_op=False, device_ids=None):
 # user's point-to-point traffic (torch's tags are the user's too).
 _MONITORED_BARRIER_TAG = -0x6D62  # "mb"
 
+# Rank 0's answer to the ranks of one monitored_barrier call: a release, or
+# that it gave up on the call.
+_RELEASE, _GAVE_UP = 1, 2
+
+
+class _MonitoredBarrierState:
+    """This rank's monitored_barriers on one group.
+
+    Every rank's n-th monitored_barrier on a group is the same barrier, as
+    with collectives, and every message says which call it belongs to: a
+    rank's arrival (to rank 0) is [call], rank 0's answer (to every other
+    rank) is [call, _RELEASE or _GAVE_UP, then per group rank 1 where that
+    rank did not arrive]. A call that timed out leaves its receives posted
+    (a posted receive cannot be withdrawn): they are kept here, and the next
+    call reads them first, dropping what belongs to an earlier call, so that
+    nothing a timed-out call left behind is taken for a later call's."""
+
+    __slots__ = ("calls", "receives")
+
+    def __init__(self):
+        self.calls = 0
+        self.receives = {}  # peer -> (Work, buffer), posted and not yet read
+
+
+def _monitored_barrier_state(g):
+    state = getattr(g, "_monitored_barrier_state", None)
+    if state is None:
+        state = _MonitoredBarrierState()
+        g._monitored_barrier_state = state
+    return state
+
+
+def _next_barrier_message(g, state, peer, length, timeout):
+    """The next monitored_barrier message from `peer` (`length` int64s),
+    waiting at most `timeout` seconds (None: the receive's own timeout, the
+    group's). A receive still pending when the wait ends stays posted, in
+    `state`, for the next call to read."""
+    import numpy as np
+
+    if peer not in state.receives:
+        buffer = np.zeros(length, dtype=np.int64)
+        state.receives[peer] = (
+            Work(g.irecv(buffer, peer, _MONITORED_BARRIER_TAG)), buffer)
+    work, buffer = state.receives[peer]
+    try:
+        work.wait(timeout)
+    finally:
+        if work.is_completed():
+            del state.receives[peer]
+    return buffer
+
+
+def _left(deadline):
+    return None if deadline is None else max(0.0, deadline - _time.monotonic())
+
+
+def _within(seconds):
+    return "the group's timeout" if seconds is None else f"{seconds:g} s"
+
+
+def _did_not_reach(g, missing, within):
+    members = getattr(g, "_global_ranks", None)
+    named = [members[r] if members else r for r in missing]
+    return (f"rank{'s' if len(named) > 1 else ''} "
+            f"{', '.join(str(r) for r in named)} did not reach the barrier "
+            f"within {within}")
+
+
+def _calls_differ(g, peer, theirs, ours):
+    members = getattr(g, "_global_ranks", None)
+    return MismatchError(
+        f"monitored_barrier: rank {members[peer] if members else peer} is "
+        f"at its monitored_barrier #{theirs} on this group and this rank at "
+        f"its #{ours}: every rank must call it the same number of times")
+
+
+def _monitored_barrier_root(g, state, call, seconds, wait_all_ranks):
+    """Rank 0's part: waits for every other rank's arrival of call `call`,
+    then answers each, with a release or with the ranks that did not
+    arrive. Every call is answered, whatever ends it, so that the other
+    ranks' calls stay matched with rank 0's."""
+    import numpy as np
+
+    deadline = None if seconds is None else _time.monotonic() + seconds
+    missing, failure = [], None
+    try:
+        for r in range(1, g.size()):
+            try:
+                while True:
+                    arrived = int(_next_barrier_message(
+                        g, state, r, 1, _left(deadline))[0])
+                    if arrived == call:
+                        break
+                    if arrived > call:
+                        raise _calls_differ(g, r, arrived, call)
+                    # An arrival for a call this rank gave up on before r
+                    # came: r has its answer to that call already.
+            except TimeoutError:
+                missing.append(r)
+                if not wait_all_ranks:
+                    break
+    except BaseException as error:  # noqa: BLE001 - answered, then raised
+        failure = error
+    answer = np.zeros(2 + g.size(), dtype=np.int64)
+    answer[0] = call
+    if not missing and failure is None:
+        answer[1] = _RELEASE
+        for r in range(1, g.size()):
+            Work(g.isend(answer, r, _MONITORED_BARRIER_TAG)).wait(seconds)
+        return
+    # Every other rank hears that the call failed: one that arrived fails
+    # now rather than at its own timeout, one that has not arrived yet as
+    # soon as it does. Nothing waits for these sends: a rank that never
+    # comes never reads its answer, and one that died fails its send.
+    answer[1] = _GAVE_UP
+    answer[[2 + r for r in missing]] = 1
+    for r in range(1, g.size()):
+        try:
+            g.isend(answer, r, _MONITORED_BARRIER_TAG)
+        except Error:
+            pass
+    if failure is not None:
+        raise failure
+    raise TimeoutError(
+        f"monitored_barrier: {_did_not_reach(g, missing, _within(seconds))}")
+
+
+def _monitored_barrier_member(g, state, call, seconds):
+    """The part of every rank but 0: arrives, then waits for rank 0's answer
+    to call `call`, dropping answers to earlier calls that timed out
+    here."""
+    import numpy as np
+
+    arrival = np.array([call], dtype=np.int64)
+    Work(g.isend(arrival, 0, _MONITORED_BARRIER_TAG)).wait(seconds)
+    deadline = None if seconds is None else _time.monotonic() + seconds
+    while True:
+        try:
+            answer = _next_barrier_message(g, state, 0, 2 + g.size(),
+                                           _left(deadline))
+        except TimeoutError as e:
+            raise TimeoutError(
+                f"monitored_barrier: rank 0 did not release this rank "
+                f"within {_within(seconds)}; rank 0 names the ranks that "
+                f"did not arrive") from e
+        answered = int(answer[0])
+        if answered < call:
+            continue
+        if answered > call:
+            raise _calls_differ(g, 0, answered, call)
+        if int(answer[1]) == _RELEASE:
+            return
+        missing = [r for r in range(g.size()) if answer[2 + r]]
+        if not missing:
+            raise Error("monitored_barrier: rank 0 gave up on the barrier "
+                        "(see its error)")
+        late = "this rank arrived after " if g.rank() in missing else ""
+        within = "rank 0's timeout"
+        raise TimeoutError(
+            f"monitored_barrier: {late}rank 0 gave up on the barrier: "
+            f"{_did_not_reach(g, missing, within)}")
+
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     """A barrier that names the ranks that did not arrive, as torch's:
     rank 0 waits up to `timeout` (seconds or a timedelta; the group's when
     None) for every other rank, then releases them. A rank that does not
     arrive is a TimeoutError on rank 0 naming it (with wait_all_ranks,
-    naming every such rank)."""
+    naming every such rank); the call then fails on every rank: one that
+    waits for rank 0 hears of it and fails naming the same ranks, and so
+    does a late rank as soon as it arrives. A call that failed leaves the
+    group as it was: the next monitored_barrier, with every rank there,
+    passes (each rank's n-th call is one barrier, as with collectives)."""
     if _not_member(group):
         return None
     g = _group(group)
@@ -599,38 +765,12 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
         seconds = timeout.total_seconds()
     else:
         seconds = float(timeout)
-    import numpy as np
-
-    token = np.zeros(1, dtype=np.uint8)
-    tag = _MONITORED_BARRIER_TAG
-    if g.rank() != 0:
-        Work(g.isend(token, 0, tag)).wait(seconds)
-        Work(g.irecv(np.zeros(1, dtype=np.uint8), 0, tag)).wait(seconds)
-        return None
-    arrivals = {r: Work(g.irecv(np.zeros(1, dtype=np.uint8), r, tag))
-                for r in range(1, g.size())}
-    deadline = None if seconds is None else _time.monotonic() + seconds
-    missing = []
-    for r, work in arrivals.items():
-        left = None if deadline is None else \
-            max(0.0, deadline - _time.monotonic())
-        try:
-            work.wait(left)
-        except TimeoutError:
-            missing.append(r)
-            if not wait_all_ranks:
-                break
-    if missing:
-        members = getattr(g, "_global_ranks", None)
-        named = [members[r] if members else r for r in missing]
-        which = ", ".join(str(r) for r in named)
-        within = "the group's timeout" if seconds is None else \
-            f"{seconds:g} s"
-        raise TimeoutError(
-            f"monitored_barrier: rank{'s' if len(named) > 1 else ''} "
-            f"{which} did not reach the barrier within {within}")
-    for r in range(1, g.size()):
-        Work(g.isend(token, r, tag)).wait(seconds)
+    state = _monitored_barrier_state(g)
+    state.calls += 1
+    if g.rank() == 0:
+        _monitored_barrier_root(g, state, state.calls, seconds, wait_all_ranks)
+    else:
+        _monitored_barrier_member(g, state, state.calls, seconds)
     return None
 
 
@@ -763,6 +903,20 @@ def _unpickle(tensor, size):
     return _pickle.loads(_host(tensor)[:size].tobytes())
 
 
+def _pickle_and_share_sizes(obj, g, group):
+    """Pickles `obj` and all-gathers every rank's pickle length over `group`
+    (whose process group is `g`), the prologue of the object gathers.
+    Returns (device, data, sizes, longest): the device the bytes travel on,
+    this rank's pickle, each rank's pickle length (a list of ints) and the
+    largest of them, the slot size every rank pads its pickle to."""
+    device = _byte_device(g)
+    data = _pickle.dumps(obj)
+    sizes = _counts_tensor([0] * g.size(), device)
+    all_gather_into_tensor(sizes, _counts_tensor([len(data)], device), group)
+    sizes = [int(s) for s in _host(sizes)]
+    return device, data, sizes, max(sizes)
+
+
 def all_gather_object(object_list, obj, group=None):
     """Fills object_list (one slot per rank) with every rank's `obj`."""
     if _not_member(group):
@@ -773,12 +927,7 @@ def all_gather_object(object_list, obj, group=None):
         raise InvalidArgument(
             f"all_gather_object: object_list has {len(object_list)} slots; "
             f"it needs one per rank ({world})")
-    device = _byte_device(g)
-    data = _pickle.dumps(obj)
-    sizes = _counts_tensor([0] * world, device)
-    all_gather_into_tensor(sizes, _counts_tensor([len(data)], device), group)
-    sizes = [int(s) for s in _host(sizes)]
-    longest = max(sizes)
+    device, data, sizes, longest = _pickle_and_share_sizes(obj, g, group)
     everyone = _bytes_tensor(b"", device, longest * world)
     all_gather_into_tensor(everyone, _bytes_tensor(data, device, longest),
                            group)
@@ -827,12 +976,7 @@ def gather_object(obj, object_gather_list=None, dst=0, group=None):
         raise InvalidArgument(
             f"gather_object: on dst, object_gather_list needs one slot per "
             f"rank ({world})")
-    device = _byte_device(g)
-    data = _pickle.dumps(obj)
-    sizes = _counts_tensor([0] * world, device)
-    all_gather_into_tensor(sizes, _counts_tensor([len(data)], device), group)
-    sizes = [int(s) for s in _host(sizes)]
-    longest = max(sizes)
+    device, data, sizes, longest = _pickle_and_share_sizes(obj, g, group)
     slots = [_bytes_tensor(b"", device, longest) for _ in range(world)] \
         if me_dst else None
     gather(_bytes_tensor(data, device, longest), slots, dst, group)
