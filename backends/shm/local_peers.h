@@ -7,6 +7,10 @@
 // emulate two hosts), with its process id and its COMM_TRANSPORT. Two
 // ranks are local to each other when their identities are equal and
 // neither asked for `tcp`; the relation is symmetric, so both ends agree.
+// Every rank, `tcp` ones included (read_hosts), reads every rank's
+// identity, so that every rank knows the same partition of the whole group
+// into hosts (hosts()), for the hierarchical algorithms: the classes of
+// that relation, a rank that asked for `tcp` being a host of its own.
 //
 // Memory. Each rank makes one memfd (never a file: nothing is left in
 // /dev/shm or elsewhere when a rank dies) holding the rings its local
@@ -34,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/host_partition.h"
 #include "backends/shm/doorbell.h"
 #include "backends/shm/ring.h"
 #include "libcomm/detail/socket.h"
@@ -72,6 +77,16 @@ class LocalPeers {
   bool is_local(int peer) const { return peers_[peer].local; }
   // The ranks local to this one, itself included.
   int local_count() const { return local_count_; }
+  // Reads what every rank published, where set-up did not (a rank that
+  // asked for tcp reads nothing then, so that it waits for no one before
+  // the mesh connects), for hosts(). Called once the mesh is connected:
+  // every rank publishes its identity before its address, so nothing is
+  // waited for then. Throws TimeoutError naming the ranks that published
+  // nothing by `deadline`.
+  void read_hosts(Store& store, detail::Clock::time_point deadline);
+  // The whole group's hosts, the same on every rank (after read_hosts):
+  // ranks share a host where they are local to each other.
+  const HostPartition& hosts() const { return hosts_; }
 
   // This rank's end of the ring to `peer` (writer) and from `peer`
   // (reader) on `lane`; peer must be local.
@@ -99,8 +114,19 @@ class LocalPeers {
     std::array<Ring, kLanes> in;
   };
 
+  // What a rank published: its COMM_TRANSPORT, identity and process id.
+  struct Published {
+    std::string choice;
+    std::string identity;
+    pid_t pid = 0;
+  };
+
   void set_up(Store& store, int size, std::uint64_t job,
               detail::Clock::time_point deadline);
+  // Every rank's published identity, waiting for it until `deadline`.
+  std::vector<Published> read_published(
+      Store& store, int size, detail::Clock::time_point deadline) const;
+  static HostPartition partition(const std::vector<Published>& published);
   // Unmaps and closes everything (the destructor, or a failed set-up).
   void release();
   // Where the ring written by local rank `writer` lies in the segment of
@@ -111,6 +137,8 @@ class LocalPeers {
   int rank_;
   int local_count_ = 1;
   std::vector<int> local_ranks_;  // sorted, this rank included
+  HostPartition hosts_;
+  bool hosts_known_ = false;
   std::vector<Peer> peers_;
   std::array<std::unique_ptr<Doorbell>, kLanes> doorbells_;
   void* segment_ = nullptr;

@@ -2,7 +2,8 @@
 // one call: the mesh and its control channel, the call (stamped on every
 // message), its deadline, and the descriptor that interrupts it at
 // shutdown. Its steps are
-// Exchanges, built in place one after another.
+// Exchanges, built in place one after another; its hosts are the local
+// peers' (shm::LocalPeers::hosts).
 #pragma once
 
 #include <optional>
@@ -32,6 +33,9 @@ class CollectiveContext final : public CollectiveTransport {
   CollectiveStep& step() override {
     exchange_.emplace(mesh_, call_, deadline_, wake_fd_, &control_);
     return *exchange_;
+  }
+  const HostPartition* hosts() const override {
+    return &mesh_.local_peers().hosts();
   }
 
  private:
