@@ -5,6 +5,10 @@
 // could all only send and return success; with it each reads a header
 // naming another root and fails with MismatchError. It costs a rank that
 // arrives before the root the wait for the root.
+//
+// A group spanning hosts runs the same: each block travels once, straight
+// to the root over its sender's own link; gathering a host's blocks at a
+// leader first would add a hop and a copy to save messages, not bytes.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"

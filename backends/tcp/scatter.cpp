@@ -5,6 +5,10 @@
 // with MismatchError, instead of some only sending and returning success
 // (see broadcast.cpp). It costs the root the wait for the last rank to
 // arrive.
+//
+// A group spanning hosts runs the same: each block travels once, straight
+// from the root over its receiver's own link; relaying a host's blocks
+// through a leader would add a hop and a copy to save messages, not bytes.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
