@@ -29,8 +29,10 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "support/child_process.h"
+#include "support/two_hosts.h"
 
 using comm::testing::ChildProcess;
+using comm::testing::TwoHosts;
 using namespace std::chrono_literals;
 
 namespace {
@@ -104,54 +106,6 @@ bool wait_readable(int fd, std::chrono::milliseconds timeout) {
   pollfd entry{fd, POLLIN, 0};
   return poll(&entry, 1, static_cast<int>(timeout.count())) == 1;
 }
-
-// Runs `command` through the shell; true when it exits 0.
-bool shell(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
-
-// Two network namespaces joined by a veth pair, 10.77.0.1 in the first and
-// 10.77.0.2 in the second, each with its loopback up; removed on
-// destruction. `ok` is false, with `why`, where they cannot be made.
-struct TwoHosts {
-  std::string names[2];
-  bool ok = false;
-  std::string why;
-
-  TwoHosts() {
-    const std::string tag = std::to_string(getpid());
-    names[0] = "lcshm" + tag + "a";
-    names[1] = "lcshm" + tag + "b";
-    const std::string veth0 = "lcv" + tag + "a", veth1 = "lcv" + tag + "b";
-    if (!shell("ip netns add " + names[0]) ||
-        !shell("ip netns add " + names[1])) {
-      why =
-          "cannot create network namespaces (`ip netns add` failed: not "
-          "root, or no iproute2)";
-      return;
-    }
-    ok = shell("ip link add " + veth0 + " netns " + names[0] +
-               " type veth peer name " + veth1 + " netns " + names[1]) &&
-         shell("ip -n " + names[0] + " addr add 10.77.0.1/24 dev " + veth0) &&
-         shell("ip -n " + names[1] + " addr add 10.77.0.2/24 dev " + veth1) &&
-         shell("ip -n " + names[0] + " link set " + veth0 + " up") &&
-         shell("ip -n " + names[1] + " link set " + veth1 + " up") &&
-         shell("ip -n " + names[0] + " link set lo up") &&
-         shell("ip -n " + names[1] + " link set lo up");
-    if (!ok) why = "cannot join the namespaces with a veth pair";
-  }
-  ~TwoHosts() {
-    for (const auto& name : names) shell("ip netns del " + name);
-  }
-  // Moves the calling (single-threaded, child) process into host `h`.
-  void enter(int h) const {
-    const int fd = open(("/var/run/netns/" + names[h]).c_str(), O_RDONLY);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-      throw std::runtime_error("setns into " + names[h] + " failed");
-    }
-    close(fd);
-  }
-};
 
 // Every collective and point-to-point on `group`, checked against values
 // computed here (integers, exact in float32 and the same bits everywhere).
