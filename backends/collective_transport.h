@@ -1,6 +1,6 @@
 // comm::CollectiveTransport: what a collective algorithm sees of the ranks
 // of one call: its rank, the group's size, and steps (CollectiveStep) to
-// run one after another.
+// run one after another, and, where it knows them, the ranks' hosts.
 //
 // The TCP backend implements it per call (tcp::CollectiveContext); a
 // shared-memory transport is to implement it too, so that both run the
@@ -8,6 +8,7 @@
 #pragma once
 
 #include "backends/collective_step.h"
+#include "backends/host_partition.h"
 
 namespace comm {
 
@@ -22,6 +23,11 @@ class CollectiveTransport {
   // is no longer valid. A transport keeps the step's storage, so that a
   // step costs no allocation beyond its transfers'.
   virtual CollectiveStep& step() = 0;
+  // Which of the ranks share a host, the same on every rank of the call,
+  // or null where the transport does not say: the algorithms then run flat,
+  // as over one host. Hierarchical algorithms (tcp/hierarchy.h) choose
+  // their phases from it.
+  virtual const HostPartition* hosts() const { return nullptr; }
 
  protected:
   CollectiveTransport() = default;

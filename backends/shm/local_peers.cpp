@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string_view>
 
@@ -174,9 +175,72 @@ std::size_t LocalPeers::ring_offset(int owner, int writer, int lane,
          ring_footprint(capacity);
 }
 
+std::vector<LocalPeers::Published> LocalPeers::read_published(
+    Store& store, int size, detail::Clock::time_point deadline) const {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    keys.push_back("shm/host/" + std::to_string(r));
+  }
+  const auto timeout = std::chrono::milliseconds(remaining_ms(deadline) + 1);
+  std::vector<Bytes> values;
+  try {
+    values = store.multi_get(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({keys[r]})) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    throw TimeoutError("TCP backend: rank " + std::to_string(rank_) +
+                       " timed out waiting for connections from rank(s) " +
+                       missing + ", which never joined the group");
+  }
+  std::vector<Published> published;
+  for (const Bytes& value : values) {
+    // "transport identity pid N cpus MASK"
+    std::string text = to_string(value);
+    Published& p = published.emplace_back();
+    const auto cpus_at = text.rfind(" cpus ");
+    if (cpus_at != std::string::npos) {
+      p.cpus = text.substr(cpus_at + 6);
+      text.resize(cpus_at);
+    }
+    const auto pid_at = text.rfind(" pid ");
+    p.choice = text.substr(0, text.find(' '));
+    p.identity = text.substr(p.choice.size() + 1, pid_at - p.choice.size() - 1);
+    p.pid = static_cast<pid_t>(std::stol(text.substr(pid_at + 5)));
+  }
+  return published;
+}
+
+HostPartition LocalPeers::partition(const std::vector<Published>& published) {
+  // Each rank's host label: the lowest rank of its identity that did not
+  // ask for tcp, or itself where it asked for tcp.
+  std::map<std::string, int> first_of_identity;
+  std::vector<int> labels;
+  for (std::size_t r = 0; r < published.size(); ++r) {
+    const int rank = static_cast<int>(r);
+    labels.push_back(
+        published[r].choice == "tcp"
+            ? rank
+            : first_of_identity.try_emplace(published[r].identity, rank)
+                  .first->second);
+  }
+  return HostPartition(labels);
+}
+
+void LocalPeers::read_hosts(Store& store, detail::Clock::time_point deadline) {
+  if (!hosts_known_) {
+    hosts_ = partition(read_published(store, hosts_.size(), deadline));
+    hosts_known_ = true;
+  }
+  COMM_LOG_DEBUG("rank {}: the group's hosts are {}", rank_, hosts_.describe());
+}
+
 LocalPeers::LocalPeers(Store& store, int rank, int size, std::uint64_t job,
                        detail::Clock::time_point deadline)
-    : rank_(rank), peers_(static_cast<std::size_t>(size)) {
+    : rank_(rank), hosts_(size), peers_(static_cast<std::size_t>(size)) {
   try {
     set_up(store, size, job, deadline);
   } catch (...) {
@@ -221,54 +285,32 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                    word + " " + me + " pid " + std::to_string(::getpid()) +
                        " cpus " + cpu_mask_hex());
   // A rank that asked for tcp is local to nobody, and needs nobody's
-  // identity; the others read its word and treat it as remote.
+  // identity now; the others read its word and treat it as remote. It
+  // reads them once the mesh is connected (read_hosts), for the partition
+  // into hosts.
   if (choice == Transport::kTcp) return;
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) {
-    keys.push_back("shm/host/" + std::to_string(r));
-  }
-  const auto timeout = std::chrono::milliseconds(remaining_ms(deadline) + 1);
-  std::vector<Bytes> published;
-  try {
-    published = store.multi_get(keys, timeout);
-  } catch (const TimeoutError&) {
-    std::string missing;
-    for (int r = 0; r < size; ++r) {
-      if (!store.check({keys[r]})) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      }
-    }
-    throw TimeoutError("TCP backend: rank " + std::to_string(rank) +
-                       " timed out waiting for connections from rank(s) " +
-                       missing + ", which never joined the group");
-  }
+  const std::vector<Published> published =
+      read_published(store, size, deadline);
+  hosts_ = partition(published);
+  hosts_known_ = true;
   std::string remote;
   std::vector<std::string> strict;  // the ranks that asked for shm
   std::vector<bool> local_cpus;     // the union of the local ranks' CPUs
   bool cpus_known = true;
   for (int r = 0; r < size; ++r) {
-    std::string text = to_string(published[r]);
-    const auto cpus_at = text.rfind(" cpus ");
-    std::string cpus;
-    if (cpus_at != std::string::npos) {
-      cpus = text.substr(cpus_at + 6);
-      text.resize(cpus_at);
-    }
-    const auto pid_at = text.rfind(" pid ");
-    const std::string their_choice = text.substr(0, text.find(' '));
-    const std::string identity =
-        text.substr(their_choice.size() + 1, pid_at - their_choice.size() - 1);
+    const std::string& their_choice = published[r].choice;
+    const std::string& identity = published[r].identity;
     if (identity != me || their_choice == "tcp") {
       remote += (remote.empty() ? "rank " : ", rank ") + std::to_string(r);
     }
     if (their_choice == "shm")
       strict.push_back("shm/read/" + std::to_string(r));
-    peers_[r].pid = static_cast<pid_t>(std::stol(text.substr(pid_at + 5)));
+    peers_[r].pid = published[r].pid;
     peers_[r].local =
         identity == me && their_choice != "tcp" && choice != Transport::kTcp;
     if (peers_[r].local) {
       local_ranks_.push_back(r);
-      cpus_known = add_cpu_mask(cpus, local_cpus) && cpus_known;
+      cpus_known = add_cpu_mask(published[r].cpus, local_cpus) && cpus_known;
     }
   }
   if (choice == Transport::kShm && !remote.empty()) {

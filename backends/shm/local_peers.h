@@ -5,9 +5,13 @@
 // and the inodes of its IPC, network and PID namespaces (a rank in another
 // network namespace counts as another host, which is also how the tests
 // emulate two hosts), with its process id, its COMM_TRANSPORT and the CPUs
-// it may run on. Two
-// ranks are local to each other when their identities are equal and
-// neither asked for `tcp`; the relation is symmetric, so both ends agree.
+// it may run on. Two ranks are local to each other when their identities
+// are equal and neither asked for `tcp`; the relation is symmetric, so both
+// ends agree.
+// Every rank, `tcp` ones included (read_hosts), reads every rank's
+// identity, so that every rank knows the same partition of the whole group
+// into hosts (hosts()), for the hierarchical algorithms: the classes of
+// that relation, a rank that asked for `tcp` being a host of its own.
 //
 // Memory. Each rank makes one memfd (never a file: nothing is left in
 // /dev/shm or elsewhere when a rank dies) holding the rings its local
@@ -35,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/host_partition.h"
 #include "backends/shm/doorbell.h"
 #include "backends/shm/ring.h"
 #include "libcomm/detail/socket.h"
@@ -78,6 +83,16 @@ class LocalPeers {
   // waiting for another may be keeping it off its CPU. Every local rank
   // computes the same answer.
   bool oversubscribed() const { return oversubscribed_; }
+  // Reads what every rank published, where set-up did not (a rank that
+  // asked for tcp reads nothing then, so that it waits for no one before
+  // the mesh connects), for hosts(). Called once the mesh is connected:
+  // every rank publishes its identity before its address, so nothing is
+  // waited for then. Throws TimeoutError naming the ranks that published
+  // nothing by `deadline`.
+  void read_hosts(Store& store, detail::Clock::time_point deadline);
+  // The whole group's hosts, the same on every rank (after read_hosts):
+  // ranks share a host where they are local to each other.
+  const HostPartition& hosts() const { return hosts_; }
 
   // This rank's end of the ring to `peer` (writer) and from `peer`
   // (reader) on `lane`; peer must be local.
@@ -105,8 +120,21 @@ class LocalPeers {
     std::array<Ring, kLanes> in;
   };
 
+  // What a rank published: its COMM_TRANSPORT, identity, process id and
+  // CPUs (cpu_mask_hex's form; empty from a rank that did not say).
+  struct Published {
+    std::string choice;
+    std::string identity;
+    pid_t pid = 0;
+    std::string cpus;
+  };
+
   void set_up(Store& store, int size, std::uint64_t job,
               detail::Clock::time_point deadline);
+  // Every rank's published identity, waiting for it until `deadline`.
+  std::vector<Published> read_published(
+      Store& store, int size, detail::Clock::time_point deadline) const;
+  static HostPartition partition(const std::vector<Published>& published);
   // Unmaps and closes everything (the destructor, or a failed set-up).
   void release();
   // Where the ring written by local rank `writer` lies in the segment of
@@ -118,6 +146,8 @@ class LocalPeers {
   int local_count_ = 1;
   bool oversubscribed_ = false;
   std::vector<int> local_ranks_;  // sorted, this rank included
+  HostPartition hosts_;
+  bool hosts_known_ = false;
   std::vector<Peer> peers_;
   std::array<std::unique_ptr<Doorbell>, kLanes> doorbells_;
   void* segment_ = nullptr;

@@ -3,7 +3,18 @@
 // one stream: each rank sends its own block to its right, then passes on
 // every block it receives from its left as the bytes arrive, so n - 1
 // steps fill every rank's n blocks without waiting for one another.
+//
+// Over a group spanning hosts (hierarchy.h), the same over the ranks
+// ordered host by host: the direct step uses each pair's own link anyway,
+// and the ring then crosses from one host to the next once, where ranks of
+// hosts that interleave would cross the network at every step. Each
+// boundary carries n - 1 blocks, where a host needs only the n - L blocks
+// of the other hosts; a two-level all_gather (across hosts among the ranks
+// of one local index, then inside each host) would carry only those, but
+// needs hosts of equal sizes and H shared-memory phases, one per host's
+// blocks, or a ring whose messages gather H blocks each.
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/hierarchy.h"
 
 namespace comm::tcp::algorithms {
 
@@ -12,6 +23,12 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
   const int size = ctx.size();
   const int rank = ctx.rank();
   if (size == 1) return;
+  if (const HostPartition* hosts = spanning_hosts(ctx)) {
+    SubgroupTransport ordered = host_ordered(ctx, *hosts);
+    std::vector<void*> ordered_blocks;
+    for (int r : hosts->host_order()) ordered_blocks.push_back(blocks[r]);
+    return all_gather(ordered, ordered_blocks, bytes);
+  }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
     CollectiveStep& step = ctx.step();
     for (int peer = 0; peer < size; ++peer) {

@@ -6,12 +6,40 @@
 // lies. Both give every rank bitwise the same result: each element's
 // reduction is computed once by one rank (ring), or symmetrically by both
 // partners of a commutative op (recursive doubling).
+//
+// Over a group spanning hosts (hierarchy.h), three phases, so that the
+// network carries each host's share once instead of every rank's:
+// - Large messages, every host with as many ranks (L): the ring's
+//   reduce-scatter half among the ranks of each host (shared memory), which
+//   leaves local rank i with segment i + 1 of L reduced over its host; an
+//   all_reduce of that segment among the ranks of local index i, one per
+//   host (TCP), each of the L running on 1/L of the message in parallel;
+//   and the ring's all-gather half inside each host. Each host sends and
+//   receives 2(H-1)/H of the message over the network for H hosts, in L
+//   streams.
+// - Small messages (up to the ring threshold at the group's size): a
+//   binomial reduce inside each host to its lowest rank, an all_reduce
+//   among those leaders, and a broadcast inside each host: log2(L) shared
+//   memory steps on each side of log2(H) network rounds, in which one
+//   rank per host sends, where the flat recursive doubling makes every
+//   rank send over the network in as many rounds.
+// - Large messages over hosts of different sizes: the flat ring, over the
+//   ranks ordered host by host, so that it crosses from one host to the
+//   next once. Each boundary then carries 2(n-1)/n of the message, about
+//   the 2(H-1)/H a leader scheme's leaders would send, and the ring stays
+//   one pipelined stream, where the leader scheme would reduce and
+//   broadcast the whole message inside each host before and after.
+// Each element's result is still computed once, by one all_reduce among
+// the ranks that hold it (one of the L segment all_reduces, or the
+// leaders'), which gives its participants the same bits; the phases inside
+// hosts only copy them, so every rank ends with the same bits.
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/hierarchy.h"
 #include "libcomm/optional_int_param.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -95,50 +123,102 @@ void recursive_doubling(CollectiveTransport& ctx, const std::uint8_t* input,
   }
 }
 
+// The ring's segment s (of `size`) holds elements [segment_begin(s),
+// segment_begin(s + 1)); the first count % size segments hold one element
+// more.
+std::size_t segment_begin(std::size_t count, int size, int s) {
+  const auto u = static_cast<std::size_t>(s);
+  const std::size_t n = static_cast<std::size_t>(size);
+  return u * (count / n) + std::min(u, count % n);
+}
+
+// Which halves of the ring to run. The reduce-scatter half leaves rank r
+// with segment r + 1 (mod n) of `data` reduced over every rank; the
+// all-gather half starts from there and fills every segment.
+enum class Halves { kBoth, kReduceScatter, kAllGather };
+
 void ring(CollectiveTransport& ctx, const std::uint8_t* input,
-          std::uint8_t* data, std::size_t count, DType dtype, ReduceOp op) {
+          std::uint8_t* data, std::size_t count, DType dtype, ReduceOp op,
+          Halves halves = Halves::kBoth) {
   const int rank = ctx.rank();
   const int size = ctx.size();
   const std::size_t element = dtype_size(dtype);
-  // Segment i: elements [offset(i), offset(i + 1)); the first count % size
-  // segments hold one element more.
-  const std::size_t base = count / static_cast<std::size_t>(size);
-  const std::size_t longer = count % static_cast<std::size_t>(size);
   auto segment = [&](int i, bool reduce) {
-    const auto u = static_cast<std::size_t>(mod(i, size));
-    const std::size_t begin = (u * base + std::min(u, longer)) * element;
-    const std::size_t end =
-        ((u + 1) * base + std::min(u + 1, longer)) * element;
+    const int u = mod(i, size);
+    const std::size_t begin = segment_begin(count, size, u) * element;
+    const std::size_t end = segment_begin(count, size, u + 1) * element;
     return CollectiveStep::Part{data + begin, end - begin, reduce,
                                 reduce ? input + begin : nullptr};
   };
+  const bool scatter = halves != Halves::kAllGather;
+  const bool gather = halves != Halves::kReduceScatter;
   // What arrives from the left, in order: in reduce-scatter step s the
   // running reduction of segment rank - s - 1, to which this rank adds its
   // own (out of place, from the input where it lies); in all-gather step s
   // the finished segment rank - s.
   std::vector<CollectiveStep::Part> incoming;
-  for (int s = 0; s < size - 1; ++s)
-    incoming.push_back(segment(rank - s - 1, true));
-  for (int s = 0; s < size - 1; ++s)
-    incoming.push_back(segment(rank - s, false));
-  // What goes to the right: this rank's own segment of the input, then
-  // each segment it received, as soon as it is reduced or stored, so that
-  // the steps flow into one another and a chunk is forwarded while it is
-  // still in cache. Receiving a segment never overwrites bytes not yet
-  // sent: what arrives for a byte depends on what this rank sent from it.
+  if (scatter) {
+    for (int s = 0; s < size - 1; ++s)
+      incoming.push_back(segment(rank - s - 1, true));
+  }
+  if (gather) {
+    for (int s = 0; s < size - 1; ++s)
+      incoming.push_back(segment(rank - s, false));
+  }
+  // What goes to the right: this rank's own segment of the input (or, for
+  // the all-gather half alone, the finished segment the reduce-scatter
+  // left here), then each segment it received, as soon as it is reduced or
+  // stored, so that the steps flow into one another and a chunk is
+  // forwarded while it is still in cache. Receiving a segment never
+  // overwrites bytes not yet sent: what arrives for a byte depends on what
+  // this rank sent from it.
   std::vector<CollectiveStep::Part> outgoing;
-  CollectiveStep::Part own = segment(rank, false);
-  own.data = const_cast<std::uint8_t*>(input) + (own.data - data);
+  CollectiveStep::Part own = segment(scatter ? rank : rank + 1, false);
+  if (scatter) own.data = const_cast<std::uint8_t*>(input) + (own.data - data);
   outgoing.push_back(own);
-  for (int s = 0; s + 1 < 2 * (size - 1); ++s) {
-    outgoing.push_back({incoming[static_cast<std::size_t>(s)].data,
-                        incoming[static_cast<std::size_t>(s)].bytes});
+  for (std::size_t s = 0; s + 1 < incoming.size(); ++s) {
+    outgoing.push_back({incoming[s].data, incoming[s].bytes});
   }
   CollectiveStep& flow = ctx.step();
   const int source =
       flow.recv_parts(mod(rank - 1, size), std::move(incoming), dtype, op);
   flow.relay(mod(rank + 1, size), std::move(outgoing), own.bytes, source);
   flow.run();
+}
+
+// See the head comment: three phases over the host views.
+void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
+                const std::uint8_t* input, std::uint8_t* data,
+                std::size_t count, DType dtype, ReduceOp op) {
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t bytes = count * element;
+  const auto local_count = static_cast<std::size_t>(
+      hosts.ranks_of(hosts.host_of(ctx.rank())).size());
+  if (bytes <= ring_threshold_bytes(ctx.size())) {
+    if (input != data) std::memcpy(data, input, bytes);
+    SubgroupTransport local = host_ranks(ctx, hosts);
+    algorithms::reduce(local, data, count, dtype, op, 0);
+    if (local.rank() == 0) {
+      SubgroupTransport leaders(ctx, host_leaders(hosts, 0));
+      algorithms::all_reduce(leaders, data, data, count, dtype, op);
+    }
+    algorithms::broadcast(local, data, bytes, 0);
+    return;
+  }
+  if (hosts.even() && count >= local_count) {
+    SubgroupTransport local = host_ranks(ctx, hosts);
+    ring(local, input, data, count, dtype, op, Halves::kReduceScatter);
+    const int held = (local.rank() + 1) % local.size();
+    const std::size_t begin = segment_begin(count, local.size(), held);
+    const std::size_t end = segment_begin(count, local.size(), held + 1);
+    SubgroupTransport across = same_local_index(ctx, hosts);
+    algorithms::all_reduce(across, data + begin * element,
+                           data + begin * element, end - begin, dtype, op);
+    ring(local, data, data, count, dtype, op, Halves::kAllGather);
+    return;
+  }
+  SubgroupTransport ordered = host_ordered(ctx, hosts);
+  algorithms::all_reduce(ordered, input, data, count, dtype, op);
 }
 
 }  // namespace
@@ -159,6 +239,9 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
                      count < static_cast<std::size_t>(ctx.size());
   if (source != data && ctx.size() == 1) std::memcpy(data, source, bytes);
   if (ctx.size() == 1 || count == 0) return;
+  if (const HostPartition* hosts = spanning_hosts(ctx)) {
+    return over_hosts(ctx, *hosts, source, data, count, dtype, op);
+  }
   if (small) {
     recursive_doubling(ctx, source, data, count, dtype, op);
   } else {

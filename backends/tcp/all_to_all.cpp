@@ -2,6 +2,13 @@
 // step. Larger ones run pairwise exchange: in step k each rank sends to
 // rank + k and receives from rank - k, so every pair meets once and no rank
 // is swamped.
+//
+// A group spanning hosts runs the same: every message goes straight from
+// its sender to its receiver over that pair's own link (shared memory or
+// TCP), so each byte that must cross the network crosses it once, and no
+// order of the ranks changes that. A two-level exchange would send fewer,
+// larger messages between hosts at the cost of a copy in and out of each
+// leader.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"

@@ -12,14 +12,44 @@
 // (recv_confirmation), as its next collective begins, so the root and the
 // relays do not wait for their children to arrive: successive broadcasts
 // flow down the tree one after another, as an eager MPI broadcast does.
+//
+// Over a group spanning hosts (hierarchy.h), two phases: the same tree
+// among one leader per host (the root on its host, the lowest rank on the
+// others), so that each host receives the message over the network once,
+// then the tree inside each host from its leader, over shared memory. A
+// flat tree crosses the network as often as its edges join ranks of two
+// hosts, up to once per rank where the hosts' ranks interleave. The cost:
+// a leader forwards inside its host only once the whole message has
+// arrived, where one tree would pipeline the two; the shared-memory phase
+// is the short one. Each phase keeps its children's confirmations, so ranks
+// that name different roots still read a header that says so.
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/hierarchy.h"
 
 namespace comm::tcp::algorithms {
+namespace {
+
+void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
+                void* data, std::size_t bytes, int root) {
+  const std::vector<int> leaders = host_leaders(hosts, root);
+  const int leader = leaders[hosts.host_of(ctx.rank())];
+  if (ctx.rank() == leader) {
+    SubgroupTransport across(ctx, leaders);
+    algorithms::broadcast(across, data, bytes, hosts.host_of(root));
+  }
+  SubgroupTransport local = host_ranks(ctx, hosts);
+  algorithms::broadcast(local, data, bytes, hosts.local_index(leader));
+}
+
+}  // namespace
 
 void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
                int root) {
   const int size = ctx.size();
   if (size == 1) return;
+  if (const HostPartition* hosts = spanning_hosts(ctx)) {
+    return over_hosts(ctx, *hosts, data, bytes, root);
+  }
   const int relative = (ctx.rank() - root + size) % size;
   auto real = [&](int r) { return (r + root) % size; };
   const CollectiveStep::Part whole{static_cast<std::uint8_t*>(data), bytes};

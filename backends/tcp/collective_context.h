@@ -1,7 +1,8 @@
 // comm::tcp::CollectiveContext: the TCP backend's CollectiveTransport for
 // one call: the mesh and its control channel, the call (stamped on every
 // message), its deadline, and the descriptor that interrupts it at
-// shutdown. Its steps are Exchanges, built in place one after another.
+// shutdown. Its steps are Exchanges, built in place one after another; its
+// hosts are the local peers' (shm::LocalPeers::hosts).
 //
 // Confirmations (CollectiveStep::recv_confirmation) are not waited for in
 // the call: each step records the peers that owe one in the backend's
@@ -35,23 +36,8 @@ inline void settle_confirmations(Mesh& mesh, ControlChannel& control,
                                  DeferredConfirmations& deferred,
                                  detail::Clock::time_point deadline,
                                  int wake_fd) {
-  // A step receives at most one message per peer: a peer that owes several
-  // confirmations is read once per round.
-  while (!deferred.peers.empty()) {
-    Exchange round(mesh, deferred.call, deadline, wake_fd, &control);
-    std::vector<int> later;
-    std::vector<bool> taken(static_cast<std::size_t>(mesh.size()), false);
-    for (int peer : deferred.peers) {
-      if (taken[static_cast<std::size_t>(peer)]) {
-        later.push_back(peer);
-        continue;
-      }
-      taken[static_cast<std::size_t>(peer)] = true;
-      round.recv(peer, nullptr, 0);
-    }
-    deferred.peers = std::move(later);
-    round.run();
-  }
+  read_confirmations(mesh, &control, deferred.call, deferred.peers, deadline,
+                     wake_fd);
 }
 
 class CollectiveContext final : public CollectiveTransport {
@@ -78,6 +64,9 @@ class CollectiveContext final : public CollectiveTransport {
     exchange_.emplace(mesh_, call_, deadline_, wake_fd_, &control_);
     exchange_->set_deferred_confirmations(&deferred_.peers);
     return *exchange_;
+  }
+  const HostPartition* hosts() const override {
+    return &mesh_.local_peers().hosts();
   }
 
  private:

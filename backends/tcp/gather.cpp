@@ -6,6 +6,10 @@
 // MismatchError. A rank reads its confirmation after the call
 // (recv_confirmation), as its next collective begins, so it does not wait
 // for the root to arrive.
+//
+// A group spanning hosts runs the same: each block travels once, straight
+// to the root over its sender's own link; gathering a host's blocks at a
+// leader first would add a hop and a copy to save messages, not bytes.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"

@@ -221,6 +221,7 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     }
   }
   accept_from_higher_ranks(listener.fd(), group, deadline);
+  local_->read_hosts(store, deadline);
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
 }
 

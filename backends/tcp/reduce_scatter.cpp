@@ -8,10 +8,17 @@
 // are left unchanged; two block-sized buffers (one of them the output) hold
 // the running sums, each written as the received sum combined with this
 // rank's input block.
+//
+// Over a group spanning hosts (hierarchy.h), the same over the ranks
+// ordered host by host, for the reasons all_gather.cpp gives: the ring
+// then crosses from one host to the next once. Each block's result is on
+// one rank only, so the order of its reduction needs to agree with no
+// other rank's.
 #include <cstring>
 #include <memory>
 
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/hierarchy.h"
 #include "libcomm/reduce_kernels.h"
 
 namespace comm::tcp::algorithms {
@@ -25,6 +32,12 @@ void reduce_scatter(CollectiveTransport& ctx,
   if (size == 1) {
     if (bytes > 0) std::memmove(output, inputs[rank], bytes);
     return;
+  }
+  if (const HostPartition* hosts = spanning_hosts(ctx)) {
+    SubgroupTransport ordered = host_ordered(ctx, *hosts);
+    std::vector<const void*> ordered_inputs;
+    for (int r : hosts->host_order()) ordered_inputs.push_back(inputs[r]);
+    return reduce_scatter(ordered, ordered_inputs, output, count, dtype, op);
   }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
     const auto received =

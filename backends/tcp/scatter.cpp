@@ -5,6 +5,10 @@
 // and nobody noticing (see broadcast.cpp). The root reads the
 // confirmations after the call (recv_confirmation), as its next collective
 // begins, so it does not wait for the last rank to arrive.
+//
+// A group spanning hosts runs the same: each block travels once, straight
+// from the root over its receiver's own link; relaying a host's blocks
+// through a leader would add a hop and a copy to save messages, not bytes.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"

@@ -11,7 +11,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -74,6 +78,26 @@ class NamespacePair {
     const bool entered = setns(fd, CLONE_NEWNET) == 0;
     close(fd);
     return entered;
+  }
+  // The bytes side `side`'s end of the link has sent to the other side, as
+  // a process inside that side (one that entered it) reads them.
+  std::uint64_t bytes_sent(int side) const {
+    std::ifstream dev("/proc/self/net/dev");
+    std::string line;
+    while (std::getline(dev, line)) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string name = line.substr(0, colon);
+      name.erase(0, name.find_first_not_of(' '));
+      if (name != links_[side]) continue;
+      // Received: bytes packets errs drop fifo frame compressed multicast;
+      // then sent: bytes ...
+      std::istringstream fields(line.substr(colon + 1));
+      std::uint64_t value = 0;
+      for (int i = 0; i <= 8; ++i) fields >> value;
+      return value;
+    }
+    throw std::runtime_error("no " + links_[side] + " in /proc/self/net/dev");
   }
   // Takes side 0's end of the link down: nothing passes between them.
   bool cut() const {

@@ -1,0 +1,44 @@
+#include "backends/tcp/hierarchy.h"
+
+namespace comm::tcp::algorithms {
+
+const HostPartition* spanning_hosts(const CollectiveTransport& ctx) {
+  const HostPartition* hosts = ctx.hosts();
+  if (hosts == nullptr || hosts->size() != ctx.size() ||
+      !hosts->hierarchical()) {
+    return nullptr;
+  }
+  return hosts;
+}
+
+SubgroupTransport host_ranks(CollectiveTransport& ctx,
+                             const HostPartition& hosts) {
+  return SubgroupTransport(ctx, hosts.ranks_of(hosts.host_of(ctx.rank())));
+}
+
+SubgroupTransport same_local_index(CollectiveTransport& ctx,
+                                   const HostPartition& hosts) {
+  const auto index = static_cast<std::size_t>(hosts.local_index(ctx.rank()));
+  std::vector<int> members;
+  for (int host = 0; host < hosts.host_count(); ++host) {
+    const std::vector<int>& ranks = hosts.ranks_of(host);
+    if (index < ranks.size()) members.push_back(ranks[index]);
+  }
+  return SubgroupTransport(ctx, std::move(members));
+}
+
+SubgroupTransport host_ordered(CollectiveTransport& ctx,
+                               const HostPartition& hosts) {
+  return SubgroupTransport(ctx, hosts.host_order());
+}
+
+std::vector<int> host_leaders(const HostPartition& hosts, int root) {
+  std::vector<int> leaders;
+  for (int host = 0; host < hosts.host_count(); ++host) {
+    leaders.push_back(host == hosts.host_of(root) ? root
+                                                  : hosts.ranks_of(host)[0]);
+  }
+  return leaders;
+}
+
+}  // namespace comm::tcp::algorithms

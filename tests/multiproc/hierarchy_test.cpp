@@ -1,0 +1,430 @@
+// Collectives over a group spanning two hosts (two network namespaces, made
+// and removed here), which run hierarchically: shared memory inside each
+// host, TCP between them (backends/tcp/hierarchy.h). Every collective is
+// checked against values computed here; every result that all ranks hold
+// is checked to be bitwise the same on each (each rank writes a digest of
+// each such result to a file that the test compares); and with two hosts
+// of two ranks that alternate (ranks 0 and 2 on one host, 1 and 3 on the
+// other), a large all_reduce is checked to send each host's share over the
+// link between the hosts once, about the message's size each way, where a
+// flat ring over the ranks in rank order crosses between the hosts at
+// every step and sends three times that. The uneven cases put three ranks
+// on one host and one on the other, in namespaces, and on this host, where
+// the one is a rank that asked for COMM_TRANSPORT=tcp.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "libcomm/detail/socket.h"
+#include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
+#include "support/child_process.h"
+#include "support/temp_path.h"
+#include "support/namespace_pair.h"
+
+using comm::DType;
+using comm::ReduceOp;
+using comm::Tensor;
+using comm::testing::ChildProcess;
+using comm::testing::TempPath;
+using comm::testing::NamespacePair;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kWrongResult = 24;
+constexpr int kTooMuchTraffic = 27;
+constexpr int kOtherError = 22;
+
+// A wrong result, with what and where.
+struct WrongResult : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw WrongResult(what);
+}
+
+template <typename T>
+T* data(Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// FNV-1a over a tensor's bytes: equal digests, equal bytes (but for a
+// collision no test data comes near).
+std::uint64_t digest(const Tensor& t) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const std::uint8_t*>(t.data_ptr());
+  for (std::size_t i = 0; i < t.nbytes(); ++i) {
+    h = (h ^ p[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+// Values whose sums round differently in different orders.
+float inexact(int rank, std::int64_t i) {
+  return 1.0f / static_cast<float>(1 + (rank * 7 + i) % 29) +
+         static_cast<float>(rank) * 1e-3f;
+}
+
+// Runs every collective on `group`, checking each result against values
+// computed here, and writes "name digest" to `digests` for every result
+// that every rank holds.
+void check_collectives(comm::ProcessGroup& group, std::ostream& digests) {
+  const int rank = group.rank(), world = group.size();
+  auto note = [&](const std::string& name, const Tensor& t) {
+    digests << name << " " << digest(t) << "\n";
+  };
+  // all_reduce: small sizes (leaders), the ring threshold (64 KiB at
+  // world 4) and past it, in place and out of place.
+  for (std::int64_t count :
+       {0L, 1L, 1009L, 16384L, 16385L, 300007L, 1L << 20}) {
+    for (bool in_place : {true, false}) {
+      const std::string where = in_place ? " in place" : " out of place";
+      // Integers, exact in float32 whatever the order.
+      Tensor exact = Tensor::empty({count}, DType::kF32);
+      for (std::int64_t i = 0; i < count; ++i) {
+        data<float>(exact)[i] = float(rank * 3 + i % 7);
+      }
+      Tensor exact_out = in_place ? exact : Tensor::empty({count}, DType::kF32);
+      if (in_place) {
+        group.all_reduce(exact)->wait();
+      } else {
+        group.all_reduce_into(exact_out, exact)->wait();
+      }
+      for (std::int64_t i = 0; i < count; ++i) {
+        const float expected =
+            float(3 * world * (world - 1) / 2 + world * (i % 7));
+        expect(data<float>(exact_out)[i] == expected,
+               "all_reduce " + std::to_string(count) + where + " element " +
+                   std::to_string(i));
+      }
+      note("all_reduce exact " + std::to_string(count) + where, exact_out);
+      // Sums that round by order: the same bits on every rank, near the
+      // exact sum.
+      Tensor rounded = Tensor::empty({count}, DType::kF32);
+      for (std::int64_t i = 0; i < count; ++i) {
+        data<float>(rounded)[i] = inexact(rank, i);
+      }
+      Tensor rounded_out =
+          in_place ? rounded : Tensor::empty({count}, DType::kF32);
+      if (in_place) {
+        group.all_reduce(rounded)->wait();
+      } else {
+        group.all_reduce_into(rounded_out, rounded)->wait();
+      }
+      for (std::int64_t i = 0; i < count; ++i) {
+        double expected = 0;
+        for (int r = 0; r < world; ++r) expected += inexact(r, i);
+        expect(std::fabs(data<float>(rounded_out)[i] - expected) <=
+                   1e-5 * expected,
+               "rounded all_reduce " + std::to_string(count) + where +
+                   " element " + std::to_string(i));
+      }
+      note("all_reduce rounded " + std::to_string(count) + where, rounded_out);
+    }
+  }
+  for (std::int64_t count : {7L, 300007L}) {
+    Tensor average = Tensor::empty({count}, DType::kF64);
+    for (std::int64_t i = 0; i < count; ++i) {
+      data<double>(average)[i] = 1.0 / double(1 + (rank * 5 + i) % 31);
+    }
+    group.all_reduce(average, {ReduceOp::kAvg})->wait();
+    for (std::int64_t i = 0; i < count; ++i) {
+      double expected = 0;
+      for (int r = 0; r < world; ++r)
+        expected += 1.0 / double(1 + (r * 5 + i) % 31);
+      expect(std::fabs(data<double>(average)[i] - expected / world) <= 1e-12,
+             "average element " + std::to_string(i));
+    }
+    note("all_reduce avg " + std::to_string(count), average);
+    Tensor maximum = Tensor::empty({count}, DType::kI32);
+    for (std::int64_t i = 0; i < count; ++i) {
+      data<std::int32_t>(maximum)[i] = std::int32_t((rank * 13 + i) % 17) - 8;
+    }
+    group.all_reduce(maximum, {ReduceOp::kMax})->wait();
+    for (std::int64_t i = 0; i < count; ++i) {
+      std::int32_t expected = -8;
+      for (int r = 0; r < world; ++r) {
+        expected = std::max(expected, std::int32_t((r * 13 + i) % 17) - 8);
+      }
+      expect(data<std::int32_t>(maximum)[i] == expected,
+             "max element " + std::to_string(i));
+    }
+  }
+  // broadcast and reduce from roots on both hosts.
+  for (int root = 0; root < world; ++root) {
+    for (std::int64_t count : {1L, 1009L, 300007L}) {
+      Tensor b = Tensor::empty({count}, DType::kF32);
+      for (std::int64_t i = 0; i < count; ++i) {
+        data<float>(b)[i] = rank == root ? inexact(root, i) : -1.0f;
+      }
+      group.broadcast(b, {.root = root})->wait();
+      for (std::int64_t i = 0; i < count; ++i) {
+        expect(data<float>(b)[i] == inexact(root, i),
+               "broadcast from " + std::to_string(root) + " element " +
+                   std::to_string(i));
+      }
+      note("broadcast " + std::to_string(count) + " from " +
+               std::to_string(root),
+           b);
+    }
+    for (std::int64_t count : {1L, 300007L}) {
+      Tensor t = Tensor::empty({count}, DType::kI64);
+      for (std::int64_t i = 0; i < count; ++i) {
+        data<std::int64_t>(t)[i] = (rank + 1) * (1000 + i);
+      }
+      group.reduce(t, {.root = root})->wait();
+      if (rank != root) continue;
+      for (std::int64_t i = 0; i < count; ++i) {
+        expect(data<std::int64_t>(t)[i] == world * (world + 1) / 2 * (1000 + i),
+               "reduce to " + std::to_string(root) + " element " +
+                   std::to_string(i));
+      }
+    }
+  }
+  // all_gather (both forms) and reduce_scatter: direct and ring sizes.
+  for (std::int64_t count : {1L, 1009L, 70001L}) {
+    Tensor mine = Tensor::empty({count}, DType::kI32);
+    for (std::int64_t i = 0; i < count; ++i) {
+      data<std::int32_t>(mine)[i] = std::int32_t(rank * 1000003 + i);
+    }
+    std::vector<Tensor> blocks;
+    for (int r = 0; r < world; ++r) {
+      blocks.push_back(Tensor::zeros({count}, DType::kI32));
+    }
+    group.all_gather(blocks, mine)->wait();
+    Tensor all = Tensor::empty({count * world}, DType::kI32);
+    group.all_gather_into(all, mine)->wait();
+    for (int r = 0; r < world; ++r) {
+      for (std::int64_t i = 0; i < count; ++i) {
+        const auto expected = std::int32_t(r * 1000003 + i);
+        expect(data<std::int32_t>(blocks[r])[i] == expected &&
+                   data<std::int32_t>(all)[r * count + i] == expected,
+               "all_gather " + std::to_string(count) + " block " +
+                   std::to_string(r));
+      }
+    }
+    note("all_gather " + std::to_string(count), all);
+
+    std::vector<Tensor> inputs;
+    for (int r = 0; r < world; ++r) {
+      Tensor in = Tensor::empty({count}, DType::kI32);
+      for (std::int64_t i = 0; i < count; ++i) {
+        data<std::int32_t>(in)[i] = std::int32_t(rank * 7 + r * 11 + i % 1013);
+      }
+      inputs.push_back(in);
+    }
+    Tensor out = Tensor::empty({count}, DType::kI32);
+    group.reduce_scatter(out, inputs)->wait();
+    for (std::int64_t i = 0; i < count; ++i) {
+      std::int32_t expected = 0;
+      for (int q = 0; q < world; ++q) {
+        expected += std::int32_t(q * 7 + rank * 11 + i % 1013);
+      }
+      expect(data<std::int32_t>(out)[i] == expected,
+             "reduce_scatter " + std::to_string(count) + " element " +
+                 std::to_string(i));
+    }
+  }
+  // all_to_all, gather and scatter.
+  for (std::int64_t count : {5L, 30001L}) {
+    Tensor in = Tensor::empty({world * count}, DType::kI64);
+    Tensor out = Tensor::empty({world * count}, DType::kI64);
+    for (std::int64_t i = 0; i < world * count; ++i) {
+      data<std::int64_t>(in)[i] = rank * 10000000 + i;
+    }
+    group.all_to_all(out, in)->wait();
+    for (std::int64_t i = 0; i < world * count; ++i) {
+      const std::int64_t expected =
+          (i / count) * 10000000 + rank * count + i % count;
+      expect(data<std::int64_t>(out)[i] == expected,
+             "all_to_all element " + std::to_string(i));
+    }
+  }
+  for (int root = 0; root < world; ++root) {
+    const std::int64_t count = 1009;
+    Tensor mine = Tensor::full({count}, double(rank * 10 + root), DType::kI32);
+    std::vector<Tensor> gathered;
+    if (rank == root) {
+      for (int r = 0; r < world; ++r) {
+        gathered.push_back(Tensor::zeros({count}, DType::kI32));
+      }
+    }
+    group.gather(gathered, mine, {.root = root})->wait();
+    for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+      for (std::int64_t i = 0; i < count; ++i) {
+        expect(data<std::int32_t>(gathered[r])[i] == r * 10 + root,
+               "gather to " + std::to_string(root));
+      }
+    }
+    std::vector<Tensor> parts;
+    if (rank == root) {
+      for (int r = 0; r < world; ++r) {
+        parts.push_back(
+            Tensor::full({count}, double(r + 100 * root), DType::kI32));
+      }
+    }
+    Tensor part = Tensor::zeros({count}, DType::kI32);
+    group.scatter(part, parts, {.root = root})->wait();
+    for (std::int64_t i = 0; i < count; ++i) {
+      expect(data<std::int32_t>(part)[i] == rank + 100 * root,
+             "scatter from " + std::to_string(root));
+    }
+  }
+  group.barrier()->wait();
+}
+
+// Where the ranks run: rank r in namespace host_of[r] of `hosts`, or all
+// on this host where `hosts` is null; the ranks listed in `tcp` with
+// COMM_TRANSPORT=tcp. With `traffic`, the lowest rank of each namespace
+// also measures what a large all_reduce sends to the other.
+struct Layout {
+  const NamespacePair* hosts = nullptr;
+  std::vector<int> host_of;
+  std::vector<int> tcp;
+  bool traffic = false;
+};
+
+// Each rank's exit code and digests.
+struct Ran {
+  std::vector<int> codes;
+  std::vector<std::map<std::string, std::string>> digests;
+};
+
+// Runs the ranks, each checking every collective and writing its digests
+// to a file.
+Ran run(const Layout& layout) {
+  const std::vector<int>& host_of = layout.host_of;
+  const NamespacePair* hosts = layout.hosts;
+  const bool traffic = layout.traffic;
+  const int world = static_cast<int>(host_of.size());
+  const std::string url =
+      (hosts != nullptr ? "tcp://" + NamespacePair::address(host_of[0]) + ":29531"
+                        : "tcp://127.0.0.1:" +
+                              std::to_string(
+                                  comm::detail::free_loopback_port())) +
+      "?world_size=" + std::to_string(world);
+  std::vector<std::unique_ptr<TempPath>> files;
+  std::vector<std::unique_ptr<ChildProcess>> ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    files.push_back(std::make_unique<TempPath>("libcomm_hierarchy"));
+    const std::string path = files.back()->str();
+    const int host = host_of[rank];
+    bool first_of_host = true;
+    for (int r = 0; r < rank; ++r) first_of_host &= host_of[r] != host;
+    const bool tcp = std::find(layout.tcp.begin(), layout.tcp.end(), rank) !=
+                     layout.tcp.end();
+    ranks.push_back(std::make_unique<ChildProcess>([=] {
+      if (hosts != nullptr) {
+        if (!hosts->enter(host)) return 97;
+        setenv("COMM_TCP_ADDR", NamespacePair::address(host).c_str(), 1);
+      }
+      setenv("COMM_TRANSPORT", tcp ? "tcp" : "auto", 1);
+      try {
+        auto group = comm::init_process_group("tcp", url, rank, world, 60s);
+        std::ofstream digests(path);
+        check_collectives(*group, digests);
+        digests.close();
+        if (!traffic) return 0;
+        // 4 MiB: each host's ranks send their host's reduction of one half
+        // across, once: 4 MiB each way in all, and the TCP/IP headers.
+        const std::int64_t count = 1 << 20;
+        const double bytes = 4.0 * count;
+        Tensor t = Tensor::full({count}, 1.0, DType::kF32);
+        group->barrier()->wait();
+        const std::uint64_t before =
+            first_of_host ? hosts->bytes_sent(host) : 0;
+        group->barrier()->wait();
+        group->all_reduce(t)->wait();
+        group->barrier()->wait();
+        if (!first_of_host) return 0;
+        const double sent = double(hosts->bytes_sent(host) - before);
+        std::fprintf(stderr,
+                     "rank %d: host %d sent %.0f bytes to the other host in "
+                     "an all_reduce of %.0f bytes\n",
+                     rank, host, sent, bytes);
+        return sent <= 1.25 * bytes ? 0 : kTooMuchTraffic;
+      } catch (const WrongResult& e) {
+        std::fprintf(stderr, "rank %d: wrong result: %s\n", rank, e.what());
+        return kWrongResult;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return kOtherError;
+      }
+    }));
+  }
+  Ran ran;
+  for (auto& r : ranks) ran.codes.push_back(r->wait(240s));
+  for (auto& file : files) {
+    std::map<std::string, std::string> lines;
+    std::ifstream in(file->str());
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto space = line.rfind(' ');
+      lines[line.substr(0, space)] = line.substr(space + 1);
+    }
+    ran.digests.push_back(std::move(lines));
+  }
+  return ran;
+}
+
+void check_ran(const Ran& ran) {
+  const int world = static_cast<int>(ran.codes.size());
+  for (int rank = 0; rank < world; ++rank) {
+    INFO("rank " << rank);
+    CHECK(ran.codes[rank] == 0);
+  }
+  // Every rank noted every shared result, with the same bits.
+  REQUIRE_FALSE(ran.digests[0].empty());
+  for (int rank = 1; rank < world; ++rank) {
+    INFO("rank " << rank);
+    CHECK(ran.digests[rank] == ran.digests[0]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("two hosts of two ranks: every collective, the same bits everywhere",
+          "[hierarchy][multiproc][hosts]") {
+  NamespacePair hosts;
+  if (!hosts.ok()) {
+    WARN("SKIPPED: " << hosts.why());
+    return;
+  }
+  SECTION("the hosts' ranks alternate, and the link carries each share once") {
+    check_ran(run({.hosts = &hosts, .host_of = {0, 1, 0, 1}, .traffic = true}));
+  }
+  SECTION("the hosts' ranks in rank order") {
+    check_ran(run({.hosts = &hosts, .host_of = {0, 0, 1, 1}}));
+  }
+}
+
+TEST_CASE("uneven hosts, three ranks and one: every collective, the same bits",
+          "[hierarchy][multiproc][hosts]") {
+  NamespacePair hosts;
+  if (!hosts.ok()) {
+    WARN("SKIPPED: " << hosts.why());
+    return;
+  }
+  check_ran(run({.hosts = &hosts, .host_of = {0, 1, 0, 0}}));
+}
+
+TEST_CASE(
+    "a rank that asks for tcp is a host of its own: every collective, the "
+    "same bits",
+    "[hierarchy][multiproc]") {
+  // Four ranks on this host, rank 2 with COMM_TRANSPORT=tcp: the hosts are
+  // {0,1,3} and {2}, which every rank must know alike, rank 2 included.
+  check_ran(run({.host_of = {0, 0, 0, 0}, .tcp = {2}}));
+}
