@@ -1,13 +1,17 @@
 // comm::CollectiveTransport: what a collective algorithm sees of the ranks
-// of one call: its rank, the group's size, and steps (CollectiveStep) to
-// run one after another.
+// of one call: its rank, the group's size, steps (CollectiveStep) to run one
+// after another, and, where the transport offers it, direct reads of the
+// peers' memory (PeerMemory).
 //
 // The TCP backend implements it per call (tcp::CollectiveContext); a
 // shared-memory transport is to implement it too, so that both run the
 // same algorithms.
 #pragma once
 
+#include <string>
+
 #include "backends/collective_step.h"
+#include "backends/peer_memory.h"
 
 namespace comm {
 
@@ -22,6 +26,14 @@ class CollectiveTransport {
   // is no longer valid. A transport keeps the step's storage, so that a
   // step costs no allocation beyond its transfers'.
   virtual CollectiveStep& step() = 0;
+  // Reads of the peers' memory, or null: a transport offers them only
+  // where every rank of the group can read every other's (ranks of one
+  // host that the kernel lets read each other), and says the same to
+  // every rank of the group, so that all of them choose the same
+  // algorithm.
+  virtual PeerMemory* peer_memory() { return nullptr; }
+  // The call, as errors name it: "all_reduce #12 (float32 x 1024, sum)".
+  virtual std::string describe() const = 0;
 
  protected:
   CollectiveTransport() = default;

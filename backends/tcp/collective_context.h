@@ -1,20 +1,26 @@
 // comm::tcp::CollectiveContext: the TCP backend's CollectiveTransport for
 // one call: the mesh and its control channel, the call (stamped on every
 // message), its deadline, and the descriptor that interrupts it at
-// shutdown. Its steps are
-// Exchanges, built in place one after another.
+// shutdown. Its steps are Exchanges, built in place one after another.
+//
+// Where every rank of the group is on this host and may read the others'
+// memory (shm::LocalPeers::single_copy()), it is also the call's
+// PeerMemory, reading with process_vm_readv.
 #pragma once
 
+#include <chrono>
 #include <optional>
+#include <string>
 
 #include "backends/collective_transport.h"
+#include "backends/peer_memory.h"
 #include "backends/tcp/exchange.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
 
 namespace comm::tcp {
 
-class CollectiveContext final : public CollectiveTransport {
+class CollectiveContext final : public CollectiveTransport, private PeerMemory {
  public:
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
   CollectiveContext(Mesh& mesh, ControlChannel& control, const CallInfo& call,
@@ -33,8 +39,27 @@ class CollectiveContext final : public CollectiveTransport {
     exchange_.emplace(mesh_, call_, deadline_, wake_fd_, &control_);
     return *exchange_;
   }
+  PeerMemory* peer_memory() override {
+    return mesh_.local_peers().single_copy() ? this : nullptr;
+  }
+  std::string describe() const override { return call_.describe(); }
 
  private:
+  void offer() override { mesh_.local_peers().offer(call_.sequence); }
+  void withdraw() override { mesh_.local_peers().withdraw(); }
+  void read(int peer, std::uint64_t address, void* into,
+            std::size_t bytes) override;
+  void confirm(int peer) override;
+  std::uint8_t* scratch(std::size_t bytes) override {
+    return mesh_.local_peers().scratch(bytes);
+  }
+  // Throws the error of a failed read or confirm(): `error` is
+  // read_memory's or offered()'s.
+  [[noreturn]] void fail_reading(int peer, int error, std::size_t bytes);
+  // Throws the failure a peer reported for this call, if one is recorded
+  // or arrives within `grace`.
+  void raise_pending_report(std::chrono::milliseconds grace);
+
   Mesh& mesh_;
   ControlChannel& control_;
   const CallInfo call_;
