@@ -3,7 +3,15 @@
 // one stream: each rank sends its own block to its right, then passes on
 // every block it receives from its left as the bytes arrive, so n - 1
 // steps fill every rank's n blocks without waiting for one another.
+//
+// Where every rank is on this host and may read the others' memory, and
+// the n blocks hold direct_threshold_bytes() or more, each rank reads every
+// peer's block from that peer's memory (single_copy.h), after a step that
+// trades the blocks' addresses and before one that tells every peer it is
+// done, so that no rank returns while a peer still reads its block. A rank
+// writes only the blocks of the others, which nobody reads.
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
 
@@ -12,6 +20,21 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
   const int size = ctx.size();
   const int rank = ctx.rank();
   if (size == 1) return;
+  if (PeerMemory* memory =
+          direct_memory(ctx, bytes * static_cast<std::size_t>(size))) {
+    const Offer offer(*memory);
+    const std::vector<int> others = peers(ctx);
+    const std::vector<std::vector<Region>> mine(
+        static_cast<std::size_t>(size), {region_of(blocks[rank], bytes)});
+    const auto theirs = trade_regions(ctx, others, mine, others, 1);
+    for (int peer : others) check_bytes(ctx, peer, theirs[peer][0], bytes);
+    for (int peer : others) {
+      memory->read(peer, theirs[peer][0].address, blocks[peer], bytes);
+    }
+    confirm(*memory, others);
+    signal(ctx, others, others);
+    return;
+  }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
     CollectiveStep& step = ctx.step();
     for (int peer = 0; peer < size; ++peer) {

@@ -6,12 +6,37 @@
 // lies. Both give every rank bitwise the same result: each element's
 // reduction is computed once by one rank (ring), or symmetrically by both
 // partners of a commutative op (recursive doubling).
+//
+// Where every rank is on this host and may read the others' memory, a
+// message of direct_threshold_bytes() or more is read where it lies
+// (single_copy.h), in three steps of small messages: the ranks trade the
+// addresses of their input and output; each rank reduces its own slice
+// (the ring's segment of its rank) from every rank's input, in rank order,
+// into its output, a chunk at a time, and tells every peer its slice is
+// ready; each rank then copies every other slice from the output of the
+// rank that reduced it, and tells every peer it is done. One rank computes
+// each element, so every rank holds the same bits.
+//
+// In place (a rank's input is its output) this is safe because of who
+// reads what when. Before the "ready" step, rank q reads only slice q of
+// every input, and writes only slice q of its own output: slice q of a
+// rank's input is read by rank q alone, and rank q reads each chunk of
+// its own before it writes that chunk's result (reduce_from_peers). A rank
+// passes the "ready" step only once every rank has sent it, that is, once
+// every rank has finished reading the inputs; only then does it write the
+// other slices of its output, so no input is overwritten while a peer
+// still reads it. After the step, rank q reads slice p of rank p's output,
+// which rank p wrote before the step and does not write again (it writes
+// only the other slices then). The "done" step keeps every rank in the
+// call until no peer reads its buffers any more. Ranks may mix the two
+// forms: each offers its input and its output, the same address or not.
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <memory>
 
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/single_copy.h"
 #include "libcomm/optional_int_param.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -100,15 +125,11 @@ void ring(CollectiveTransport& ctx, const std::uint8_t* input,
   const int rank = ctx.rank();
   const int size = ctx.size();
   const std::size_t element = dtype_size(dtype);
-  // Segment i: elements [offset(i), offset(i + 1)); the first count % size
-  // segments hold one element more.
-  const std::size_t base = count / static_cast<std::size_t>(size);
-  const std::size_t longer = count % static_cast<std::size_t>(size);
+  // Segment i: elements segment_of(count, size, i).
   auto segment = [&](int i, bool reduce) {
-    const auto u = static_cast<std::size_t>(mod(i, size));
-    const std::size_t begin = (u * base + std::min(u, longer)) * element;
-    const std::size_t end =
-        ((u + 1) * base + std::min(u + 1, longer)) * element;
+    const Segment elements = segment_of(count, size, mod(i, size));
+    const std::size_t begin = elements.begin * element;
+    const std::size_t end = elements.end * element;
     return CollectiveStep::Part{data + begin, end - begin, reduce,
                                 reduce ? input + begin : nullptr};
   };
@@ -141,6 +162,47 @@ void ring(CollectiveTransport& ctx, const std::uint8_t* input,
   flow.run();
 }
 
+// The single-copy algorithm of the head comment; `input` may be `data`.
+void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
+                   const std::uint8_t* input, std::uint8_t* data,
+                   std::size_t count, DType dtype, ReduceOp op) {
+  const int rank = ctx.rank();
+  const int size = ctx.size();
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t bytes = count * element;
+  const Offer offer(memory);
+  const std::vector<int> others = peers(ctx);
+  // Every peer gets the same message: this rank's input, then its output.
+  const std::vector<std::vector<Region>> mine(
+      static_cast<std::size_t>(size),
+      {region_of(input, bytes), region_of(data, bytes)});
+  const auto theirs = trade_regions(ctx, others, mine, others, 2);
+  std::vector<std::uint64_t> inputs(static_cast<std::size_t>(size));
+  for (int peer : others) {
+    check_bytes(ctx, peer, theirs[peer][0], bytes);
+    check_bytes(ctx, peer, theirs[peer][1], bytes);
+    inputs[peer] = theirs[peer][0].address;
+  }
+  const Segment slice = segment_of(count, size, rank);
+  const std::size_t begin = slice.begin * element;
+  for (int peer : others) inputs[peer] += begin;
+  reduce_from_peers(ctx, memory, inputs, input + begin, data + begin,
+                    slice.end - slice.begin, dtype, op);
+  confirm(memory, others);
+  signal(ctx, others, others);  // every slice is reduced
+  for (int peer : others) {
+    const Segment theirs_slice = segment_of(count, size, peer);
+    const std::size_t at = theirs_slice.begin * element;
+    const std::size_t length =
+        (theirs_slice.end - theirs_slice.begin) * element;
+    if (length > 0) {
+      memory.read(peer, theirs[peer][1].address + at, data + at, length);
+    }
+  }
+  confirm(memory, others);
+  signal(ctx, others, others);  // nobody reads this rank's buffers any more
+}
+
 }  // namespace
 
 std::size_t ring_threshold_bytes(int world_size) {
@@ -159,7 +221,9 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
                      count < static_cast<std::size_t>(ctx.size());
   if (source != data && ctx.size() == 1) std::memcpy(data, source, bytes);
   if (ctx.size() == 1 || count == 0) return;
-  if (small) {
+  if (PeerMemory* memory = direct_memory(ctx, bytes)) {
+    read_directly(ctx, *memory, source, data, count, dtype, op);
+  } else if (small) {
     recursive_doubling(ctx, source, data, count, dtype, op);
   } else {
     ring(ctx, source, data, count, dtype, op);
