@@ -49,6 +49,8 @@ class CollectiveStep {
   // `source` has stored or reduced its byte x. This is how a ring or a tree
   // forwards what it receives while the rest is still on its way; the
   // caller makes the parts past `ready` the memory that the receive fills.
+  // With `ready` every byte of the parts and `source` -1 it is a plain
+  // send of a message gathered from several parts.
   virtual void relay(int peer, std::vector<Part> parts, std::size_t ready,
                      int source) = 0;
   // Notes that `peer` sends this rank, in this call, an empty message (a

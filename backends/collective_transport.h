@@ -1,14 +1,18 @@
 // comm::CollectiveTransport: what a collective algorithm sees of the ranks
-// of one call: its rank, the group's size, and steps (CollectiveStep) to
-// run one after another, and, where it knows them, the ranks' hosts.
+// of one call: its rank, the group's size, steps (CollectiveStep) to run one
+// after another, where it knows them the ranks' hosts, and, where the
+// transport offers it, direct reads of the peers' memory (PeerMemory).
 //
 // The TCP backend implements it per call (tcp::CollectiveContext); a
 // shared-memory transport is to implement it too, so that both run the
 // same algorithms.
 #pragma once
 
+#include <string>
+
 #include "backends/collective_step.h"
 #include "backends/host_partition.h"
+#include "backends/peer_memory.h"
 
 namespace comm {
 
@@ -28,6 +32,14 @@ class CollectiveTransport {
   // as over one host. Hierarchical algorithms (tcp/hierarchy.h) choose
   // their phases from it.
   virtual const HostPartition* hosts() const { return nullptr; }
+  // Reads of the peers' memory, or null: a transport offers them only
+  // where every rank of the group can read every other's (ranks of one
+  // host that the kernel lets read each other), and says the same to
+  // every rank of the group, so that all of them choose the same
+  // algorithm.
+  virtual PeerMemory* peer_memory() { return nullptr; }
+  // The call, as errors name it: "all_reduce #12 (float32 x 1024, sum)".
+  virtual std::string describe() const = 0;
 
  protected:
   CollectiveTransport() = default;

@@ -64,6 +64,9 @@ class SubgroupTransport final : public CollectiveTransport {
     step_.inner = &parent_.step();
     return step_;
   }
+  // The parent's call. A view offers no PeerMemory: its ranks' buffers are
+  // read only by the flat algorithms' messages (peer_memory() stays null).
+  std::string describe() const override { return parent_.describe(); }
   // The parent's rank of sub-rank `i`.
   int member(int i) const { return members_[i]; }
 

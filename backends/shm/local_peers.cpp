@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -33,6 +34,10 @@ const EnumParam kTransport{
 const IntParam kRingBytes{
     "COMM_SHM_RING_BYTES", 256 << 10, 4096, 1 << 30,
     "bytes of each shared-memory ring between two ranks of one host"};
+const IntParam kSingleCopy{
+    "COMM_SHM_SINGLE_COPY", 1, 0, 1,
+    "1 lets ranks of one host read each other's buffers in large "
+    "collectives (process_vm_readv); 0 keeps every byte on the rings"};
 
 constexpr std::uint32_t kHelloMagic = 0x4d484d43;  // "CMHM" in memory
 
@@ -44,7 +49,9 @@ struct Hello {
   std::int32_t size = 0;
   std::uint32_t reserved = 0;
   std::uint64_t job = 0;
-  std::uint64_t ring_bytes = 0;  // the capacity of each ring of the segment
+  std::uint64_t ring_bytes = 0;     // the capacity of each ring of the segment
+  std::uint64_t probe_address = 0;  // where the sender's probe word lies
+  std::uint64_t offer_address = 0;  // where its offered_ word lies
 };
 constexpr int kHelloDescriptors = 1 + kLanes;  // the memfd, then doorbells
 
@@ -78,6 +85,13 @@ std::string from_hex(const std::string& text) {
     bytes += static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16));
   }
   return bytes;
+}
+
+// The word rank `rank` of group `job` publishes for its peers to read: one
+// that a read of the wrong process or address is unlikely to find.
+std::uint64_t probe_value(std::uint64_t job, int rank) {
+  return (job ^ 0x9e3779b97f4a7c15ULL) * 0x100000001b3ULL +
+         static_cast<std::uint64_t>(rank);
 }
 
 int remaining_ms(detail::Clock::time_point deadline) {
@@ -370,6 +384,12 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     throw SystemError(error, "shared memory: mapping a segment");
   }
   for (auto& doorbell : doorbells_) doorbell = std::make_unique<Doorbell>();
+  // Single copy is for groups whose every rank is local, so that a group's
+  // algorithms never mix reads with sockets; every rank sees the same.
+  const bool every_rank_local = local_count_ == size;
+  const bool probing = every_rank_local && kSingleCopy.get() != 0;
+  std::string refusal;  // why this rank cannot read some peer's memory
+  probe_word_ = probe_value(job, rank);
 
   // An abstract socket (no file) with a name the kernel picks.
   detail::Socket inbox(
@@ -399,6 +419,8 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   hello.size = size;
   hello.job = job;
   hello.ring_bytes = capacity;
+  hello.probe_address = reinterpret_cast<std::uintptr_t>(&probe_word_);
+  hello.offer_address = reinterpret_cast<std::uintptr_t>(&offered_);
   int carried[kHelloDescriptors] = {memfd, doorbells_[0]->fd(),
                                     doorbells_[1]->fd()};
   std::vector<int> unsent, unheard;
@@ -489,6 +511,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
         continue;
       }
       Peer& peer = peers_[theirs.rank];
+      peer.offer_address = theirs.offer_address;
       struct stat info {};
       const std::size_t need =
           kLanes * writers * ring_footprint(theirs.ring_bytes);
@@ -530,6 +553,20 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                                      " (Linux 5.3 or later is needed; "
                                      "COMM_TRANSPORT=tcp avoids it)");
       }
+      if (probing && refusal.empty()) {
+        std::uint64_t probe = 0;
+        const int error = read_memory(theirs.rank, theirs.probe_address, &probe,
+                                      sizeof(probe));
+        if (error != 0) {
+          refusal = "process_vm_readv of rank " + std::to_string(theirs.rank) +
+                    " (pid " + std::to_string(peer.pid) +
+                    ") failed: " + std::strerror(error);
+        } else if (probe != probe_value(job, theirs.rank)) {
+          refusal = "process_vm_readv of rank " + std::to_string(theirs.rank) +
+                    " (pid " + std::to_string(peer.pid) +
+                    ") read another word than the one it published";
+        }
+      }
       std::erase(unheard, theirs.rank);
     }
     if (unsent.empty() && unheard.empty()) break;
@@ -553,6 +590,100 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       "shared memory: rank {} shares {} rings of {} bytes with {} "
       "local ranks",
       rank, kLanes * writers, capacity, writers);
+  if (every_rank_local) {
+    if (probing && !refusal.empty()) {
+      COMM_LOG_WARN(
+          "shared memory: rank {} cannot read its peers' memory ({}), so "
+          "large collectives copy through the rings (COMM_SHM_SINGLE_COPY=0 "
+          "chooses that without this warning)",
+          rank, refusal);
+    }
+    agree_on_single_copy(store, size, probing && refusal.empty(), deadline);
+  }
+}
+
+void LocalPeers::agree_on_single_copy(Store& store, int size, bool able,
+                                      detail::Clock::time_point deadline) {
+  store.set_string("shm/copy/" + std::to_string(rank_), able ? "1" : "0");
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r)
+    keys.push_back("shm/copy/" + std::to_string(r));
+  std::vector<Bytes> said;
+  try {
+    said = store.multi_get(
+        keys, std::chrono::milliseconds(remaining_ms(deadline) + 1));
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({keys[r]})) {
+        missing += (missing.empty() ? "rank " : ", rank ") + std::to_string(r);
+      }
+    }
+    throw TimeoutError("shared memory: rank " + std::to_string(rank_) +
+                       " timed out waiting for " + missing +
+                       " to finish setting up shared memory");
+  }
+  single_copy_ = std::all_of(said.begin(), said.end(), [](const Bytes& word) {
+    return to_string(word) == "1";
+  });
+  if (able && !single_copy_) {
+    COMM_LOG_DEBUG(
+        "shared memory: rank {} reads no peer's memory: another rank cannot, "
+        "or does not want to (COMM_SHM_SINGLE_COPY)",
+        rank_);
+  }
+}
+
+bool LocalPeers::exited(int peer) const {
+  const int fd = peers_[peer].pidfd;
+  if (fd < 0) return false;  // this rank itself
+  pollfd entry{fd, POLLIN, 0};
+  return ::poll(&entry, 1, 0) == 1;
+}
+
+int LocalPeers::read_memory(int peer, std::uint64_t address, void* into,
+                            std::size_t bytes) const {
+  auto* target = static_cast<std::uint8_t*>(into);
+  const pid_t pid = peer == rank_ ? ::getpid() : peers_[peer].pid;
+  std::size_t done = 0;
+  // Bounded: every round reads bytes or returns (a read may stop short, at
+  // an unmapped page or at the kernel's limit on one call).
+  while (done < bytes) {
+    const iovec local{target + done, bytes - done};
+    const iovec remote{
+        reinterpret_cast<void*>(static_cast<std::uintptr_t>(address + done)),
+        bytes - done};
+    const ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int error = n < 0 ? errno : EFAULT;
+      return exited(peer) ? ESRCH : error;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+int LocalPeers::offered(int peer, std::uint64_t sequence) const {
+  // The buffers were read before this word: a peer that withdrew only
+  // after it was read had not left the call when the buffers were read.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::uint64_t word = 0;
+  const std::uint64_t address =
+      peer == rank_ ? reinterpret_cast<std::uintptr_t>(&offered_)
+                    : peers_[peer].offer_address;
+  if (const int error = read_memory(peer, address, &word, sizeof(word))) {
+    return error;
+  }
+  // The process that answered was the peer only if the peer had not ended
+  // by now: after that, its id may belong to another process.
+  if (exited(peer)) return ESRCH;
+  return word == sequence + 1 ? 0 : ECANCELED;
+}
+
+std::uint8_t* LocalPeers::scratch(std::size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
 }
 
 void LocalPeers::close_all() {

@@ -27,11 +27,28 @@
 // ends, however it ends; a rank that destroys its links while its process
 // lives closes every ring it shares instead. Both are what a closed socket
 // is to the TCP channels.
+//
+// Single copy. Where every rank of the group is local, each rank also
+// tries to read a word that each peer published the address of
+// (process_vm_readv, which needs the same user and no ptrace restriction
+// such as Yama's or a seccomp profile's), and publishes whether every read
+// gave the word; the group reads its peers' memory (read_memory) only when
+// every rank says yes, so that all ranks choose the same algorithms. A
+// refusal costs one log line and leaves every byte on the rings.
+// COMM_SHM_SINGLE_COPY=0 turns it off.
+//
+// Offering. A rank whose buffers its peers may read in a collective says
+// so in a word of its memory (offer) until it leaves the call (withdraw),
+// and a reader checks that word after it read (offered): a rank that
+// fails leaves its call without waiting for its readers, and its caller
+// may then free or rewrite the buffers, so what was read from a rank that
+// no longer offers them is never taken for its data.
 #pragma once
 
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +121,34 @@ class LocalPeers {
   int pidfd(int peer) const { return peers_[peer].pidfd; }
   pid_t pid(int peer) const { return peers_[peer].pid; }
 
+  // Whether every rank of the group is local and every one of them can
+  // read every other's memory (see "Single copy" above); the same answer
+  // on every rank of the group.
+  bool single_copy() const { return single_copy_; }
+  // Copies `bytes` at `address` in rank `peer`'s process into `into`
+  // (process_vm_readv); `peer` is local, or this rank. Returns 0, or the
+  // errno of the failure: ESRCH when the peer's process has ended (its
+  // pidfd says so), EPERM or ENOSYS where the kernel refuses, EFAULT where
+  // the range is not mapped in the peer. A read that succeeded copied the
+  // peer's memory only if the peer had not ended by then: after that its
+  // id may be another process's (offered() checks).
+  int read_memory(int peer, std::uint64_t address, void* into,
+                  std::size_t bytes) const;
+  // This rank's buffers are readable in collective `sequence`, until
+  // withdraw(). Both are stores to a word that the peers read, and are
+  // made before the buffers' addresses are sent and before a rank that
+  // leaves the call lets anything free or rewrite them.
+  void offer(std::uint64_t sequence) { offered_.store(sequence + 1); }
+  void withdraw() { offered_.store(0); }
+  // Whether `peer` offers its buffers in collective `sequence` and its
+  // process lives: 0 when both hold, ECANCELED when it does not offer them
+  // (any more), ESRCH when it has ended, or read_memory's error. Asked
+  // after reading, a yes means that the reads copied the peer's memory
+  // while it was still in the call.
+  int offered(int peer, std::uint64_t sequence) const;
+  // Scratch memory of `bytes` or more, kept until the next call.
+  std::uint8_t* scratch(std::size_t bytes);
+
   // Closes every ring in both directions and wakes the peers, so that
   // their waits end with an error (as shutting a socket down does).
   void close_all();
@@ -116,6 +161,7 @@ class LocalPeers {
     std::array<int, kLanes> doorbells{-1, -1};  // the peer's, duplicated
     void* segment = nullptr;                    // the peer's, mapped
     std::size_t segment_bytes = 0;
+    std::uint64_t offer_address = 0;  // the peer's offered_ word
     std::array<Ring, kLanes> out;
     std::array<Ring, kLanes> in;
   };
@@ -135,6 +181,12 @@ class LocalPeers {
   std::vector<Published> read_published(
       Store& store, int size, detail::Clock::time_point deadline) const;
   static HostPartition partition(const std::vector<Published>& published);
+  // Publishes whether this rank is `able` to read every peer's memory and
+  // sets single_copy_ to whether every rank is.
+  void agree_on_single_copy(Store& store, int size, bool able,
+                            detail::Clock::time_point deadline);
+  // Whether `peer`'s process has ended (its pidfd is readable).
+  bool exited(int peer) const;
   // Unmaps and closes everything (the destructor, or a failed set-up).
   void release();
   // Where the ring written by local rank `writer` lies in the segment of
@@ -152,6 +204,13 @@ class LocalPeers {
   std::array<std::unique_ptr<Doorbell>, kLanes> doorbells_;
   void* segment_ = nullptr;
   std::size_t segment_bytes_ = 0;
+  // The word the peers read to learn whether they can read this process's
+  // memory; its address travels in the hello.
+  std::uint64_t probe_word_ = 0;
+  bool single_copy_ = false;
+  // What offer() and withdraw() store; its address travels in the hello.
+  std::atomic<std::uint64_t> offered_{0};
+  std::vector<std::uint8_t> scratch_;
 };
 
 }  // namespace comm::shm

@@ -13,8 +13,16 @@
 // of one local index, then inside each host) would carry only those, but
 // needs hosts of equal sizes and H shared-memory phases, one per host's
 // blocks, or a ring whose messages gather H blocks each.
+//
+// Where every rank is on this host and may read the others' memory, and
+// the n blocks hold direct_threshold_bytes() or more, each rank reads every
+// peer's block from that peer's memory (single_copy.h), after a step that
+// trades the blocks' addresses and before one that tells every peer it is
+// done, so that no rank returns while a peer still reads its block. A rank
+// writes only the blocks of the others, which nobody reads.
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
+#include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
 
@@ -28,6 +36,21 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
     std::vector<void*> ordered_blocks;
     for (int r : hosts->host_order()) ordered_blocks.push_back(blocks[r]);
     return all_gather(ordered, ordered_blocks, bytes);
+  }
+  if (PeerMemory* memory =
+          direct_memory(ctx, bytes * static_cast<std::size_t>(size))) {
+    const Offer offer(*memory);
+    const std::vector<int> others = peers(ctx);
+    const std::vector<std::vector<Region>> mine(
+        static_cast<std::size_t>(size), {region_of(blocks[rank], bytes)});
+    const auto theirs = trade_regions(ctx, others, mine, others, 1);
+    for (int peer : others) check_bytes(ctx, peer, theirs[peer][0], bytes);
+    for (int peer : others) {
+      memory->read(peer, theirs[peer][0].address, blocks[peer], bytes);
+    }
+    confirm(*memory, others);
+    signal(ctx, others, others);
+    return;
   }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
     CollectiveStep& step = ctx.step();

@@ -33,6 +33,30 @@
 // the ranks that hold it (one of the L segment all_reduces, or the
 // leaders'), which gives its participants the same bits; the phases inside
 // hosts only copy them, so every rank ends with the same bits.
+//
+// Where every rank is on this host and may read the others' memory, a
+// message of direct_threshold_bytes() or more is read where it lies
+// (single_copy.h), in three steps of small messages: the ranks trade the
+// addresses of their input and output; each rank reduces its own slice
+// (the ring's segment of its rank) from every rank's input, in rank order,
+// into its output, a chunk at a time, and tells every peer its slice is
+// ready; each rank then copies every other slice from the output of the
+// rank that reduced it, and tells every peer it is done. One rank computes
+// each element, so every rank holds the same bits.
+//
+// In place (a rank's input is its output) this is safe because of who
+// reads what when. Before the "ready" step, rank q reads only slice q of
+// every input, and writes only slice q of its own output: slice q of a
+// rank's input is read by rank q alone, and rank q reads each chunk of
+// its own before it writes that chunk's result (reduce_from_peers). A rank
+// passes the "ready" step only once every rank has sent it, that is, once
+// every rank has finished reading the inputs; only then does it write the
+// other slices of its output, so no input is overwritten while a peer
+// still reads it. After the step, rank q reads slice p of rank p's output,
+// which rank p wrote before the step and does not write again (it writes
+// only the other slices then). The "done" step keeps every rank in the
+// call until no peer reads its buffers any more. Ranks may mix the two
+// forms: each offers its input and its output, the same address or not.
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -40,6 +64,7 @@
 
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
+#include "backends/tcp/single_copy.h"
 #include "libcomm/optional_int_param.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -123,15 +148,6 @@ void recursive_doubling(CollectiveTransport& ctx, const std::uint8_t* input,
   }
 }
 
-// The ring's segment s (of `size`) holds elements [segment_begin(s),
-// segment_begin(s + 1)); the first count % size segments hold one element
-// more.
-std::size_t segment_begin(std::size_t count, int size, int s) {
-  const auto u = static_cast<std::size_t>(s);
-  const std::size_t n = static_cast<std::size_t>(size);
-  return u * (count / n) + std::min(u, count % n);
-}
-
 // Which halves of the ring to run. The reduce-scatter half leaves rank r
 // with segment r + 1 (mod n) of `data` reduced over every rank; the
 // all-gather half starts from there and fills every segment.
@@ -143,10 +159,11 @@ void ring(CollectiveTransport& ctx, const std::uint8_t* input,
   const int rank = ctx.rank();
   const int size = ctx.size();
   const std::size_t element = dtype_size(dtype);
+  // Segment i: elements segment_of(count, size, i).
   auto segment = [&](int i, bool reduce) {
-    const int u = mod(i, size);
-    const std::size_t begin = segment_begin(count, size, u) * element;
-    const std::size_t end = segment_begin(count, size, u + 1) * element;
+    const Segment elements = segment_of(count, size, mod(i, size));
+    const std::size_t begin = elements.begin * element;
+    const std::size_t end = elements.end * element;
     return CollectiveStep::Part{data + begin, end - begin, reduce,
                                 reduce ? input + begin : nullptr};
   };
@@ -209,8 +226,9 @@ void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
     SubgroupTransport local = host_ranks(ctx, hosts);
     ring(local, input, data, count, dtype, op, Halves::kReduceScatter);
     const int held = (local.rank() + 1) % local.size();
-    const std::size_t begin = segment_begin(count, local.size(), held);
-    const std::size_t end = segment_begin(count, local.size(), held + 1);
+    const Segment segment = segment_of(count, local.size(), held);
+    const std::size_t begin = segment.begin;
+    const std::size_t end = segment.end;
     SubgroupTransport across = same_local_index(ctx, hosts);
     algorithms::all_reduce(across, data + begin * element,
                            data + begin * element, end - begin, dtype, op);
@@ -219,6 +237,47 @@ void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
   }
   SubgroupTransport ordered = host_ordered(ctx, hosts);
   algorithms::all_reduce(ordered, input, data, count, dtype, op);
+}
+
+// The single-copy algorithm of the head comment; `input` may be `data`.
+void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
+                   const std::uint8_t* input, std::uint8_t* data,
+                   std::size_t count, DType dtype, ReduceOp op) {
+  const int rank = ctx.rank();
+  const int size = ctx.size();
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t bytes = count * element;
+  const Offer offer(memory);
+  const std::vector<int> others = peers(ctx);
+  // Every peer gets the same message: this rank's input, then its output.
+  const std::vector<std::vector<Region>> mine(
+      static_cast<std::size_t>(size),
+      {region_of(input, bytes), region_of(data, bytes)});
+  const auto theirs = trade_regions(ctx, others, mine, others, 2);
+  std::vector<std::uint64_t> inputs(static_cast<std::size_t>(size));
+  for (int peer : others) {
+    check_bytes(ctx, peer, theirs[peer][0], bytes);
+    check_bytes(ctx, peer, theirs[peer][1], bytes);
+    inputs[peer] = theirs[peer][0].address;
+  }
+  const Segment slice = segment_of(count, size, rank);
+  const std::size_t begin = slice.begin * element;
+  for (int peer : others) inputs[peer] += begin;
+  reduce_from_peers(ctx, memory, inputs, input + begin, data + begin,
+                    slice.end - slice.begin, dtype, op);
+  confirm(memory, others);
+  signal(ctx, others, others);  // every slice is reduced
+  for (int peer : others) {
+    const Segment theirs_slice = segment_of(count, size, peer);
+    const std::size_t at = theirs_slice.begin * element;
+    const std::size_t length =
+        (theirs_slice.end - theirs_slice.begin) * element;
+    if (length > 0) {
+      memory.read(peer, theirs[peer][1].address + at, data + at, length);
+    }
+  }
+  confirm(memory, others);
+  signal(ctx, others, others);  // nobody reads this rank's buffers any more
 }
 
 }  // namespace
@@ -242,7 +301,9 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, source, data, count, dtype, op);
   }
-  if (small) {
+  if (PeerMemory* memory = direct_memory(ctx, bytes)) {
+    read_directly(ctx, *memory, source, data, count, dtype, op);
+  } else if (small) {
     recursive_doubling(ctx, source, data, count, dtype, op);
   } else {
     ring(ctx, source, data, count, dtype, op);

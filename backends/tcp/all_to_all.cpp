@@ -9,11 +9,81 @@
 // order of the ranks changes that. A two-level exchange would send fewer,
 // larger messages between hosts at the cost of a copy in and out of each
 // leader.
+//
+// Where every rank is on this host and may read the others' memory, each
+// pair of ranks decides, for each direction, on the part's size alone
+// (both ends know it): a part of direct_threshold_bytes() or more is read
+// by its receiver from the sender's input where it lies (single_copy.h),
+// a smaller one travels over the ring. Every rank sends every peer, in one
+// step, a Region (its part's address and size) followed by the part itself
+// when it is small; the receiver checks the size it was told against the
+// one it expects, so that ranks whose splits disagree fail with
+// MismatchError (where the two ends disagree on whether the part travels,
+// the message's length already differs, or its Region's size does). Each
+// rank then reads its large parts, and a last step tells each sender whose
+// part was read that its reader is done, so that no rank returns while a
+// peer still reads its input (the backend gives an input that overlaps the
+// output a copy of its own, as for the other algorithms).
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
+namespace {
+
+void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
+                   const std::uint8_t* input,
+                   const std::vector<std::size_t>& send_offsets,
+                   const std::vector<std::size_t>& send_bytes,
+                   std::uint8_t* output,
+                   const std::vector<std::size_t>& recv_offsets,
+                   const std::vector<std::size_t>& recv_bytes) {
+  const int size = ctx.size();
+  const int rank = ctx.rank();
+  const std::size_t threshold = direct_threshold_bytes();
+  const Offer offer(memory);
+  auto read = [&](std::size_t bytes) { return bytes >= threshold; };
+  // Both stay in place until the step has run.
+  std::vector<Region> offered(static_cast<std::size_t>(size));
+  std::vector<Region> told(static_cast<std::size_t>(size));
+  CollectiveStep& step = ctx.step();
+  for (int k = 1; k < size; ++k) {
+    const int to = (rank + k) % size;
+    const int from = (rank - k + size) % size;
+    offered[to] = region_of(input + send_offsets[to], send_bytes[to]);
+    std::vector<CollectiveStep::Part> message{
+        {reinterpret_cast<std::uint8_t*>(&offered[to]), sizeof(Region)}};
+    if (!read(send_bytes[to])) {
+      message.push_back({const_cast<std::uint8_t*>(input) + send_offsets[to],
+                         send_bytes[to]});
+    }
+    const std::size_t length =
+        sizeof(Region) + (read(send_bytes[to]) ? 0 : send_bytes[to]);
+    step.relay(to, std::move(message), length, -1);
+    std::vector<CollectiveStep::Part> into{
+        {reinterpret_cast<std::uint8_t*>(&told[from]), sizeof(Region)}};
+    if (!read(recv_bytes[from])) {
+      into.push_back({output + recv_offsets[from], recv_bytes[from]});
+    }
+    step.recv_parts(from, std::move(into), DType::kU8, ReduceOp::kSum);
+  }
+  step.run();
+  std::vector<int> read_from, read_by;
+  for (int peer : peers(ctx)) {
+    check_bytes(ctx, peer, told[peer], recv_bytes[peer]);
+    if (read(recv_bytes[peer])) read_from.push_back(peer);
+    if (read(send_bytes[peer])) read_by.push_back(peer);
+  }
+  for (int peer : read_from) {
+    memory.read(peer, told[peer].address, output + recv_offsets[peer],
+                recv_bytes[peer]);
+  }
+  confirm(memory, read_from);
+  signal(ctx, read_from, read_by);
+}
+
+}  // namespace
 
 void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
                 const std::vector<std::size_t>& send_offsets,
@@ -26,6 +96,11 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
   if (send_bytes[rank] > 0) {
     std::memmove(output + recv_offsets[rank], input + send_offsets[rank],
                  send_bytes[rank]);
+  }
+  if (PeerMemory* memory = size > 1 ? ctx.peer_memory() : nullptr) {
+    read_directly(ctx, *memory, input, send_offsets, send_bytes, output,
+                  recv_offsets, recv_bytes);
+    return;
   }
   std::size_t bytes_sent = 0;
   for (int p = 0; p < size; ++p) {

@@ -23,8 +23,17 @@
 // arrived, where one tree would pipeline the two; the shared-memory phase
 // is the short one. Each phase keeps its children's confirmations, so ranks
 // that name different roots still read a header that says so.
+//
+// Where every rank is on this host and may read the others' memory, and the
+// message holds direct_threshold_bytes() or more, every rank reads it from
+// the root's buffer (single_copy.h): the root sends each rank its buffer's
+// address and size, each rank reads it and tells the root it is done, and
+// the root returns once every rank is. Ranks that name different roots
+// read, in one of the two steps, a header naming another root, or ask the
+// rank they wait for which call it is in, and fail with MismatchError.
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
+#include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
 namespace {
@@ -49,6 +58,23 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   if (size == 1) return;
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, data, bytes, root);
+  }
+  if (PeerMemory* memory = direct_memory(ctx, bytes)) {
+    const Offer offer(*memory);
+    const std::vector<int> others = peers(ctx);
+    if (ctx.rank() == root) {
+      const std::vector<std::vector<Region>> mine(
+          static_cast<std::size_t>(size), {region_of(data, bytes)});
+      trade_regions(ctx, others, mine, {}, 0);
+      signal(ctx, {}, others);
+    } else {
+      const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);
+      check_bytes(ctx, root, theirs[root][0], bytes);
+      memory->read(root, theirs[root][0].address, data, bytes);
+      memory->confirm(root);
+      signal(ctx, {root}, {});
+    }
+    return;
   }
   const int relative = (ctx.rank() - root + size) % size;
   auto real = [&](int r) { return (r + root) % size; };

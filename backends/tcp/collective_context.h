@@ -10,12 +10,19 @@
 // as its next collective begins. So a rooted collective's senders finish
 // without waiting for their neighbours to arrive, and a rank runs at most
 // one call ahead of the peers whose confirmations it still expects.
+//
+// Where every rank of the group is on this host and may read the others'
+// memory (shm::LocalPeers::single_copy()), it is also the call's
+// PeerMemory, reading with process_vm_readv.
 #pragma once
 
+#include <chrono>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "backends/collective_transport.h"
+#include "backends/peer_memory.h"
 #include "backends/tcp/exchange.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
@@ -40,7 +47,7 @@ inline void settle_confirmations(Mesh& mesh, ControlChannel& control,
                      wake_fd);
 }
 
-class CollectiveContext final : public CollectiveTransport {
+class CollectiveContext final : public CollectiveTransport, private PeerMemory {
  public:
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
   // `deferred` must be settled (empty); the call's steps fill it.
@@ -68,8 +75,27 @@ class CollectiveContext final : public CollectiveTransport {
   const HostPartition* hosts() const override {
     return &mesh_.local_peers().hosts();
   }
+  PeerMemory* peer_memory() override {
+    return mesh_.local_peers().single_copy() ? this : nullptr;
+  }
+  std::string describe() const override { return call_.describe(); }
 
  private:
+  void offer() override { mesh_.local_peers().offer(call_.sequence); }
+  void withdraw() override { mesh_.local_peers().withdraw(); }
+  void read(int peer, std::uint64_t address, void* into,
+            std::size_t bytes) override;
+  void confirm(int peer) override;
+  std::uint8_t* scratch(std::size_t bytes) override {
+    return mesh_.local_peers().scratch(bytes);
+  }
+  // Throws the error of a failed read or confirm(): `error` is
+  // read_memory's or offered()'s.
+  [[noreturn]] void fail_reading(int peer, int error, std::size_t bytes);
+  // Throws the failure a peer reported for this call, if one is recorded
+  // or arrives within `grace`.
+  void raise_pending_report(std::chrono::milliseconds grace);
+
   Mesh& mesh_;
   ControlChannel& control_;
   const CallInfo call_;

@@ -296,16 +296,13 @@ void Exchange::run() {
   // from lie before the step's message on the channel: read them first.
   // They were sent in an earlier step, which the peer finished without
   // waiting for this one, so reading them first cannot deadlock.
-  if (deferred_confirmations_ != nullptr &&
-      !deferred_confirmations_->empty()) {
+  if (deferred_confirmations_ != nullptr && !deferred_confirmations_->empty()) {
     std::vector<int> first;
     std::erase_if(*deferred_confirmations_, [&](int peer) {
-      const bool received_now =
-          std::any_of(transfers_.begin(), transfers_.end(),
-                      [&](const Transfer& t) {
-                        return t.kind == Transfer::Kind::kRecv &&
-                               t.peer == peer;
-                      });
+      const bool received_now = std::any_of(
+          transfers_.begin(), transfers_.end(), [&](const Transfer& t) {
+            return t.kind == Transfer::Kind::kRecv && t.peer == peer;
+          });
       if (received_now) first.push_back(peer);
       return received_now;
     });

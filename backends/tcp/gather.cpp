@@ -10,14 +10,46 @@
 // A group spanning hosts runs the same: each block travels once, straight
 // to the root over its sender's own link; gathering a host's blocks at a
 // leader first would add a hop and a copy to save messages, not bytes.
+//
+// Where every rank is on this host and may read the others' memory, and
+// the n blocks hold direct_threshold_bytes() or more, the root reads every
+// block from its rank's memory (single_copy.h): each rank sends the root
+// its input's address and size, and waits until the root says it has read
+// it. A rank that names another root sends it a message whose header says
+// so, or waits for a root that answers it is in another call:
+// MismatchError.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
 
 void gather(CollectiveTransport& ctx, const void* input,
             const std::vector<void*>& outputs, std::size_t bytes, int root) {
+  if (PeerMemory* memory =
+          direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()))) {
+    const Offer offer(*memory);
+    if (ctx.rank() != root) {
+      std::vector<std::vector<Region>> mine(
+          static_cast<std::size_t>(ctx.size()));
+      mine[root] = {region_of(input, bytes)};
+      trade_regions(ctx, {root}, mine, {}, 0);
+      signal(ctx, {}, {root});
+      return;
+    }
+    const std::vector<int> others = peers(ctx);
+    const auto theirs = trade_regions(ctx, {}, {}, others, 1);
+    for (int peer : others) check_bytes(ctx, peer, theirs[peer][0], bytes);
+    if (bytes > 0 && outputs[root] != input)
+      std::memmove(outputs[root], input, bytes);
+    for (int peer : others) {
+      memory->read(peer, theirs[peer][0].address, outputs[peer], bytes);
+    }
+    confirm(*memory, others);
+    signal(ctx, others, {});
+    return;
+  }
   if (ctx.rank() != root) {
     CollectiveStep& to_root = ctx.step();
     to_root.send(root, input, bytes);

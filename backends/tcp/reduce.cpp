@@ -15,8 +15,24 @@
 // once, where a flat tree crosses the network as often as its edges join
 // ranks of two hosts. The order in which the contributions are combined
 // changes with the tree; only the root holds the result.
+//
+// Where every rank is on this host and may read the others' memory, and
+// the message holds direct_threshold_bytes() or more, the ranks reduce
+// where the data lies (single_copy.h): they trade their buffers'
+// addresses; each rank reduces its slice (the ring all_reduce's segment of
+// its rank) from every rank's buffer, in rank order, into the same slice
+// of its own buffer, and tells the root; the root, once every rank has,
+// reads each slice from the buffer of the rank that reduced it and tells
+// every rank it is done. Until the root's "done" no rank returns: the root
+// reads its result, and a rank q reads slice q of the others' buffers
+// before it tells the root. A rank writes only its own slice before the
+// root hears from every rank, and only the root writes after, so nothing
+// is written while another rank reads it. The buffers of the ranks other
+// than the root hold their reduced slice afterwards (Backend::reduce
+// leaves them unspecified).
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
+#include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
 namespace {
@@ -43,7 +59,41 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, data, count, dtype, op, root);
   }
-  const std::size_t bytes = count * dtype_size(dtype);
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t bytes = count * element;
+  if (PeerMemory* memory = direct_memory(ctx, bytes)) {
+    const Offer offer(*memory);
+    auto* buffer = static_cast<std::uint8_t*>(data);
+    const std::vector<int> others = peers(ctx);
+    const std::vector<std::vector<Region>> mine(static_cast<std::size_t>(size),
+                                                {region_of(data, bytes)});
+    const auto theirs = trade_regions(ctx, others, mine, others, 1);
+    for (int peer : others) check_bytes(ctx, peer, theirs[peer][0], bytes);
+    const Segment slice = segment_of(count, size, ctx.rank());
+    const std::size_t begin = slice.begin * element;
+    std::vector<std::uint64_t> operands(static_cast<std::size_t>(size));
+    for (int peer : others) operands[peer] = theirs[peer][0].address + begin;
+    reduce_from_peers(ctx, *memory, operands, buffer + begin, buffer + begin,
+                      slice.end - slice.begin, dtype, op);
+    confirm(*memory, others);
+    if (ctx.rank() != root) {
+      signal(ctx, {root}, {root});  // reduced; then wait for the root
+      return;
+    }
+    signal(ctx, {}, others);
+    for (int peer : others) {
+      const Segment theirs_slice = segment_of(count, size, peer);
+      const std::size_t at = theirs_slice.begin * element;
+      const std::size_t length =
+          (theirs_slice.end - theirs_slice.begin) * element;
+      if (length > 0) {
+        memory->read(peer, theirs[peer][0].address + at, buffer + at, length);
+      }
+    }
+    confirm(*memory, others);
+    signal(ctx, others, {});
+    return;
+  }
   const int relative = (ctx.rank() - root + size) % size;
   auto real = [&](int r) { return (r + root) % size; };
   for (int mask = 1; mask < size; mask <<= 1) {

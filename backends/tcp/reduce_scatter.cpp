@@ -14,11 +14,21 @@
 // then crosses from one host to the next once. Each block's result is on
 // one rank only, so the order of its reduction needs to agree with no
 // other rank's.
+//
+// Where every rank is on this host and may read the others' memory, and the
+// n blocks of the input hold direct_threshold_bytes() or more, each rank
+// reads its block of every peer's input where it lies (single_copy.h): the
+// ranks trade the addresses of their blocks, each reduces its own, in rank
+// order, a chunk at a time, and tells every peer it is done, so that no
+// rank returns while a peer still reads its input. The output may be this
+// rank's own input block (each chunk is read before it is written); no
+// other block is written.
 #include <cstring>
 #include <memory>
 
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
+#include "backends/tcp/single_copy.h"
 #include "libcomm/reduce_kernels.h"
 
 namespace comm::tcp::algorithms {
@@ -38,6 +48,26 @@ void reduce_scatter(CollectiveTransport& ctx,
     std::vector<const void*> ordered_inputs;
     for (int r : hosts->host_order()) ordered_inputs.push_back(inputs[r]);
     return reduce_scatter(ordered, ordered_inputs, output, count, dtype, op);
+  }
+  if (PeerMemory* memory =
+          direct_memory(ctx, bytes * static_cast<std::size_t>(size))) {
+    const Offer offer(*memory);
+    const std::vector<int> others = peers(ctx);
+    // Peer p gets the address of its block of this rank's input.
+    std::vector<std::vector<Region>> mine(static_cast<std::size_t>(size));
+    for (int peer : others) mine[peer] = {region_of(inputs[peer], bytes)};
+    const auto theirs = trade_regions(ctx, others, mine, others, 1);
+    std::vector<std::uint64_t> blocks(static_cast<std::size_t>(size));
+    for (int peer : others) {
+      check_bytes(ctx, peer, theirs[peer][0], bytes);
+      blocks[peer] = theirs[peer][0].address;
+    }
+    reduce_from_peers(ctx, *memory, blocks,
+                      static_cast<const std::uint8_t*>(inputs[rank]),
+                      static_cast<std::uint8_t*>(output), count, dtype, op);
+    confirm(*memory, others);
+    signal(ctx, others, others);
+    return;
   }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
     const auto received =

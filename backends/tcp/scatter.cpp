@@ -9,14 +9,41 @@
 // A group spanning hosts runs the same: each block travels once, straight
 // from the root over its receiver's own link; relaying a host's blocks
 // through a leader would add a hop and a copy to save messages, not bytes.
+//
+// Where every rank is on this host and may read the others' memory, and
+// the n parts hold direct_threshold_bytes() or more, each rank reads its
+// part from the root's memory (single_copy.h): the root sends each rank its
+// part's address and size, and returns once every rank has said it has
+// read it.
 #include <cstring>
 
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
 
 void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
              void* output, std::size_t bytes, int root) {
+  if (PeerMemory* memory =
+          direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()))) {
+    const Offer offer(*memory);
+    if (ctx.rank() != root) {
+      const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);
+      check_bytes(ctx, root, theirs[root][0], bytes);
+      memory->read(root, theirs[root][0].address, output, bytes);
+      memory->confirm(root);
+      signal(ctx, {root}, {});
+      return;
+    }
+    const std::vector<int> others = peers(ctx);
+    std::vector<std::vector<Region>> mine(static_cast<std::size_t>(ctx.size()));
+    for (int peer : others) mine[peer] = {region_of(inputs[peer], bytes)};
+    trade_regions(ctx, others, mine, {}, 0);
+    if (bytes > 0 && inputs[root] != output)
+      std::memmove(output, inputs[root], bytes);
+    signal(ctx, {}, others);
+    return;
+  }
   if (ctx.rank() != root) {
     CollectiveStep& from_root = ctx.step();
     from_root.recv(root, output, bytes);

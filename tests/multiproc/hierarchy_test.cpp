@@ -29,15 +29,15 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "support/child_process.h"
-#include "support/temp_path.h"
 #include "support/namespace_pair.h"
+#include "support/temp_path.h"
 
 using comm::DType;
 using comm::ReduceOp;
 using comm::Tensor;
 using comm::testing::ChildProcess;
-using comm::testing::TempPath;
 using comm::testing::NamespacePair;
+using comm::testing::TempPath;
 using namespace std::chrono_literals;
 
 namespace {
@@ -310,10 +310,10 @@ Ran run(const Layout& layout) {
   const bool traffic = layout.traffic;
   const int world = static_cast<int>(host_of.size());
   const std::string url =
-      (hosts != nullptr ? "tcp://" + NamespacePair::address(host_of[0]) + ":29531"
-                        : "tcp://127.0.0.1:" +
-                              std::to_string(
-                                  comm::detail::free_loopback_port())) +
+      (hosts != nullptr
+           ? "tcp://" + NamespacePair::address(host_of[0]) + ":29531"
+           : "tcp://127.0.0.1:" +
+                 std::to_string(comm::detail::free_loopback_port())) +
       "?world_size=" + std::to_string(world);
   std::vector<std::unique_ptr<TempPath>> files;
   std::vector<std::unique_ptr<ChildProcess>> ranks;

@@ -72,6 +72,7 @@ class CountingTransport final : public CollectiveTransport {
     return step_;
   }
   const HostPartition* hosts() const override { return hosts_; }
+  std::string describe() const override { return call_.describe(); }
 
   // The payload bytes sent to each peer.
   const std::vector<std::uint64_t>& sent() const { return sent_; }

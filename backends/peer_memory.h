@@ -1,0 +1,61 @@
+// comm::PeerMemory: reading another rank's memory directly, which a
+// transport between ranks of one host may offer (CollectiveTransport::
+// peer_memory()), so that an algorithm copies each byte once, from where a
+// peer holds it to where this rank wants it, instead of through a channel
+// that the writer copies into and the reader copies out of.
+//
+// An address means something only to the rank that owns it. Algorithms
+// offer their buffers, trade addresses and sizes in ordinary steps (whose
+// headers keep the mismatch checks working), read, and end with a step
+// that tells each rank that its buffers are no longer read, so that no
+// rank returns, and lets its caller reuse a buffer, while a peer may still
+// read it (backends/tcp/single_copy.h). A rank that fails leaves without
+// that step; it withdraws its offer first, and a reader confirms each
+// peer's offer after reading and before it tells anyone that it is done,
+// so that what a rank's caller may write into a buffer after the rank
+// left is never taken for its data.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace comm {
+
+class PeerMemory {
+ public:
+  virtual ~PeerMemory() = default;
+
+  // This rank's buffers may be read in this call from now on, until
+  // withdraw(). Offer before sending an address; withdraw before leaving
+  // the call, on every way out (single_copy.h's Offer does both).
+  virtual void offer() = 0;
+  virtual void withdraw() = 0;
+
+  // Copies `bytes` at `address` in the memory of rank `peer` (not this
+  // rank) into `into`. What it copied is the peer's data only once
+  // confirm(peer) has returned. Throws PeerError naming the peer when its
+  // process has ended, the peer's failure report when the read fails
+  // because the peer left the call (it failed), and BackendError when the
+  // kernel refuses the read.
+  virtual void read(int peer, std::uint64_t address, void* into,
+                    std::size_t bytes) = 0;
+  // Returns when `peer` still offers its buffers and its process lives, so
+  // that every read of it made before copied its data: call it after the
+  // reads and before telling anyone they are done. Throws PeerError naming
+  // the peer when its process has ended (its id may have gone to another
+  // process), and the peer's failure report when it withdrew its offer (it
+  // failed and left the call), or PeerError naming it when none comes.
+  virtual void confirm(int peer) = 0;
+
+  // At least `bytes` of scratch memory for reading into, kept by the
+  // transport from one call to the next, so that a call does not pay for
+  // fresh pages; valid until the next scratch() call.
+  virtual std::uint8_t* scratch(std::size_t bytes) = 0;
+
+ protected:
+  PeerMemory() = default;
+  PeerMemory(const PeerMemory&) = default;
+  PeerMemory& operator=(const PeerMemory&) = default;
+};
+
+}  // namespace comm

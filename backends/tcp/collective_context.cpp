@@ -1,0 +1,77 @@
+#include "backends/tcp/collective_context.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "backends/tcp/control_channel.h"
+#include "libcomm/error.h"
+
+namespace comm::tcp {
+
+void CollectiveContext::read(int peer, std::uint64_t address, void* into,
+                             std::size_t bytes) {
+  const int error = mesh_.local_peers().read_memory(peer, address, into, bytes);
+  if (error != 0) fail_reading(peer, error, bytes);
+}
+
+void CollectiveContext::confirm(int peer) {
+  const int error = mesh_.local_peers().offered(peer, call_.sequence);
+  if (error != 0) fail_reading(peer, error, 0);
+}
+
+void CollectiveContext::fail_reading(int peer, int error, std::size_t bytes) {
+  if (error == ESRCH) {
+    PeerError exited(peer, mesh_.peer_name(peer) + " exited during " +
+                               call_.describe() + " (killed, or crashed?)");
+    // As in Exchange: a report on the control channel names the first
+    // cause better than this rank can.
+    raise_pending_report(std::chrono::milliseconds(50));
+    throw exited;
+  }
+  if (error == ECANCELED || error == EFAULT) {
+    // The peer left the call (it failed: it withdraws before it reports,
+    // and its caller may free the buffer at once), and its report is on
+    // its way; it names the cause.
+    raise_pending_report(std::min<std::chrono::milliseconds>(
+        control_.timeout(), std::chrono::seconds(2)));
+    if (error == ECANCELED) {
+      throw PeerError(peer, mesh_.peer_name(peer) + " left " +
+                                call_.describe() +
+                                " while this rank read its buffers, and "
+                                "did not say why");
+    }
+  }
+  std::string text = call_.describe() + ": reading " +
+                     (bytes > 0 ? std::to_string(bytes) + " bytes of " : "") +
+                     "the memory of " + mesh_.peer_name(peer) +
+                     " failed: " + std::strerror(error);
+  if (error == EPERM || error == ENOSYS) {
+    text +=
+        " (the kernel allowed process_vm_readv when the group was created "
+        "and refuses it now; COMM_SHM_SINGLE_COPY=0 keeps every byte on the "
+        "shared-memory rings)";
+  }
+  throw BackendError(text);
+}
+
+void CollectiveContext::raise_pending_report(std::chrono::milliseconds grace) {
+  const auto until = detail::deadline_after(grace);
+  // Bounded by `until`: each round sleeps in poll until the alarm or the
+  // end; an alarm about something else (a query's answer) is checked and
+  // the wait goes on.
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - detail::Clock::now());
+    if (left.count() <= 0) return;
+    pollfd alarm{control_.alarm_fd(), POLLIN, 0};
+    if (::poll(&alarm, 1, static_cast<int>(left.count())) <= 0) return;
+    if (const auto report = control_.check(call_)) {
+      raise_report(call_, *report);
+    }
+  }
+}
+
+}  // namespace comm::tcp

@@ -1,0 +1,131 @@
+#include "backends/tcp/single_copy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "backends/tcp/exchange.h"
+#include "libcomm/error.h"
+#include "libcomm/int_param.h"
+#include "libcomm/reduce_kernels.h"
+
+namespace comm::tcp::algorithms {
+namespace {
+
+const IntParam kDirectThresholdBytes{
+    "COMM_SHM_DIRECT_THRESHOLD_BYTES", std::int64_t{1} << 30, 1,
+    std::numeric_limits<std::int64_t>::max(),
+    "the smallest collective whose ranks, all on one host, read each other's "
+    "buffers directly instead of through the shared-memory rings"};
+
+}  // namespace
+
+std::size_t direct_threshold_bytes() {
+  return static_cast<std::size_t>(kDirectThresholdBytes.get());
+}
+
+PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes) {
+  if (ctx.size() < 2 || bytes < direct_threshold_bytes()) return nullptr;
+  return ctx.peer_memory();
+}
+
+Region region_of(const void* data, std::size_t bytes) {
+  return {reinterpret_cast<std::uintptr_t>(data), bytes};
+}
+
+std::vector<int> peers(const CollectiveTransport& ctx) {
+  std::vector<int> others;
+  for (int peer = 0; peer < ctx.size(); ++peer) {
+    if (peer != ctx.rank()) others.push_back(peer);
+  }
+  return others;
+}
+
+std::vector<std::vector<Region>> trade_regions(
+    CollectiveTransport& ctx, const std::vector<int>& to,
+    const std::vector<std::vector<Region>>& outgoing,
+    const std::vector<int>& from, std::size_t each) {
+  std::vector<std::vector<Region>> incoming(
+      static_cast<std::size_t>(ctx.size()));
+  CollectiveStep& step = ctx.step();
+  for (int peer : to) {
+    const std::vector<Region>& message = outgoing[peer];
+    step.send(peer, message.data(), message.size() * sizeof(Region));
+  }
+  for (int peer : from) {
+    incoming[peer].resize(each);
+    step.recv(peer, incoming[peer].data(), each * sizeof(Region));
+  }
+  step.run();
+  return incoming;
+}
+
+void check_bytes(const CollectiveTransport& ctx, int peer,
+                 const Region& offered, std::size_t expected) {
+  if (offered.bytes == expected) return;
+  throw MismatchError(
+      "in " + ctx.describe() + ", rank " + std::to_string(peer) + " offers " +
+      std::to_string(offered.bytes) + " bytes where rank " +
+      std::to_string(ctx.rank()) + " expects " + std::to_string(expected) +
+      "; check that the ranks' sizes agree");
+}
+
+void confirm(PeerMemory& memory, const std::vector<int>& read_from) {
+  for (int peer : read_from) memory.confirm(peer);
+}
+
+void signal(CollectiveTransport& ctx, const std::vector<int>& to,
+            const std::vector<int>& from) {
+  if (to.empty() && from.empty()) return;
+  CollectiveStep& step = ctx.step();
+  for (int peer : to) step.send(peer, nullptr, 0);
+  for (int peer : from) step.recv(peer, nullptr, 0);
+  step.run();
+}
+
+Segment segment_of(std::size_t count, int parts, int i) {
+  const auto n = static_cast<std::size_t>(parts);
+  const auto u = static_cast<std::size_t>(i);
+  const std::size_t base = count / n;
+  const std::size_t longer = count % n;
+  return {u * base + std::min(u, longer),
+          (u + 1) * base + std::min(u + 1, longer)};
+}
+
+void reduce_from_peers(CollectiveTransport& ctx, PeerMemory& memory,
+                       const std::vector<std::uint64_t>& operands,
+                       const std::uint8_t* own, std::uint8_t* output,
+                       std::size_t count, DType dtype, ReduceOp op) {
+  const int rank = ctx.rank();
+  const int size = ctx.size();
+  if (count == 0) return;
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t chunk = std::min(count, chunk_bytes() / element);
+  // The running result of the chunk, and the operand read last.
+  std::uint8_t* const running = memory.scratch(2 * chunk * element);
+  std::uint8_t* const read = running + chunk * element;
+  for (std::size_t first = 0; first < count; first += chunk) {
+    const std::size_t n = std::min(chunk, count - first);
+    const std::size_t offset = first * element;
+    // Rank p's operand for this chunk: this rank's where it lies, a peer's
+    // read into `into`.
+    auto operand = [&](int p, std::uint8_t* into) -> const std::uint8_t* {
+      if (p == rank) return own + offset;
+      memory.read(p, operands[p] + offset, into, n * element);
+      return into;
+    };
+    // Reading the own operand before writing the output makes `own` ==
+    // `output` safe: the last reduction reads this chunk of both operands
+    // before it writes the chunk (reduce_pair_into allows dst == b).
+    const std::uint8_t* so_far = operand(0, running);
+    for (int p = 1; p < size; ++p) {
+      const std::uint8_t* next = operand(p, read);
+      std::uint8_t* target = p == size - 1 ? output + offset : running;
+      reduce_pair_into(op, dtype, target, so_far, next, n);
+      so_far = target;
+    }
+  }
+}
+
+}  // namespace comm::tcp::algorithms

@@ -1,0 +1,116 @@
+// comm::tcp::algorithms, single copy: what the collectives' direct
+// algorithms share. Where every rank of the group is on this host and may
+// read the others' memory (CollectiveTransport::peer_memory()), a large
+// collective reads each peer's buffer where it lies instead of streaming it
+// through the shared-memory rings, so each byte is copied once, by its
+// reader, where the rings copy it in and out at every step of a ring or a
+// tree.
+//
+// The pattern, in each collective's file beside its other algorithms:
+//   0. the rank offers its buffers (Offer) for as long as it is in the
+//      algorithm, so that a peer's read fails once it left, whatever way;
+//   1. a step trades Regions (address and size) over the rings; the
+//      messages carry the call's header, so a rank in another call, or on
+//      another algorithm, is a MismatchError as before, and each region's
+//      size is checked against what the reader expects (check_bytes), so
+//      that ranks that disagree on a size fail instead of reading out of
+//      bounds;
+//   2. each rank reads what it needs (PeerMemory::read), reducing a chunk
+//      at a time where the collective reduces (reduce_from_peers: scratch
+//      of two chunks, chunk_bytes() each, kept by the transport), and
+//      confirms that each peer it read still offers its buffers (confirm),
+//      before it tells anyone it is done: only then is what it read the
+//      peer's data;
+//   3. a step of empty messages (signal) tells each rank whose buffer was
+//      read that its readers are done, so that no rank returns, and lets
+//      its caller reuse a buffer, while a peer may still read it.
+// A peer that dies is a PeerError naming it, from its pidfd while a step
+// waits or from the failed read.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backends/collective_transport.h"
+#include "libcomm/dtype.h"
+#include "libcomm/reduce_op.h"
+
+namespace comm::tcp::algorithms {
+
+// COMM_SHM_DIRECT_THRESHOLD_BYTES: the smallest collective that reads the
+// peers' memory, in the bytes each collective's file names.
+std::size_t direct_threshold_bytes();
+
+// The peers' memory when a collective of `bytes` reads it directly: every
+// rank of the group can read every other's, the group has more than one
+// rank, and `bytes` reaches direct_threshold_bytes(). Null otherwise.
+// Every rank that makes the same call gets the same answer.
+PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes);
+
+// Offers this rank's buffers (PeerMemory::offer) while it lives: made
+// before the first address is sent, it withdraws them on every way out of
+// the algorithm, before the caller may free or rewrite them.
+class Offer {
+ public:
+  explicit Offer(PeerMemory& memory) : memory_(memory) { memory_.offer(); }
+  ~Offer() { memory_.withdraw(); }
+  Offer(const Offer&) = delete;
+  Offer& operator=(const Offer&) = delete;
+
+ private:
+  PeerMemory& memory_;
+};
+
+// Where a buffer lies in the rank that owns it, as traded in a step.
+struct Region {
+  std::uint64_t address = 0;
+  std::uint64_t bytes = 0;
+};
+Region region_of(const void* data, std::size_t bytes);
+
+// Every rank of the group but this one.
+std::vector<int> peers(const CollectiveTransport& ctx);
+
+// One step: sends each peer in `to` the message outgoing[peer] (regions,
+// indexed by rank) and receives from each peer in `from` a message of
+// `each` regions; returns those, indexed by rank (empty for the others).
+std::vector<std::vector<Region>> trade_regions(
+    CollectiveTransport& ctx, const std::vector<int>& to,
+    const std::vector<std::vector<Region>>& outgoing,
+    const std::vector<int>& from, std::size_t each);
+
+// Throws MismatchError, naming the call and both ranks, unless the region
+// that `peer` offered holds `expected` bytes.
+void check_bytes(const CollectiveTransport& ctx, int peer,
+                 const Region& offered, std::size_t expected);
+
+// PeerMemory::confirm for each peer in `read_from`.
+void confirm(PeerMemory& memory, const std::vector<int>& read_from);
+
+// One step of empty messages (headers alone): one to each peer in `to`, one
+// from each peer in `from`.
+void signal(CollectiveTransport& ctx, const std::vector<int>& to,
+            const std::vector<int>& from);
+
+// The elements [begin, end) of segment `i` of `count` elements cut into
+// `parts` segments, the first count % parts of them one element longer:
+// the ring all_reduce's segments, and the single-copy one's slices.
+struct Segment {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+Segment segment_of(std::size_t count, int parts, int i);
+
+// output = op over every rank's operand, in rank order 0..n-1, so that
+// the result is the same bits whichever rank computes it. Rank p's operand
+// lies at operands[p] in its memory, this rank's at `own`, which may be
+// `output` (each chunk is read before its result is written). `count`
+// elements, read and reduced a chunk at a time; the reads are confirmed by
+// the caller.
+void reduce_from_peers(CollectiveTransport& ctx, PeerMemory& memory,
+                       const std::vector<std::uint64_t>& operands,
+                       const std::uint8_t* own, std::uint8_t* output,
+                       std::size_t count, DType dtype, ReduceOp op);
+
+}  // namespace comm::tcp::algorithms

@@ -1,0 +1,707 @@
+// The single-copy algorithms (backends/tcp/single_copy.h), run on meshes
+// whose ranks are threads of this process, so that every rank is local and
+// reads the others' memory with process_vm_readv. Each collective is run
+// through a transport that counts what the ranks read of each other's
+// memory, so that the tests see the direct path taken, and each byte read
+// once, above the threshold, and nothing read below it. Results are checked
+// against the scalar references of support/reference.h, folded in rank
+// order 0..n-1 (as the algorithms reduce), with values whose reductions
+// round, so that another order would give other bits; every rank's result
+// is compared with the same reference, so every rank holds the same bits.
+// Sizes that ranks disagree on are a MismatchError before anything is
+// read, and a rank that leaves a call makes its readers fail.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <initializer_list>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/tcp/algorithms.h"
+#include "backends/tcp/collective_context.h"
+#include "backends/tcp/control_channel.h"
+#include "backends/tcp/mesh.h"
+#include "backends/tcp/single_copy.h"
+#include "libcomm/detail/dispatch.h"
+#include "libcomm/distributed/process_group.h"
+#include "libcomm/error.h"
+#include "libcomm/param.h"
+#include "support/mesh_ranks.h"
+#include "support/rank_checks.h"
+#include "support/reference.h"
+#include "support/thread_ranks.h"
+
+using comm::CollectiveStep;
+using comm::CollectiveTransport;
+using comm::DType;
+using comm::PeerMemory;
+using comm::ReduceOp;
+using comm::tcp::CallInfo;
+using comm::tcp::Collective;
+using comm::tcp::Mesh;
+using comm::testing::expect;
+using Bytes = std::vector<std::uint8_t>;
+namespace alg = comm::tcp::algorithms;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Sets environment variables for a test and unsets them afterwards.
+class EnvIs {
+ public:
+  explicit EnvIs(
+      std::initializer_list<std::pair<const char*, const char*>> values)
+      : values_(values) {
+    for (const auto& [name, value] : values_) ::setenv(name, value, 1);
+    comm::reset_params();
+  }
+  ~EnvIs() {
+    for (const auto& [name, value] : values_) ::unsetenv(name);
+    comm::reset_params();
+  }
+
+ private:
+  std::vector<std::pair<const char*, const char*>> values_;
+};
+
+// A rank's transport for one call, which counts the bytes its rank reads
+// of the others' memory.
+class Counted final : public CollectiveTransport, public PeerMemory {
+ public:
+  Counted(CollectiveTransport& inner, std::atomic<std::size_t>& read)
+      : inner_(inner), read_(read) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  CollectiveStep& step() override { return inner_.step(); }
+  PeerMemory* peer_memory() override {
+    memory_ = inner_.peer_memory();
+    return memory_ != nullptr ? this : nullptr;
+  }
+  std::string describe() const override { return inner_.describe(); }
+  void offer() override { memory_->offer(); }
+  void withdraw() override { memory_->withdraw(); }
+  void read(int peer, std::uint64_t address, void* into,
+            std::size_t bytes) override {
+    read_ += bytes;
+    memory_->read(peer, address, into, bytes);
+  }
+  void confirm(int peer) override { memory_->confirm(peer); }
+  std::uint8_t* scratch(std::size_t bytes) override {
+    return memory_->scratch(bytes);
+  }
+
+ private:
+  CollectiveTransport& inner_;
+  std::atomic<std::size_t>& read_;
+  PeerMemory* memory_ = nullptr;
+};
+
+// One rank of a test: its mesh, its control channel, and the calls it has
+// made, so that every rank numbers its calls alike.
+class Rank {
+ public:
+  Rank(Mesh& mesh, std::atomic<std::size_t>& read)
+      : mesh_(mesh),
+        control_(mesh, std::chrono::seconds(15), std::chrono::seconds(3)),
+        read_(read) {}
+  int rank() const { return mesh_.rank(); }
+  int size() const { return mesh_.size(); }
+  Mesh& mesh() { return mesh_; }
+
+  // Runs `algorithm` as the next call, whose header says `call` (its
+  // sequence number is set here).
+  void run(CallInfo call,
+           const std::function<void(CollectiveTransport&)>& algorithm) {
+    call.sequence = sequence_++;
+    const auto deadline = comm::detail::deadline_after(30s);
+    // As TcpBackend does: the last call's confirmations first.
+    comm::tcp::settle_confirmations(mesh_, control_, deferred_, deadline, -1);
+    comm::tcp::CollectiveContext context(mesh_, control_, call, deadline, -1,
+                                         deferred_);
+    Counted counted(context, read_);
+    algorithm(counted);
+  }
+
+ private:
+  Mesh& mesh_;
+  comm::tcp::ControlChannel control_;
+  std::atomic<std::size_t>& read_;
+  std::uint64_t sequence_ = 0;
+  comm::tcp::DeferredConfirmations deferred_;
+};
+
+// Runs body(rank) on `world` ranks; returns each rank's error ("" where it
+// succeeded). `read` counts the bytes all ranks read of each other.
+std::vector<std::string> run_ranks(int world, std::atomic<std::size_t>& read,
+                                   const std::function<void(Rank&)>& body) {
+  return comm::testing::run_meshes(world, 60s, [&](Mesh& mesh) {
+    Rank rank(mesh, read);
+    body(rank);
+  });
+}
+
+void check_all_ok(const std::vector<std::string>& errors) {
+  comm::testing::check_all_ok(errors);
+}
+
+bool valid(ReduceOp op, DType dtype) {
+  if (comm::is_bitwise(op) && comm::is_floating(dtype)) return false;
+  return !(op == ReduceOp::kAvg && dtype == DType::kBool);
+}
+
+// Rank `rank`'s operand of a call: floats whose sums and products round
+// (so that the order of reduction shows in the bits), and whose products
+// over eight ranks stay finite; integers of every bit; bools 0 and 1.
+Bytes operand(int rank, std::size_t count, DType dtype, ReduceOp op,
+              std::uint64_t salt) {
+  std::mt19937_64 rng(static_cast<std::uint64_t>(rank) * 1000003 + count * 31 +
+                      salt);
+  const bool product = op == ReduceOp::kProduct;
+  std::uniform_real_distribution<double> real(product ? 0.5 : -100.0,
+                                              product ? 1.7 : 100.0);
+  Bytes bytes(count * comm::dtype_size(dtype));
+  comm::detail::dispatch_dtype(dtype, [&]<typename T>() {
+    for (std::size_t i = 0; i < count; ++i) {
+      T value{};
+      if constexpr (std::is_same_v<T, bool>) {
+        value = rng() % 2 == 0;
+      } else if constexpr (std::is_integral_v<T>) {
+        value = static_cast<T>(rng());
+      } else {
+        value = comm::detail::from_double<T>(real(rng));
+      }
+      std::memcpy(bytes.data() + i * sizeof(T), &value, sizeof(T));
+    }
+  });
+  return bytes;
+}
+
+// op(a, b) for one element, as support/reference.h defines it.
+template <typename T>
+T reference_op(ReduceOp op, T a, T b) {
+  using comm::testing::bf16_round;
+  using comm::testing::bf16_value;
+  using comm::testing::f16_round;
+  using comm::testing::f16_value;
+  using comm::testing::float_reference;
+  if constexpr (std::is_same_v<T, comm::Float16>) {
+    return comm::Float16::from_bits(f16_round(static_cast<float>(
+        float_reference(op, f16_value(a.bits), f16_value(b.bits)))));
+  } else if constexpr (std::is_same_v<T, comm::BFloat16>) {
+    return comm::BFloat16::from_bits(bf16_round(static_cast<float>(
+        float_reference(op, bf16_value(a.bits), bf16_value(b.bits)))));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return comm::testing::bool_reference(op, a, b);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(float_reference(op, a, b));
+  } else {
+    return comm::testing::int_reference(op, a, b);
+  }
+}
+
+// op over `operands` in their order, element by element, rounding after
+// each step as the kernels do.
+Bytes fold(const std::vector<Bytes>& operands, std::size_t count, DType dtype,
+           ReduceOp op) {
+  Bytes result = operands[0];
+  comm::detail::dispatch_dtype(dtype, [&]<typename T>() {
+    for (std::size_t r = 1; r < operands.size(); ++r) {
+      for (std::size_t i = 0; i < count; ++i) {
+        T a, b;
+        std::memcpy(&a, result.data() + i * sizeof(T), sizeof(T));
+        std::memcpy(&b, operands[r].data() + i * sizeof(T), sizeof(T));
+        const T c = reference_op(op, a, b);
+        std::memcpy(result.data() + i * sizeof(T), &c, sizeof(T));
+      }
+    }
+  });
+  return result;
+}
+
+std::string describe(DType dtype, ReduceOp op, std::size_t count, int world) {
+  return std::string(comm::dtype_name(dtype)) + " " + comm::reduce_op_name(op) +
+         " x " + std::to_string(count) + ", world " + std::to_string(world);
+}
+
+// A byte pattern of rank `rank`'s block `block`.
+Bytes pattern(int rank, int block, std::size_t bytes) {
+  Bytes data(bytes);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    data[i] = static_cast<std::uint8_t>(i * 13 + rank * 7 + block * 29 + 1);
+  }
+  return data;
+}
+
+}  // namespace
+
+TEST_CASE("single copy is on where every rank is local, unless turned off",
+          "[single_copy]") {
+  SECTION("by default") {
+    auto errors = comm::testing::run_meshes(3, 20s, [](Mesh& mesh) {
+      expect(mesh.local_peers().single_copy(), "single copy is off");
+    });
+    check_all_ok(errors);
+  }
+  SECTION("COMM_SHM_SINGLE_COPY=0") {
+    EnvIs off({{"COMM_SHM_SINGLE_COPY", "0"}});
+    auto errors = comm::testing::run_meshes(3, 20s, [](Mesh& mesh) {
+      expect(!mesh.local_peers().single_copy(), "single copy is on");
+    });
+    check_all_ok(errors);
+  }
+  SECTION("COMM_TRANSPORT=tcp") {
+    EnvIs tcp({{"COMM_TRANSPORT", "tcp"}});
+    auto errors = comm::testing::run_meshes(2, 20s, [](Mesh& mesh) {
+      expect(!mesh.local_peers().single_copy(), "single copy over TCP");
+    });
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE(
+    "all_reduce reads each slice once: every dtype and op, worlds 1 to 8, in "
+    "and out of place, the references' bits on every rank",
+    "[single_copy][all_reduce]") {
+  // Chunks of 4 KiB, so that a slice spans several.
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+             {"COMM_TCP_CHUNK_BYTES", "4096"}});
+  for (int world = 1; world <= 8; ++world) {
+    std::atomic<std::size_t> read{0};
+    std::size_t expected_read = 0;  // by every rank together
+    std::vector<std::size_t> counts = {0, 1, 2, 13, 1009};
+    if (world % 3 == 1) counts.push_back(65537);
+    for (std::size_t count : counts) {
+      for (DType dtype : comm::kAllDTypes) {
+        for (ReduceOp op : comm::kAllReduceOps) {
+          if (!valid(op, dtype)) continue;
+          if (count == 65537 && dtype != DType::kF32 && dtype != DType::kF16 &&
+              dtype != DType::kI64) {
+            continue;
+          }
+          // Each rank reads the others' part of its slice, then the other
+          // slices: 2 (n - 1) messages' worth in all.
+          expected_read += 2 * static_cast<std::size_t>(world - 1) * count *
+                           comm::dtype_size(dtype) * 2;
+        }
+      }
+    }
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      for (std::size_t count : counts) {
+        for (DType dtype : comm::kAllDTypes) {
+          for (ReduceOp op : comm::kAllReduceOps) {
+            if (!valid(op, dtype)) continue;
+            if (count == 65537 && dtype != DType::kF32 &&
+                dtype != DType::kF16 && dtype != DType::kI64) {
+              continue;
+            }
+            std::vector<Bytes> operands;
+            for (int r = 0; r < world; ++r) {
+              operands.push_back(operand(r, count, dtype, op, 1));
+            }
+            const Bytes expected = fold(operands, count, dtype, op);
+            const std::string what = describe(dtype, op, count, world);
+            const CallInfo call{Collective::kAllReduce,           0,  dtype,
+                                static_cast<std::int64_t>(count), op, -1};
+            // In place.
+            Bytes data = operands[me];
+            rank.run(call, [&](CollectiveTransport& t) {
+              alg::all_reduce(t, data.data(), data.data(), count, dtype, op);
+            });
+            expect(data == expected, "in place: " + what);
+            // Out of place: the input stays as it was.
+            const Bytes input = operands[me];
+            Bytes output(input.size(), 0x5a);
+            rank.run(call, [&](CollectiveTransport& t) {
+              alg::all_reduce(t, input.data(), output.data(), count, dtype, op);
+            });
+            expect(output == expected, "out of place: " + what);
+            expect(input == operands[me], "input changed: " + what);
+          }
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+    CHECK(read.load() == (world > 1 ? expected_read : 0));
+  }
+}
+
+TEST_CASE(
+    "reduce_scatter and reduce read each block once, against the "
+    "references",
+    "[single_copy][reduce_scatter][reduce]") {
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+             {"COMM_TCP_CHUNK_BYTES", "4096"}});
+  const std::vector<std::pair<DType, ReduceOp>> cases = {
+      {DType::kF32, ReduceOp::kSum},      {DType::kF16, ReduceOp::kSum},
+      {DType::kBF16, ReduceOp::kProduct}, {DType::kF64, ReduceOp::kMax},
+      {DType::kI32, ReduceOp::kBxor},     {DType::kU8, ReduceOp::kMin},
+      {DType::kBool, ReduceOp::kBor}};
+  for (int world : {1, 2, 3, 5, 8}) {
+    std::atomic<std::size_t> read{0};
+    std::size_t expected_read = 0;
+    const std::vector<std::size_t> counts = {0, 1, 13, 4099};
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      std::size_t mine_expected = 0;
+      for (std::size_t count : counts) {
+        for (const auto& [dtype, op] : cases) {
+          const std::size_t bytes = count * comm::dtype_size(dtype);
+          const std::string what = describe(dtype, op, count, world);
+          // reduce_scatter: rank r's block q is operand(r * world + q).
+          std::vector<Bytes> blocks;
+          for (int q = 0; q < world; ++q) {
+            blocks.push_back(operand(me * world + q, count, dtype, op, 2));
+          }
+          std::vector<Bytes> mine_of_each;
+          for (int r = 0; r < world; ++r) {
+            mine_of_each.push_back(
+                operand(r * world + me, count, dtype, op, 2));
+          }
+          const Bytes expected = fold(mine_of_each, count, dtype, op);
+          std::vector<const void*> inputs;
+          for (const Bytes& block : blocks) inputs.push_back(block.data());
+          const CallInfo scatter_call{
+              Collective::kReduceScatter,       0,  dtype,
+              static_cast<std::int64_t>(count), op, -1};
+          Bytes output(bytes, 0x5a);
+          rank.run(scatter_call, [&](CollectiveTransport& t) {
+            alg::reduce_scatter(t, inputs, output.data(), count, dtype, op);
+          });
+          expect(output == expected, "reduce_scatter " + what);
+          // In place: the output is this rank's own block.
+          rank.run(scatter_call, [&](CollectiveTransport& t) {
+            alg::reduce_scatter(t, inputs, blocks[me].data(), count, dtype, op);
+          });
+          expect(blocks[me] == expected, "reduce_scatter in place " + what);
+          if (world > 1) mine_expected += 2 * (world - 1) * bytes;
+
+          // reduce, from every root.
+          std::vector<Bytes> all;
+          for (int r = 0; r < world; ++r) {
+            all.push_back(operand(r, count, dtype, op, 3));
+          }
+          const Bytes reduced = fold(all, count, dtype, op);
+          for (int root = 0; root < world; ++root) {
+            Bytes data = all[me];
+            const CallInfo call{Collective::kReduce,
+                                0,
+                                dtype,
+                                static_cast<std::int64_t>(count),
+                                op,
+                                root};
+            rank.run(call, [&](CollectiveTransport& t) {
+              alg::reduce(t, data.data(), count, dtype, op, root);
+            });
+            if (me == root) {
+              expect(data == reduced,
+                     "reduce to " + std::to_string(root) + ": " + what);
+            }
+            if (world > 1 && me == root) {
+              // Every rank reads its slice of the others, and the root the
+              // others' slices.
+              const comm::tcp::algorithms::Segment slice =
+                  alg::segment_of(count, world, root);
+              mine_expected +=
+                  (world - 1) * bytes + bytes -
+                  (slice.end - slice.begin) * comm::dtype_size(dtype);
+            }
+          }
+        }
+      }
+      static std::mutex mutex;
+      std::lock_guard<std::mutex> lock(mutex);
+      expected_read += mine_expected;
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+    CHECK(read.load() == expected_read);
+  }
+}
+
+TEST_CASE(
+    "broadcast, all_gather, gather and scatter read each byte once, from "
+    "every root",
+    "[single_copy][broadcast][gather]") {
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"}});
+  for (int world : {1, 2, 3, 5, 8}) {
+    std::atomic<std::size_t> read{0};
+    std::size_t expected_read = 0;
+    const std::vector<std::size_t> sizes = {0, 1, 13, 70001};
+    for (std::size_t bytes : sizes) {
+      // all_gather: every rank reads every other block; broadcast, gather
+      // and scatter: n - 1 blocks in all, from each root.
+      expected_read +=
+          static_cast<std::size_t>(world) * (world - 1) * bytes +
+          3 * static_cast<std::size_t>(world) * (world - 1) * bytes;
+    }
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      for (std::size_t bytes : sizes) {
+        const std::string what =
+            std::to_string(bytes) + " bytes, world " + std::to_string(world);
+        const auto count = static_cast<std::int64_t>(bytes);
+        // all_gather, in place as the backend calls it: this rank's block
+        // is already in its place.
+        std::vector<Bytes> blocks(world, Bytes(bytes, 0));
+        blocks[me] = pattern(me, 0, bytes);
+        std::vector<void*> places;
+        for (Bytes& block : blocks) places.push_back(block.data());
+        rank.run(
+            {Collective::kAllGather, 0, DType::kU8, count, ReduceOp::kSum, -1},
+            [&](CollectiveTransport& t) { alg::all_gather(t, places, bytes); });
+        for (int r = 0; r < world; ++r) {
+          expect(blocks[r] == pattern(r, 0, bytes), "all_gather " + what);
+        }
+        for (int root = 0; root < world; ++root) {
+          const std::string from = what + ", root " + std::to_string(root);
+          Bytes data = me == root ? pattern(root, 1, bytes) : Bytes(bytes, 0);
+          rank.run({Collective::kBroadcast, 0, DType::kU8, count,
+                    ReduceOp::kSum, root},
+                   [&](CollectiveTransport& t) {
+                     alg::broadcast(t, data.data(), bytes, root);
+                   });
+          expect(data == pattern(root, 1, bytes), "broadcast " + from);
+
+          const Bytes input = pattern(me, 2, bytes);
+          std::vector<Bytes> gathered(me == root ? world : 0, Bytes(bytes));
+          std::vector<void*> outputs;
+          for (Bytes& block : gathered) outputs.push_back(block.data());
+          rank.run(
+              {Collective::kGather, 0, DType::kU8, count, ReduceOp::kSum, root},
+              [&](CollectiveTransport& t) {
+                alg::gather(t, input.data(), outputs, bytes, root);
+              });
+          for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+            expect(gathered[r] == pattern(r, 2, bytes), "gather " + from);
+          }
+
+          std::vector<Bytes> parts;
+          std::vector<const void*> inputs;
+          if (me == root) {
+            for (int r = 0; r < world; ++r)
+              parts.push_back(pattern(r, 3, bytes));
+            for (const Bytes& part : parts) inputs.push_back(part.data());
+          }
+          Bytes part(bytes, 0);
+          rank.run({Collective::kScatter, 0, DType::kU8, count, ReduceOp::kSum,
+                    root},
+                   [&](CollectiveTransport& t) {
+                     alg::scatter(t, inputs, part.data(), bytes, root);
+                   });
+          expect(part == pattern(me, 3, bytes), "scatter " + from);
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+    CHECK(read.load() == expected_read);
+  }
+}
+
+TEST_CASE(
+    "all_to_all reads the parts at the threshold or above and carries the "
+    "smaller ones",
+    "[single_copy][all_to_all]") {
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "64"}});
+  for (int world : {1, 2, 3, 4, 7}) {
+    std::atomic<std::size_t> read{0};
+    // Rank r sends rank p (r * 3 + p * 5) % 41 int32 (0 to 160 bytes).
+    auto part_bytes = [](int from, int to) -> std::size_t {
+      return static_cast<std::size_t>((from * 3 + to * 5) % 41) * 4;
+    };
+    std::size_t expected_read = 0;
+    for (int from = 0; from < world; ++from) {
+      for (int to = 0; to < world; ++to) {
+        if (from != to && part_bytes(from, to) >= 64) {
+          expected_read += part_bytes(from, to);
+        }
+      }
+    }
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      std::vector<std::size_t> send_offsets, send_bytes, recv_offsets,
+          recv_bytes;
+      Bytes input, output;
+      for (int p = 0; p < world; ++p) {
+        send_offsets.push_back(input.size());
+        send_bytes.push_back(part_bytes(me, p));
+        const Bytes part = pattern(me, p, part_bytes(me, p));
+        input.insert(input.end(), part.begin(), part.end());
+        recv_offsets.push_back(output.size());
+        recv_bytes.push_back(part_bytes(p, me));
+        output.resize(output.size() + part_bytes(p, me), 0);
+      }
+      rank.run({Collective::kAllToAll, 0, DType::kI32, 0, ReduceOp::kSum, -1},
+               [&](CollectiveTransport& t) {
+                 alg::all_to_all(t, input.data(), send_offsets, send_bytes,
+                                 output.data(), recv_offsets, recv_bytes);
+               });
+      for (int p = 0; p < world; ++p) {
+        const Bytes got(output.begin() + recv_offsets[p],
+                        output.begin() + recv_offsets[p] + recv_bytes[p]);
+        expect(got == pattern(p, me, part_bytes(p, me)),
+               "part from rank " + std::to_string(p));
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+    CHECK(read.load() == expected_read);
+  }
+}
+
+TEST_CASE("below the threshold nothing is read", "[single_copy]") {
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1000000"}});
+  std::atomic<std::size_t> read{0};
+  auto errors = run_ranks(4, read, [&](Rank& rank) {
+    const std::size_t count = 20000;  // 80 KB
+    std::vector<Bytes> operands;
+    for (int r = 0; r < 4; ++r) {
+      operands.push_back(operand(r, count, DType::kI32, ReduceOp::kSum, 4));
+    }
+    Bytes data = operands[rank.rank()];
+    rank.run({Collective::kAllReduce, 0, DType::kI32,
+              static_cast<std::int64_t>(count), ReduceOp::kSum, -1},
+             [&](CollectiveTransport& t) {
+               alg::all_reduce(t, data.data(), data.data(), count, DType::kI32,
+                               ReduceOp::kSum);
+             });
+    expect(data == fold(operands, count, DType::kI32, ReduceOp::kSum),
+           "all_reduce");
+    std::vector<Bytes> blocks(4, Bytes(80000, 0));
+    blocks[rank.rank()] = pattern(rank.rank(), 0, 80000);
+    std::vector<void*> places;
+    for (Bytes& block : blocks) places.push_back(block.data());
+    rank.run(
+        {Collective::kAllGather, 0, DType::kU8, 80000, ReduceOp::kSum, -1},
+        [&](CollectiveTransport& t) { alg::all_gather(t, places, 80000); });
+    for (int r = 0; r < 4; ++r) {
+      expect(blocks[r] == pattern(r, 0, 80000), "all_gather");
+    }
+  });
+  check_all_ok(errors);
+  CHECK(read.load() == 0);
+}
+
+TEST_CASE(
+    "ranks that disagree on a size fail with MismatchError, reading "
+    "nothing",
+    "[single_copy][mismatch]") {
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"}});
+  SECTION("all_gather blocks of two sizes in one call") {
+    // The calls' headers agree; only the sizes the ranks offer differ, as
+    // they would where a caller's sizes disagree with its call.
+    std::atomic<std::size_t> read{0};
+    std::vector<std::string> mismatch(3);
+    auto errors = run_ranks(3, read, [&](Rank& rank) {
+      const std::size_t bytes = rank.rank() == 1 ? 2000 : 1000;
+      std::vector<Bytes> blocks(3, Bytes(bytes, 0));
+      std::vector<void*> places;
+      for (Bytes& block : blocks) places.push_back(block.data());
+      try {
+        rank.run(
+            {Collective::kAllGather, 0, DType::kU8, 1000, ReduceOp::kSum, -1},
+            [&](CollectiveTransport& t) { alg::all_gather(t, places, bytes); });
+      } catch (const comm::MismatchError& e) {
+        mismatch[rank.rank()] = e.what();
+      }
+    });
+    check_all_ok(errors);
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank " << r);
+      CHECK_THAT(mismatch[r], Catch::Contains("2000 bytes") ||
+                                  Catch::Contains("expects 2000"));
+    }
+    CHECK(read.load() == 0);
+  }
+  SECTION("all_to_all splits that disagree, through the process group") {
+    std::vector<std::string> thrown(2);
+    auto errors = comm::testing::run_ranks(
+        2,
+        [&](comm::ProcessGroup& group) {
+          const int me = group.rank();
+          // Rank 1 sends rank 0 1000 elements; rank 0 expects 2000.
+          comm::AllToAllOptions options;
+          options.input_split_sizes =
+              me == 0 ? std::vector<std::int64_t>{500, 500}
+                      : std::vector<std::int64_t>{1000, 500};
+          options.output_split_sizes =
+              me == 0 ? std::vector<std::int64_t>{500, 2000}
+                      : std::vector<std::int64_t>{500, 500};
+          const std::int64_t in = me == 0 ? 1000 : 1500;
+          const std::int64_t out = me == 0 ? 2500 : 1000;
+          comm::Tensor input = comm::Tensor::zeros({in}, DType::kF32);
+          comm::Tensor output = comm::Tensor::zeros({out}, DType::kF32);
+          try {
+            group.all_to_all(output, input, options)->wait();
+          } catch (const comm::MismatchError& e) {
+            thrown[me] = e.what();
+          }
+        },
+        10s);
+    comm::testing::check_all_ok(errors);
+    CHECK_THAT(thrown[0], Catch::Contains("4000 bytes") &&
+                              Catch::Contains("expects 8000"));
+    CHECK_THAT(thrown[1], Catch::Contains("4000 bytes"));
+  }
+}
+
+TEST_CASE("a rank that leaves a call makes its readers fail, naming it",
+          "[single_copy][failure]") {
+  // Rank 1 offers a buffer, sends its address, and withdraws it, as a rank
+  // that fails does; rank 0 reads it only afterwards. What it read must
+  // not pass for rank 1's data.
+  std::atomic<std::size_t> read{0};
+  std::string failure;
+  std::promise<void> finished;
+  auto done = finished.get_future().share();
+  auto errors = run_ranks(2, read, [&](Rank& rank) {
+    const CallInfo call{Collective::kBroadcast, 0, DType::kU8, 64,
+                        ReduceOp::kSum,         1};
+    if (rank.rank() == 1) {
+      Bytes data(64, 7);
+      rank.run(call, [&](CollectiveTransport& t) {
+        {
+          const alg::Offer offer(*t.peer_memory());
+          std::vector<std::vector<alg::Region>> mine(2);
+          mine[0] = {alg::region_of(data.data(), data.size())};
+          alg::trade_regions(t, {0}, mine, {}, 0);
+        }
+        alg::signal(t, {0}, {});  // withdrawn
+      });
+      done.wait();
+      return;
+    }
+    Bytes data(64, 0);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      rank.run(call, [&](CollectiveTransport& t) {
+        PeerMemory& memory = *t.peer_memory();
+        const auto theirs = alg::trade_regions(t, {}, {}, {1}, 1);
+        alg::signal(t, {}, {1});
+        memory.read(1, theirs[1][0].address, data.data(), data.size());
+        memory.confirm(1);
+      });
+      failure = "read a withdrawn buffer without an error";
+    } catch (const comm::PeerError& e) {
+      failure = e.peer_rank() == 1 ? "" : e.what();
+      if (std::string(e.what()).find("rank 1") == std::string::npos) {
+        failure = std::string("does not name rank 1: ") + e.what();
+      }
+    }
+    if (std::chrono::steady_clock::now() - start > 5s) failure += " (slow)";
+    finished.set_value();
+  });
+  check_all_ok(errors);
+  CHECK(failure == "");
+}
