@@ -284,25 +284,22 @@ void WorkLibcomm::complete_future(c10::ivalue::Future& future,
 }
 
 void WorkLibcomm::complete() {
-  // Only the epilogue runs under the once-flag. The Future's callbacks (a
-  // DDP comm hook, in Python) run after it, on the first thread here, so
-  // that a thread that holds the GIL and asks isCompleted() never waits
-  // for a callback that needs the GIL.
-  std::exception_ptr error;
-  bool first = false;
-  std::call_once(complete_once_, [&] {
-    first = true;
-    error = work_->exception();
-    if (!error && epilogue_) {
-      try {
-        epilogue_();
-      } catch (...) {
-        error = std::current_exception();
-      }
+  // The first caller runs the epilogue and completes the Future and the
+  // Work; the others return at once (wait() then waits for c10d::Work's
+  // completion). The Future's callbacks (a DDP comm hook, in Python) run
+  // on that first thread, under no lock, so that a thread that holds the
+  // GIL and asks isCompleted() never waits for a callback that needs the
+  // GIL. (std::call_once would cost a futex wake-up on every call.)
+  if (completing_.exchange(true, std::memory_order_acq_rel)) return;
+  std::exception_ptr error = work_->exception();
+  if (!error && epilogue_) {
+    try {
+      epilogue_();
+    } catch (...) {
+      error = std::current_exception();
     }
-    epilogue_ = nullptr;
-  });
-  if (!first) return;
+  }
+  epilogue_ = nullptr;
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(future_mutex_);

@@ -100,7 +100,7 @@ class WorkLibcomm final : public c10d::Work {
   const bool has_epilogue_;
   const std::shared_ptr<CompletionThread> completion_;
   const int cuda_device_;
-  std::once_flag complete_once_;
+  std::atomic<bool> completing_{false};  // set by complete()'s first call
   std::atomic<bool> watched_{false};
 
   // The Future is made when it is first asked for (most Works are waited
