@@ -33,8 +33,7 @@ the glue costs nothing).
 
 Needs /usr/bin/python3 with Debian's python3-torch (--python), and the build
 directory holding commdist.c10d (tools/setup installs libtorch-dev) and
-bench/all_reduce_perf: ninja -C build bench/all_reduce_perf and the
-bindings/python targets.
+bench/all_reduce_perf (tools/setup && ninja -C build).
 """
 import argparse
 import json
