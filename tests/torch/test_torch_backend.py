@@ -263,9 +263,91 @@ def test_registered_as_libcomm():
                       dist.ProcessGroup)
 
 
-def test_cuda_tensors():
-    if not torch.cuda.is_available():
-        pytest.skip("this torch has no CUDA (Debian's python3-torch is "
-                    "CPU-only); the backend serves CPU tensors")
-    pytest.fail("a torch with CUDA: CUDA tensors through the NCCL backend "
-                "are not implemented in commdist.c10d yet")
+def cuda_world(wanted):
+    """The world size of a test on CUDA tensors: one GPU per rank, as NCCL
+    requires, at most `wanted`; or the test skips, saying why."""
+    import commdist
+    if torch.version.cuda is None:
+        pytest.skip("torch was built without CUDA (Debian's python3-torch is "
+                    "CPU-only), so there are no CUDA tensors to test")
+    if not commdist.is_nccl_available():
+        pytest.skip(commdist.c10d.cuda_support())
+    if torch.cuda.device_count() == 0:
+        pytest.skip("torch has CUDA but sees no CUDA device")
+    return min(wanted, torch.cuda.device_count())
+
+
+def test_cuda_support_is_reported():
+    import commdist
+    sentence = commdist.c10d.cuda_support()
+    if commdist.is_nccl_available():
+        assert sentence.startswith("CUDA tensors go over libcomm's NCCL "
+                                   "backend"), sentence
+    else:
+        assert "refused" in sentence and "NCCL" in sentence, sentence
+
+
+def test_cuda_collectives_run_after_torch_stream(tmp_path):
+    world = cuda_world(2)
+    out = run_ranks(tmp_path, "cuda", "libcomm", world=world)
+
+    def close(actual, expected, where):
+        assert actual.dtype == expected.dtype, where
+        assert torch.allclose(actual, expected, rtol=1e-6, atol=0), \
+            f"{where}: {actual} vs {expected}"
+
+    def total(salt, count, dtype=torch.float32):
+        return sum(data(salt, count, dtype, rank=r) for r in range(world))
+
+    for rank in range(world):
+        saved = load(out, rank)
+        close(saved["all_reduce"], total(1, 33), "all_reduce")
+        peak = data(1, 33, torch.bfloat16, rank=0)
+        for r in range(1, world):
+            peak = torch.maximum(peak, data(1, 33, torch.bfloat16, rank=r))
+        close(saved["all_reduce/bf16/max"], peak, "bf16 max")
+        close(saved["all_reduce/async"], total(2, 11), "async")
+        close(saved["all_reduce/future_then"], 2 * total(2, 11), "then")
+        wide = data(3, 24, rank=rank).view(4, 6)
+        wide[:, 1] = sum(data(3, 24, rank=r).view(4, 6)[:, 1]
+                         for r in range(world))
+        close(saved["all_reduce/non_contiguous"], wide, "non-contiguous")
+        close(saved["all_reduce_coalesced"][0], total(5, 4), "coalesced")
+        close(saved["all_reduce_coalesced"][1], total(6, 6).view(2, 3),
+              "coalesced")
+        close(saved["broadcast"], data(7, 11, rank=0), "broadcast")
+        for r in range(world):
+            close(saved["all_gather"][r], data(8, 6, rank=r), "all_gather")
+        close(saved["all_gather_into_tensor"],
+              torch.cat([data(9, 6, rank=r) for r in range(world)]),
+              "all_gather_into_tensor")
+        close(saved["reduce_scatter_tensor"],
+              total(30, 4 * world)[4 * rank:4 * rank + 4],
+              "reduce_scatter_tensor")
+        close(saved["all_to_all_single"],
+              torch.cat([data(40, 2 * world, rank=r)[2 * rank:2 * rank + 2]
+                         for r in range(world)]), "all_to_all_single")
+        if world > 1:
+            close(saved["isend_irecv"], data(61, 8, rank=(rank - 1) % world),
+                  "isend_irecv")
+        assert saved["mixed"] is not None, "a CPU and CUDA mix was accepted"
+        assert "in one call" in saved["mixed"], saved["mixed"]
+        assert "cuda:" in saved["mixed"] and "cpu" in saved["mixed"], \
+            saved["mixed"]
+        close(saved["after"], torch.full((4,), float(world)), "after")
+
+
+def test_cuda_ddp_trains_as_gloo_on_cpu(tmp_path):
+    world = cuda_world(2)
+    finals = {}
+    for backend, variant in [("gloo", ""), ("libcomm", "cuda")]:
+        out = run_ranks(tmp_path, "ddp", backend, world=world,
+                        variant=variant)
+        finals[backend] = [load(out, rank) for rank in range(world)]
+    for rank in range(1, world):
+        assert_bitwise_equal(finals["libcomm"][0], finals["libcomm"][rank],
+                             f"libcomm on CUDA: rank 0 vs rank {rank}")
+    # The GPU's arithmetic differs from the CPU's in the last bits.
+    for name, value in finals["gloo"][0].items():
+        assert torch.allclose(finals["libcomm"][0][name], value, rtol=1e-4,
+                              atol=1e-5), name

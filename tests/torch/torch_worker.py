@@ -54,31 +54,39 @@ class ToyModel(nn.Module):
         return self.net2(self.relu(self.net1(x)))
 
 
-def batch(step):
+def batch(step, device="cpu"):
     generator = torch.Generator().manual_seed(1000 * step + RANK)
-    return (torch.randn(20, 10, generator=generator),
-            torch.randn(20, 5, generator=generator))
+    return (torch.randn(20, 10, generator=generator).to(device),
+            torch.randn(20, 5, generator=generator).to(device))
 
 
-def train(model, optimizer, steps, first_step, variant):
+def train(model, optimizer, steps, first_step, variant, device="cpu"):
     loss_fn = nn.MSELoss()
     for step in range(first_step, first_step + steps):
-        inputs, labels = batch(step)
+        inputs, labels = batch(step, device)
         optimizer.zero_grad()
         if variant == "no_sync" and step % 2 == 0:
             # Accumulate this step's gradients locally; the next step's
             # backward synchronizes both.
             with model.no_sync():
                 loss_fn(model(inputs), labels).backward()
-            inputs, labels = batch(step + 500)
+            inputs, labels = batch(step + 500, device)
         loss_fn(model(inputs), labels).backward()
         optimizer.step()
 
 
 def scenario_ddp(out_dir, variant):
+    """Variant "cuda": the model and the batches on cuda:RANK (one GPU per
+    rank, as NCCL requires)."""
     torch.manual_seed(RANK)  # DDP must broadcast rank 0's parameters
     model = ToyModel(unused_branch=variant == "find_unused")
+    device = "cpu"
     options = {}
+    if variant == "cuda":
+        device = f"cuda:{RANK}"
+        torch.cuda.set_device(device)
+        model = model.to(device)
+        options["device_ids"] = [RANK]
     if variant == "find_unused":
         options["find_unused_parameters"] = True
     if variant == "bucket_view":
@@ -93,16 +101,17 @@ def scenario_ddp(out_dir, variant):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     optimizer = optim.SGD(ddp.parameters(), lr=0.01)
-    train(ddp, optimizer, 6, 0, variant)
+    train(ddp, optimizer, 6, 0, variant, device)
 
     # The tutorial's checkpoint: saved on rank 0, loaded on every rank.
     checkpoint = os.path.join(out_dir, "checkpoint.pt")
     if RANK == 0:
         torch.save(ddp.state_dict(), checkpoint)
     dist.barrier()
-    ddp.load_state_dict(torch.load(checkpoint, map_location="cpu"))
-    train(ddp, optimizer, 6, 6, variant)
-    state = {name: p.detach().clone() for name, p in ddp.named_parameters()}
+    ddp.load_state_dict(torch.load(checkpoint, map_location=device))
+    train(ddp, optimizer, 6, 6, variant, device)
+    state = {name: p.detach().cpu().clone()
+             for name, p in ddp.named_parameters()}
     torch.save(state, os.path.join(out_dir, f"rank{RANK}.pt"))
 
 
@@ -254,6 +263,81 @@ def scenario_collectives(out_dir, _variant):
     dist.scatter_object_list(received, [f"for {r}" for r in range(WORLD)]
                              if RANK == 0 else None, src=0)
     results["scatter_object_list"] = received
+    torch.save(results, os.path.join(out_dir, f"rank{RANK}.pt"))
+
+
+# ---- CUDA tensors (a torch with CUDA, one GPU per rank) -------------------
+
+
+def scenario_cuda(out_dir, _variant):
+    """Collectives on CUDA tensors of cuda:RANK, made on a side stream behind
+    a kernel that keeps the GPU busy: a collective that did not wait for
+    the stream would read its input before it is written. Each result is
+    read on that stream right after the call. Saved on the CPU; the test
+    checks them against references."""
+    device = torch.device("cuda", RANK)
+    torch.cuda.set_device(device)
+    results = {}
+    stream = torch.cuda.Stream(device)
+
+    def made_late(tensor):
+        copied = tensor.to(device)
+        torch.cuda._sleep(50_000_000)  # some tens of milliseconds
+        return copied * 1
+
+    with torch.cuda.stream(stream):
+        tensor = made_late(data(1, 33))
+        dist.all_reduce(tensor)
+        results["all_reduce"] = tensor.cpu()
+        tensor = made_late(data(1, 33, torch.bfloat16))
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        results["all_reduce/bf16/max"] = tensor.cpu()
+        tensor = made_late(data(2, 11))
+        work = dist.all_reduce(tensor, async_op=True)
+        future = work.get_future().then(lambda f: f.value()[0] * 2)
+        results["all_reduce/future_then"] = future.wait().cpu()
+        work.wait()
+        results["all_reduce/async"] = tensor.cpu()
+        wide = made_late(data(3, 24).view(4, 6))
+        dist.all_reduce(wide[:, 1])  # staged through a contiguous copy
+        results["all_reduce/non_contiguous"] = wide.cpu()
+        coalesced = [made_late(data(5, 4)), made_late(data(6, 6).view(2, 3))]
+        dist.all_reduce_coalesced(coalesced)
+        results["all_reduce_coalesced"] = [t.cpu() for t in coalesced]
+        tensor = made_late(data(7, 11))
+        dist.broadcast(tensor, src=0)
+        results["broadcast"] = tensor.cpu()
+        gathered = [torch.zeros(6, device=device) for _ in range(WORLD)]
+        dist.all_gather(gathered, made_late(data(8, 6)))
+        results["all_gather"] = [t.cpu() for t in gathered]
+        flat = torch.zeros(WORLD * 6, device=device)
+        dist.all_gather_into_tensor(flat, made_late(data(9, 6)))
+        results["all_gather_into_tensor"] = flat.cpu()
+        target = torch.zeros(4, device=device)
+        dist.reduce_scatter_tensor(target, made_late(data(30, 4 * WORLD)))
+        results["reduce_scatter_tensor"] = target.cpu()
+        target = torch.zeros(2 * WORLD, device=device)
+        dist.all_to_all_single(target, made_late(data(40, 2 * WORLD)))
+        results["all_to_all_single"] = target.cpu()
+        if WORLD > 1:
+            right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+            target = torch.zeros(8, device=device)
+            requests = [dist.isend(made_late(data(61, 8)), dst=right),
+                        dist.irecv(target, src=left)]
+            for request in requests:
+                request.wait()
+            results["isend_irecv"] = target.cpu()
+    torch.cuda.synchronize(device)
+    # A call mixing CPU and CUDA tensors fails at the call, on this rank.
+    try:
+        dist.all_gather([torch.zeros(3, device=device) for _ in range(WORLD)],
+                        torch.ones(3))
+        results["mixed"] = None
+    except (RuntimeError, ValueError) as error:
+        results["mixed"] = str(error)
+    tensor = torch.ones(4, device=device)
+    dist.all_reduce(tensor)  # the group is still usable
+    results["after"] = tensor.cpu()
     torch.save(results, os.path.join(out_dir, f"rank{RANK}.pt"))
 
 

@@ -8,18 +8,21 @@ torch.distributed::
     dist.init_process_group("libcomm", init_method="env://")
 
 Every torch.distributed call, and torch's DistributedDataParallel, then runs
-on libcomm's TCP backend for CPU tensors. The group joins through the store
-torch sets up for the init method (env://, tcp://, file://, or a Store
-given to init_process_group), exactly as gloo does.
+on libcomm: CPU tensors over its TCP backend, CUDA tensors (with a torch
+built with CUDA) over its NCCL backend; cuda_support() says what this build
+does with them. The group joins through the store torch sets up for the
+init method (env://, tcp://, file://, or a Store given to
+init_process_group), exactly as gloo does.
 """
 
 import torch.distributed as _dist
 
-from ._C import ProcessGroupLibcomm, create_process_group
+from ._C import ProcessGroupLibcomm, create_process_group, cuda_support
 
 BACKEND = "libcomm"
 
 if BACKEND.upper() not in _dist.Backend._plugins:
     _dist.Backend.register_backend(BACKEND, create_process_group)
 
-__all__ = ["BACKEND", "ProcessGroupLibcomm", "create_process_group"]
+__all__ = ["BACKEND", "ProcessGroupLibcomm", "create_process_group",
+           "cuda_support"]

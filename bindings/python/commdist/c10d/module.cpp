@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "process_group_libcomm.h"
+#include "torch_cuda.h"
 
 namespace py = pybind11;
 
@@ -34,7 +35,8 @@ PYBIND11_MODULE(_C, module) {
              c10::intrusive_ptr<commdist_c10d::ProcessGroupLibcomm>,
              c10d::ProcessGroup>(module, "ProcessGroupLibcomm",
                                  "torch.distributed's ProcessGroup over "
-                                 "libcomm's TCP backend (CPU tensors)")
+                                 "libcomm: CPU tensors over its TCP backend, "
+                                 "CUDA tensors over its NCCL backend")
       .def(py::init<const c10::intrusive_ptr<c10d::Store>&, int, int,
                     std::chrono::milliseconds>(),
            py::arg("store"), py::arg("rank"), py::arg("size"),
@@ -51,4 +53,7 @@ PYBIND11_MODULE(_C, module) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::call_guard<py::gil_scoped_release>());
+
+  module.def("cuda_support", &commdist_c10d::cuda_support,
+             "What this build does with CUDA tensors, in one sentence.");
 }

@@ -4,10 +4,12 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "libcomm/error.h"
+#include "torch_cuda.h"
 #include "torch_store.h"
 
 namespace commdist_c10d {
@@ -60,46 +62,67 @@ comm::ReduceOp op_of(const c10d::ReduceOp& op, const char* call) {
   }
 }
 
-void check_cpu(const at::Tensor& tensor, const char* call) {
-  if (!tensor.defined()) {
-    throw comm::InvalidArgument(where(call) + "a tensor is undefined");
-  }
-  if (tensor.layout() != at::kStrided) {
-    throw comm::UnsupportedError(where(call) +
-                                 "only dense (strided) tensors are supported");
-  }
-  if (!tensor.device().is_cpu()) {
-    throw comm::UnsupportedError(
-        where(call) + "the tensor is on " + tensor.device().str() +
-        "; this backend serves CPU tensors (use backend \"nccl\" for CUDA "
-        "tensors, or libcomm's own API)");
-  }
-}
-
-// Views a contiguous CPU tensor as a comm::Tensor without a copy. The view
-// keeps torch's storage alive (not the Python tensor object, so dropping
-// it never needs the GIL) until libcomm lets go of it.
+// Views a contiguous CPU or CUDA tensor as a comm::Tensor without a copy.
+// The view keeps torch's storage alive (not the Python tensor object, so
+// dropping it never needs the GIL) until libcomm lets go of it, which for
+// CUDA memory is once the operation has run on the GPU.
 comm::Tensor view_of(const at::Tensor& tensor, const char* call) {
   comm::DType dtype = dtype_of(tensor, call);
   comm::Shape shape(tensor.sizes().begin(), tensor.sizes().end());
-  return comm::Tensor::from_blob(tensor.data_ptr(), shape, dtype,
-                                 comm::Device::cpu(),
+  const comm::Device device = tensor.is_cuda()
+                                  ? comm::Device::cuda(tensor.device().index())
+                                  : comm::Device::cpu();
+  return comm::Tensor::from_blob(tensor.data_ptr(), shape, dtype, device,
                                  [storage = tensor.storage()](void*) {});
 }
 
+}  // namespace
+
 // Builds the comm::Tensors of one call, staging non-contiguous tensors
 // through contiguous copies, and the epilogue that copies results back.
+// Every tensor it is given is checked: dense, and on the CPU or on CUDA,
+// all of the call's on the same device.
 class Staging {
  public:
   explicit Staging(const char* call) : call_(call) {}
 
+  const char* call() const { return call_; }
+  // The CUDA ordinal of the call's tensors, or -1 for CPU tensors.
+  int cuda_device() const { return cuda_device_; }
+
+  void check(const at::Tensor& tensor) {
+    if (!tensor.defined()) {
+      throw comm::InvalidArgument(where(call_) + "a tensor is undefined");
+    }
+    if (tensor.layout() != at::kStrided) {
+      throw comm::UnsupportedError(
+          where(call_) + "only dense (strided) tensors are supported");
+    }
+    const at::Device device = tensor.device();
+    if (!device.is_cpu() && !device.is_cuda()) {
+      throw comm::UnsupportedError(
+          where(call_) + "the tensor is on " + device.str() +
+          "; this backend serves CPU and CUDA tensors");
+    }
+    if (!first_device_) {
+      first_device_ = device;
+      cuda_device_ = device.is_cuda() ? device.index() : -1;
+    } else if (device != *first_device_) {
+      throw comm::InvalidArgument(
+          where(call_) + "a tensor on " + first_device_->str() +
+          " and one on " + device.str() +
+          " in one call; the tensors of a call must all be CPU tensors or "
+          "all CUDA tensors on one device");
+    }
+  }
+
   comm::Tensor input(const at::Tensor& tensor) {
-    check_cpu(tensor, call_);
+    check(tensor);
     return view_of(tensor.contiguous(), call_);
   }
 
   comm::Tensor output(const at::Tensor& tensor) {
-    check_cpu(tensor, call_);
+    check(tensor);
     if (tensor.is_contiguous()) return view_of(tensor, call_);
     at::Tensor staged = tensor.contiguous();
     copy_back(tensor, staged);
@@ -112,11 +135,15 @@ class Staging {
     copies_.emplace_back(std::move(destination), std::move(source));
   }
 
+  // The copies run on the current stream of the thread that completes the
+  // Work; a CUDA staging buffer is then recorded on that stream, since it
+  // was allocated on the stream current where the call was made.
   std::function<void()> epilogue() {
     if (copies_.empty()) return {};
     return [copies = std::move(copies_)] {
       for (const auto& [destination, source] : copies) {
         destination.copy_(source.view(destination.sizes()));
+        record_on_current_stream(source);
       }
     };
   }
@@ -130,7 +157,7 @@ class Staging {
     std::vector<at::Tensor> flat;
     flat.reserve(tensors.size());
     for (const at::Tensor& tensor : tensors) {
-      check_cpu(tensor, call_);
+      check(tensor);
       if (tensor.scalar_type() != tensors.front().scalar_type()) {
         throw comm::InvalidArgument(
             where(call_) + "the tensors must share one dtype; got " +
@@ -147,7 +174,7 @@ class Staging {
   void unflatten(const std::vector<at::Tensor>& tensors, const at::Tensor& flat,
                  std::int64_t offset = 0) {
     for (const at::Tensor& tensor : tensors) {
-      check_cpu(tensor, call_);
+      check(tensor);
       copy_back(tensor, flat.narrow(0, offset, tensor.numel()));
       offset += tensor.numel();
     }
@@ -155,8 +182,12 @@ class Staging {
 
  private:
   const char* call_;
+  std::optional<at::Device> first_device_;
+  int cuda_device_ = -1;
   std::vector<std::pair<at::Tensor, at::Tensor>> copies_;
 };
+
+namespace {
 
 at::Tensor& single(std::vector<at::Tensor>& tensors, const char* call) {
   if (tensors.size() != 1) {
@@ -197,46 +228,87 @@ void check_root(int64_t root_tensor, const char* call) {
 
 // ---- WorkLibcomm -----------------------------------------------------------
 
+namespace {
+
+// Blocks the host until `work` is complete, whatever its outcome. An
+// operation has a timeout of its own, so this ends; it waits in long
+// bounded steps because the NCCL backend's unbounded wait() does not block
+// the host.
+void wait_on_host(comm::Work& work) {
+  while (!work.is_completed()) {
+    try {
+      work.wait(std::chrono::hours(1));
+    } catch (...) {
+      // The operation's error (complete() delivers it) or the hour passed.
+    }
+  }
+}
+
+}  // namespace
+
 WorkLibcomm::WorkLibcomm(int rank, c10d::OpType type,
                          std::shared_ptr<comm::Work> work,
                          std::vector<at::Tensor> outputs,
                          std::function<void()> epilogue,
-                         std::shared_ptr<CompletionThread> completion)
+                         std::shared_ptr<CompletionThread> completion,
+                         int cuda_device)
     : c10d::Work(rank, type),
       work_(std::move(work)),
       outputs_(std::move(outputs)),
       epilogue_(std::move(epilogue)),
+      has_epilogue_(bool(epilogue_)),
       completion_(std::move(completion)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      cuda_device_(cuda_device) {
+  if (cuda_device_ >= 0) future_ = make_future();
+}
 
 WorkLibcomm::~WorkLibcomm() = default;
 
-void WorkLibcomm::complete() {
-  // Only the epilogue runs under the once-flag. The Future's callbacks (a
-  // DDP comm hook, in Python) run after it, on the first thread here, so
-  // that a thread that holds the GIL and asks isCompleted() never waits
-  // for a callback that needs the GIL.
-  std::exception_ptr error;
-  bool first = false;
-  std::call_once(complete_once_, [&] {
-    first = true;
-    error = work_->exception();
-    if (!error && epilogue_) {
-      try {
-        epilogue_();
-      } catch (...) {
-        error = std::current_exception();
-      }
-    }
-    epilogue_ = nullptr;
-  });
-  if (!first) return;
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+c10::intrusive_ptr<c10::ivalue::Future> WorkLibcomm::make_future() const {
+  std::vector<c10::Device> devices;
+  if (cuda_device_ >= 0) {
+    devices.emplace_back(c10::DeviceType::CUDA,
+                         static_cast<c10::DeviceIndex>(cuda_device_));
   }
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors(),
+                                                  std::move(devices));
+}
+
+void WorkLibcomm::complete_future(c10::ivalue::Future& future,
+                                  std::exception_ptr error) {
+  if (error) {
+    future.setError(error);
+  } else {
+    future.markCompleted(c10::IValue(outputs_));
+  }
+}
+
+void WorkLibcomm::complete() {
+  // The first caller runs the epilogue and completes the Future and the
+  // Work; the others return at once (wait() then waits for c10d::Work's
+  // completion). The Future's callbacks (a DDP comm hook, in Python) run
+  // on that first thread, under no lock, so that a thread that holds the
+  // GIL and asks isCompleted() never waits for a callback that needs the
+  // GIL. (std::call_once would cost a futex wake-up on every call.)
+  if (completing_.exchange(true, std::memory_order_acq_rel)) return;
+  std::exception_ptr error = work_->exception();
+  if (!error && epilogue_) {
+    try {
+      epilogue_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  epilogue_ = nullptr;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(future_mutex_);
+    outcome_known_ = true;
+    outcome_error_ = error;
+    future = future_;
+  }
+  // A Future made after this point is set by getFuture().
+  if (future) complete_future(*future, error);
   finish(error);
 }
 
@@ -272,10 +344,22 @@ int WorkLibcomm::sourceRank() const {
 std::vector<at::Tensor> WorkLibcomm::result() { return outputs_; }
 
 bool WorkLibcomm::wait(std::chrono::milliseconds timeout) {
+  const bool unbounded = timeout == ::kNoTimeout;
   try {
-    // Waiting at once runs the operation on this thread (libcomm's fast
-    // path); a failed operation throws here and again below.
-    work_->wait(timeout == ::kNoTimeout ? comm::Work::kNoTimeout : timeout);
+    if (cuda_device_ < 0 || !unbounded) {
+      // Waiting at once on CPU tensors runs the operation on this thread
+      // (libcomm's fast path); a bounded wait blocks the host. A failed
+      // operation throws here and again below.
+      work_->wait(unbounded ? comm::Work::kNoTimeout : timeout);
+    } else if (orders_on_torch_streams() && !has_epilogue_) {
+      // Torch's current stream waits for the operation; the host goes on,
+      // and the Work completes when the GPU is done.
+      TorchStreamScope scope(cuda_device_);
+      work_->wait(comm::Work::kNoTimeout);
+      return true;
+    } else {
+      wait_on_host(*work_);
+    }
   } catch (...) {
     if (!work_->is_completed()) throw;  // timed out; the operation goes on
   }
@@ -284,6 +368,10 @@ bool WorkLibcomm::wait(std::chrono::milliseconds timeout) {
 }
 
 void WorkLibcomm::wait_for_libcomm() {
+  if (cuda_device_ >= 0) {
+    wait_on_host(*work_);
+    return;
+  }
   try {
     work_->wait(comm::Work::kNoTimeout);
   } catch (...) {
@@ -292,6 +380,20 @@ void WorkLibcomm::wait_for_libcomm() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkLibcomm::getFuture() {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  bool set_now = false;
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(future_mutex_);
+    if (!future_) {
+      future_ = make_future();
+      // complete() has run without a Future to set.
+      set_now = outcome_known_;
+      error = outcome_error_;
+    }
+    future = future_;
+  }
+  if (set_now) complete_future(*future, error);
   if (!watched_.exchange(true)) {
     if (work_->is_completed()) {
       complete();
@@ -299,7 +401,7 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLibcomm::getFuture() {
       completion_->watch(c10::intrusive_ptr<WorkLibcomm>::reclaim_copy(this));
     }
   }
-  return future_;
+  return future;
 }
 
 // ---- CompletionThread ------------------------------------------------------
@@ -356,9 +458,10 @@ ProcessGroupLibcomm::ProcessGroupLibcomm(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout)
     : c10d::ProcessGroup(rank, size),
-      group_(std::make_shared<comm::ProcessGroup>(
-          std::make_shared<TorchStore>(store, timeout), rank, size, "tcp",
-          timeout, "torch")),
+      store_(std::make_shared<TorchStore>(store, timeout)),
+      timeout_(timeout),
+      group_(std::make_shared<comm::ProcessGroup>(store_, rank, size, "tcp",
+                                                  timeout, "torch")),
       completion_(CompletionThread::start()) {
   init();
 }
@@ -370,6 +473,13 @@ ProcessGroupLibcomm::~ProcessGroupLibcomm() {
     group_->shutdown();
   } catch (...) {
   }
+  {
+    std::lock_guard<std::mutex> lock(cuda_mutex_);
+    try {
+      if (cuda_group_) cuda_group_->shutdown();
+    } catch (...) {
+    }
+  }
   if (release_gil_while != nullptr) {
     release_gil_while([this] { completion_->stop(); });
   } else {
@@ -380,12 +490,39 @@ ProcessGroupLibcomm::~ProcessGroupLibcomm() {
 void (*ProcessGroupLibcomm::release_gil_while)(
     const std::function<void()>& wait) = nullptr;
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::make_work(
-    c10d::OpType type, std::shared_ptr<comm::Work> work,
-    std::vector<at::Tensor> outputs, std::function<void()> epilogue) {
-  return c10::make_intrusive<WorkLibcomm>(getRank(), type, std::move(work),
-                                          std::move(outputs),
-                                          std::move(epilogue), completion_);
+comm::ProcessGroup& ProcessGroupLibcomm::cuda_group(const char* call) {
+  std::lock_guard<std::mutex> lock(cuda_mutex_);
+  if (!cuda_group_) {
+    // Its own scope of the store, beside the CPU group's "torch"; the NCCL
+    // backend binds to a device, and meets its peers, at its first call.
+    try {
+      cuda_group_ = std::make_shared<comm::ProcessGroup>(
+          store_, getRank(), getSize(), "nccl", timeout_, "torch-cuda");
+    } catch (const comm::UnsupportedError& error) {
+      throw comm::UnsupportedError(
+          where(call) +
+          "CUDA tensors go over libcomm's NCCL backend: " + error.what());
+    }
+  }
+  return *cuda_group_;
+}
+
+template <typename Issue>
+c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::run(
+    c10d::OpType type, Staging& staging, std::vector<at::Tensor> outputs,
+    Issue&& issue) {
+  const int device = staging.cuda_device();
+  std::shared_ptr<comm::Work> work;
+  if (device < 0) {
+    work = issue(*group_);
+  } else {
+    comm::ProcessGroup& group = cuda_group(staging.call());
+    TorchStreamScope scope(device);
+    work = issue(group);
+  }
+  return c10::make_intrusive<WorkLibcomm>(
+      getRank(), type, std::move(work), std::move(outputs), staging.epilogue(),
+      completion_, device);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::broadcast(
@@ -394,10 +531,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::broadcast(
   check_root(opts.rootTensor, call);
   Staging staging(call);
   comm::Tensor tensor = staging.output(single(tensors, call));
-  auto work = group_->broadcast(
-      tensor, {.root = int(opts.rootRank), .timeout = opts.timeout});
-  return make_work(c10d::OpType::BROADCAST, std::move(work), tensors,
-                   staging.epilogue());
+  return run(c10d::OpType::BROADCAST, staging, tensors,
+             [&](comm::ProcessGroup& group) {
+               return group.broadcast(tensor, {.root = int(opts.rootRank),
+                                               .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allreduce(
@@ -405,10 +543,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allreduce(
   constexpr const char* call = "allreduce";
   Staging staging(call);
   comm::Tensor tensor = staging.output(single(tensors, call));
-  auto work = group_->all_reduce(
-      tensor, {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
-  return make_work(c10d::OpType::ALLREDUCE, std::move(work), tensors,
-                   staging.epilogue());
+  return run(c10d::OpType::ALLREDUCE, staging, tensors,
+             [&](comm::ProcessGroup& group) {
+               return group.all_reduce(
+                   tensor,
+                   {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allreduce_coalesced(
@@ -419,10 +559,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allreduce_coalesced(
   at::Tensor flat = staging.flatten(tensors);
   staging.unflatten(tensors, flat);
   comm::Tensor tensor = view_of(flat, call);
-  auto work = group_->all_reduce(
-      tensor, {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
-  return make_work(c10d::OpType::ALLREDUCE_COALESCED, std::move(work), tensors,
-                   staging.epilogue());
+  return run(c10d::OpType::ALLREDUCE_COALESCED, staging, tensors,
+             [&](comm::ProcessGroup& group) {
+               return group.all_reduce(
+                   tensor,
+                   {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce(
@@ -431,11 +573,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce(
   check_root(opts.rootTensor, call);
   Staging staging(call);
   comm::Tensor tensor = staging.output(single(tensors, call));
-  auto work = group_->reduce(tensor, {.root = int(opts.rootRank),
-                                      .op = op_of(opts.reduceOp, call),
-                                      .timeout = opts.timeout});
-  return make_work(c10d::OpType::REDUCE, std::move(work), tensors,
-                   staging.epilogue());
+  return run(c10d::OpType::REDUCE, staging, tensors,
+             [&](comm::ProcessGroup& group) {
+               return group.reduce(tensor, {.root = int(opts.rootRank),
+                                            .op = op_of(opts.reduceOp, call),
+                                            .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather(
@@ -450,9 +593,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather(
   views.reserve(targets.size());
   for (const at::Tensor& target : targets)
     views.push_back(staging.output(target));
-  auto work = group_->all_gather(views, input, {.timeout = opts.timeout});
-  return make_work(c10d::OpType::ALLGATHER, std::move(work), targets,
-                   staging.epilogue());
+  return run(c10d::OpType::ALLGATHER, staging, targets,
+             [&](comm::ProcessGroup& group) {
+               return group.all_gather(views, input, {.timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_allgather_base(
@@ -461,9 +605,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_allgather_base(
   Staging staging(call);
   comm::Tensor in = staging.input(input);
   comm::Tensor out = staging.output(output);
-  auto work = group_->all_gather_into(out, in, {.timeout = opts.timeout});
-  return make_work(c10d::OpType::_ALLGATHER_BASE, std::move(work), {output},
-                   staging.epilogue());
+  return run(c10d::OpType::_ALLGATHER_BASE, staging, {output},
+             [&](comm::ProcessGroup& group) {
+               return group.all_gather_into(out, in, {.timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather_coalesced(
@@ -503,9 +648,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather_coalesced(
   }
   comm::Tensor in = view_of(flat_input, call);
   comm::Tensor out = view_of(flat_output, call);
-  auto work = group_->all_gather_into(out, in, {.timeout = opts.timeout});
-  return make_work(c10d::OpType::ALLGATHER_COALESCED, std::move(work),
-                   std::move(results), staging.epilogue());
+  return run(c10d::OpType::ALLGATHER_COALESCED, staging, std::move(results),
+             [&](comm::ProcessGroup& group) {
+               return group.all_gather_into(out, in, {.timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::gather(
@@ -525,10 +671,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::gather(
     throw comm::InvalidArgument(where(call) +
                                 "only the root rank passes output tensors");
   }
-  auto work = group_->gather(
-      views, input, {.root = int(opts.rootRank), .timeout = opts.timeout});
-  return make_work(c10d::OpType::GATHER, std::move(work), std::move(results),
-                   staging.epilogue());
+  return run(c10d::OpType::GATHER, staging, std::move(results),
+             [&](comm::ProcessGroup& group) {
+               return group.gather(
+                   views, input,
+                   {.root = int(opts.rootRank), .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::scatter(
@@ -548,10 +696,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::scatter(
     throw comm::InvalidArgument(where(call) +
                                 "only the root rank passes input tensors");
   }
-  auto work = group_->scatter(
-      output, views, {.root = int(opts.rootRank), .timeout = opts.timeout});
-  return make_work(c10d::OpType::SCATTER, std::move(work), outputs,
-                   staging.epilogue());
+  return run(c10d::OpType::SCATTER, staging, outputs,
+             [&](comm::ProcessGroup& group) {
+               return group.scatter(
+                   output, views,
+                   {.root = int(opts.rootRank), .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce_scatter(
@@ -566,11 +716,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce_scatter(
        per_rank(inputs, getSize(), call, "the input")) {
     views.push_back(staging.input(source));
   }
-  auto work = group_->reduce_scatter(
-      output, views,
-      {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
-  return make_work(c10d::OpType::REDUCE_SCATTER, std::move(work), outputs,
-                   staging.epilogue());
+  return run(c10d::OpType::REDUCE_SCATTER, staging, outputs,
+             [&](comm::ProcessGroup& group) {
+               return group.reduce_scatter(
+                   output, views,
+                   {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_reduce_scatter_base(
@@ -579,7 +730,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_reduce_scatter_base(
   constexpr const char* call = "_reduce_scatter_base";
   Staging staging(call);
   comm::Tensor out = staging.output(output);
-  check_cpu(input, call);
+  staging.check(input);
   if (input.numel() != output.numel() * getSize()) {
     throw comm::InvalidArgument(
         where(call) + "the input holds " + std::to_string(input.numel()) +
@@ -594,10 +745,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_reduce_scatter_base(
         flat.narrow(0, r * output.numel(), output.numel()).view(output.sizes()),
         call));
   }
-  auto work = group_->reduce_scatter(
-      out, views, {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
-  return make_work(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(work),
-                   {output}, staging.epilogue());
+  return run(c10d::OpType::_REDUCE_SCATTER_BASE, staging, {output},
+             [&](comm::ProcessGroup& group) {
+               return group.reduce_scatter(
+                   out, views,
+                   {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::alltoall_base(
@@ -609,12 +762,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::alltoall_base(
   Staging staging(call);
   comm::Tensor in = staging.input(input);
   comm::Tensor out = staging.output(output);
-  auto work = group_->all_to_all(out, in,
-                                 {.input_split_sizes = input_split_sizes,
-                                  .output_split_sizes = output_split_sizes,
-                                  .timeout = opts.timeout});
-  return make_work(c10d::OpType::ALLTOALL_BASE, std::move(work), {output},
-                   staging.epilogue());
+  return run(c10d::OpType::ALLTOALL_BASE, staging, {output},
+             [&](comm::ProcessGroup& group) {
+               return group.all_to_all(
+                   out, in,
+                   {.input_split_sizes = input_split_sizes,
+                    .output_split_sizes = output_split_sizes,
+                    .timeout = opts.timeout});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::alltoall(
@@ -646,13 +801,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::alltoall(
   staging.unflatten(outputs, flat_output);
   comm::Tensor in = view_of(flat_input, call);
   comm::Tensor out = view_of(flat_output, call);
-  auto work =
-      group_->all_to_all(out, in,
-                         {.input_split_sizes = std::move(input_splits),
-                          .output_split_sizes = std::move(output_splits),
-                          .timeout = opts.timeout});
-  return make_work(c10d::OpType::ALLTOALL, std::move(work), outputs,
-                   staging.epilogue());
+  return run(
+      c10d::OpType::ALLTOALL, staging, outputs, [&](comm::ProcessGroup& group) {
+        return group.all_to_all(out, in,
+                                {.input_split_sizes = std::move(input_splits),
+                                 .output_split_sizes = std::move(output_splits),
+                                 .timeout = opts.timeout});
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::send(
@@ -660,8 +815,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::send(
   constexpr const char* call = "send";
   Staging staging(call);
   comm::Tensor tensor = staging.input(single(tensors, call));
-  auto work = group_->isend(tensor, dst, {.tag = tag});
-  return make_work(c10d::OpType::SEND, std::move(work), tensors);
+  return run(c10d::OpType::SEND, staging, tensors,
+             [&](comm::ProcessGroup& group) {
+               return group.isend(tensor, dst, {.tag = tag});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::recv(
@@ -669,9 +826,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::recv(
   constexpr const char* call = "recv";
   Staging staging(call);
   comm::Tensor tensor = staging.output(single(tensors, call));
-  auto work = group_->irecv(tensor, src, {.tag = tag});
-  return make_work(c10d::OpType::RECV, std::move(work), tensors,
-                   staging.epilogue());
+  return run(c10d::OpType::RECV, staging, tensors,
+             [&](comm::ProcessGroup& group) {
+               return group.irecv(tensor, src, {.tag = tag});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::recvAnysource(
@@ -679,15 +837,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::recvAnysource(
   constexpr const char* call = "recvAnysource";
   Staging staging(call);
   comm::Tensor tensor = staging.output(single(tensors, call));
-  auto work = group_->irecv(tensor, comm::kAnySource, {.tag = tag});
-  return make_work(c10d::OpType::RECVANYSOURCE, std::move(work), tensors,
-                   staging.epilogue());
+  return run(c10d::OpType::RECVANYSOURCE, staging, tensors,
+             [&](comm::ProcessGroup& group) {
+               return group.irecv(tensor, comm::kAnySource, {.tag = tag});
+             });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::barrier(
     const c10d::BarrierOptions& opts) {
+  // On the CPU group, as gloo's: it orders the ranks, not CUDA streams.
   auto work = group_->barrier({.timeout = opts.timeout});
-  return make_work(c10d::OpType::BARRIER, std::move(work), {});
+  return c10::make_intrusive<WorkLibcomm>(
+      getRank(), c10d::OpType::BARRIER, std::move(work),
+      std::vector<at::Tensor>(), std::function<void()>(), completion_,
+      /*cuda_device=*/-1);
 }
 
 void ProcessGroupLibcomm::monitoredBarrier(const c10d::BarrierOptions& opts,

@@ -4,12 +4,19 @@
 //
 // Every call checks and translates its arguments on the caller's thread,
 // hands the operation to libcomm and returns at once with a WorkLibcomm.
-// The tensors are torch's own CPU memory viewed as comm::Tensor without a
+// The tensors are torch's own memory viewed as comm::Tensor without a
 // copy; the exceptions are a non-contiguous tensor (staged through a
 // contiguous copy and copied back when the operation completes) and the
 // calls that take lists (coalesced, alltoall, allgather_coalesced), which
 // are flattened into one buffer and split again afterwards. The staging
 // copies are what gloo makes for the same calls.
+//
+// CPU tensors go over libcomm's TCP backend (shared memory between ranks
+// on one host). CUDA tensors go over libcomm's NCCL backend, in a second
+// libcomm group that the first call on CUDA tensors creates, from the same
+// store under a scope of its own, bound to that call's device; the tensors
+// of one call are all CPU tensors or all CUDA tensors of one device. How
+// CUDA work is ordered with torch's streams is said in torch_cuda.h.
 //
 // Threads: torch's Python bindings release the GIL before calling here, and
 // nothing below touches a Python object, so libcomm works without the GIL.
@@ -38,6 +45,7 @@
 namespace commdist_c10d {
 
 class CompletionThread;
+class Staging;
 
 // A libcomm operation seen as a c10d::Work. Complete (isCompleted() true,
 // the Future set) only once libcomm's Work is and the results are in the
@@ -45,14 +53,22 @@ class CompletionThread;
 // operation is still running after `timeout`; an operation that failed
 // rethrows libcomm's error, whose message names the rank, the call and
 // its sequence number.
+//
+// On CUDA tensors, libcomm's Work is complete once the operation has run
+// on the GPU, and the Future is a CUDA-aware one of the tensors' device.
+// An unbounded wait() makes torch's current stream wait for the operation
+// without blocking the host where TorchStreamScope can name that stream
+// (orders_on_torch_streams()) and no results need copying out of staging
+// buffers; otherwise it blocks the host until the operation is complete.
 class WorkLibcomm final : public c10d::Work {
  public:
   // `epilogue` runs once after libcomm's operation succeeds, before the
   // Work completes: it copies results out of staging buffers. `outputs` is
-  // what result() and the Future give.
+  // what result() and the Future give. `cuda_device` is the CUDA ordinal of
+  // the operation's tensors, or -1 for CPU tensors.
   WorkLibcomm(int rank, c10d::OpType type, std::shared_ptr<comm::Work> work,
               std::vector<at::Tensor> outputs, std::function<void()> epilogue,
-              std::shared_ptr<CompletionThread> completion);
+              std::shared_ptr<CompletionThread> completion, int cuda_device);
   ~WorkLibcomm() override;
 
   bool isCompleted() override;
@@ -63,23 +79,38 @@ class WorkLibcomm final : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
-  // Blocks until libcomm's operation is complete, whatever its outcome.
+  // Blocks the host until libcomm's operation is complete, whatever its
+  // outcome.
   void wait_for_libcomm();
   // Once libcomm's operation is complete: runs the epilogue, then completes
-  // the Future and this Work. Only the first call does anything.
+  // the Future (if one was made) and this Work. Only the first call does
+  // anything.
   void complete();
 
  private:
   // complete() when libcomm's operation is done; for the const observers.
   void complete_if_done() const;
+  c10::intrusive_ptr<c10::ivalue::Future> make_future() const;
+  // Sets `future` to the outputs, or to `error`.
+  void complete_future(c10::ivalue::Future& future, std::exception_ptr error);
 
   const std::shared_ptr<comm::Work> work_;
   const std::vector<at::Tensor> outputs_;
   std::function<void()> epilogue_;  // cleared by complete()
+  const bool has_epilogue_;
   const std::shared_ptr<CompletionThread> completion_;
-  const c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::once_flag complete_once_;
+  const int cuda_device_;
+  std::atomic<bool> completing_{false};  // set by complete()'s first call
   std::atomic<bool> watched_{false};
+
+  // The Future is made when it is first asked for (most Works are waited
+  // on and never asked), except on CUDA tensors, where complete() must set
+  // it on the thread, and so the stream, that ran the epilogue.
+  std::mutex future_mutex_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // under future_mutex_
+  // The operation's outcome once complete() knows it; under future_mutex_.
+  bool outcome_known_ = false;
+  std::exception_ptr outcome_error_;
 };
 
 // The thread that completes watched Works in the order they were handed
@@ -110,7 +141,8 @@ class CompletionThread : public std::enable_shared_from_this<CompletionThread> {
 class ProcessGroupLibcomm final : public c10d::ProcessGroup {
  public:
   // Joins the job through `store` (blocking until every rank of the group
-  // has); `timeout` is every operation's default timeout.
+  // has); `timeout` is every operation's default timeout. The NCCL group
+  // for CUDA tensors is made by the first call on them.
   ProcessGroupLibcomm(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                       int size, std::chrono::milliseconds timeout);
   ~ProcessGroupLibcomm() override;
@@ -121,6 +153,7 @@ class ProcessGroupLibcomm final : public c10d::ProcessGroup {
   static void (*release_gil_while)(const std::function<void()>& wait);
 
   const std::string getBackendName() const override { return "libcomm"; }
+  // The libcomm group of CPU tensors.
   const std::shared_ptr<comm::ProcessGroup>& group() const { return group_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(
@@ -185,13 +218,22 @@ class ProcessGroupLibcomm final : public c10d::ProcessGroup {
                         bool wait_all_ranks) override;
 
  private:
-  c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type,
-                                           std::shared_ptr<comm::Work> work,
-                                           std::vector<at::Tensor> outputs,
-                                           std::function<void()> epilogue = {});
+  // Issues `issue(group)` on the libcomm group of the call's tensors
+  // (`staging` knows their device), ordered after torch's current stream
+  // for CUDA tensors, and wraps libcomm's Work.
+  template <typename Issue>
+  c10::intrusive_ptr<c10d::Work> run(c10d::OpType type, Staging& staging,
+                                     std::vector<at::Tensor> outputs,
+                                     Issue&& issue);
+  // The libcomm group of CUDA tensors, made at the first call on them.
+  comm::ProcessGroup& cuda_group(const char* call);
 
+  const std::shared_ptr<comm::Store> store_;
+  const std::chrono::milliseconds timeout_;
   std::shared_ptr<comm::ProcessGroup> group_;
   std::shared_ptr<CompletionThread> completion_;
+  std::mutex cuda_mutex_;
+  std::shared_ptr<comm::ProcessGroup> cuda_group_;  // under cuda_mutex_
 };
 
 }  // namespace commdist_c10d
