@@ -4,14 +4,13 @@
 // one level after another.
 //
 // Each child also sends its parent an empty message (a header alone) when
-// it starts: a confirmation that it is in the same call. Without it two
-// ranks that both name themselves the root would only send, and nobody
-// would ever notice that they disagree; with it each reads the other's
-// message, whose header names another root, and fails with MismatchError.
-// The parent reads its children's confirmations after the call
-// (recv_confirmation), as its next collective begins, so the root and the
-// relays do not wait for their children to arrive: successive broadcasts
-// flow down the tree one after another, as an eager MPI broadcast does.
+// it starts, and a parent finishes only once it has its children's: a
+// confirmation that they are in the same call. Without it two ranks that
+// both name themselves the root would only send, and both return success
+// with different data; with it each reads the other's message, whose
+// header names another root, and fails with MismatchError. It costs the
+// root, and each rank with children, the wait for its children to arrive
+// (one small-message latency when they are there).
 //
 // Over a group spanning hosts (hierarchy.h), two phases: the same tree
 // among one leader per host (the root on its host, the lowest rank on the

@@ -4,16 +4,10 @@
 // shutdown. Its steps are Exchanges, built in place one after another; its
 // hosts are the local peers' (shm::LocalPeers::hosts).
 //
-// Confirmations (CollectiveStep::recv_confirmation) are not waited for in
-// the call: each step records the peers that owe one in the backend's
-// DeferredConfirmations, and the backend reads them (settle_confirmations)
-// as its next collective begins. So a rooted collective's senders finish
-// without waiting for their neighbours to arrive, and a rank runs at most
-// one call ahead of the peers whose confirmations it still expects.
-//
-// Where every rank of the group is on this host and may read the others'
-// memory (shm::LocalPeers::single_copy()), it is also the call's
-// PeerMemory, reading with process_vm_readv.
+// Confirmations (CollectiveStep::recv_confirmation) may be read after the
+// call: the backend keeps what a call's steps leave in its
+// DeferredConfirmations and reads it (settle_confirmations) as its next
+// collective begins. No step defers them yet (see step()).
 #pragma once
 
 #include <chrono>
@@ -69,7 +63,11 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
   // allocates what an Exchange of its own did, nothing more.
   CollectiveStep& step() override {
     exchange_.emplace(mesh_, call_, deadline_, wake_fd_, &control_);
-    exchange_->set_deferred_confirmations(&deferred_.peers);
+    // Confirmations are received in the step. A rank that read them after
+    // the call could return, and close its channels, before a peer had sent
+    // its confirmation, which would fail that peer's send; deferring them
+    // (set_deferred_confirmations) needs confirmation sends that succeed
+    // when their receiver has already left.
     return *exchange_;
   }
   const HostPartition* hosts() const override {

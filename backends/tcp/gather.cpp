@@ -1,11 +1,10 @@
 // gather: every rank sends straight to the root, which receives from all
 // at once. The root sends each rank an empty message (a header alone) as
-// it starts: a confirmation that the root is in the same call. Without it
-// ranks that name different roots could all only send, and nobody would
-// notice; with it each reads a header naming another root and fails with
-// MismatchError. A rank reads its confirmation after the call
-// (recv_confirmation), as its next collective begins, so it does not wait
-// for the root to arrive.
+// it starts, and a rank finishes only once it has it: a confirmation that
+// the root is in the same call. Without it ranks that name different roots
+// could all only send and return success; with it each reads a header
+// naming another root and fails with MismatchError. It costs a rank that
+// arrives before the root the wait for the root.
 //
 // A group spanning hosts runs the same: each block travels once, straight
 // to the root over its sender's own link; gathering a host's blocks at a

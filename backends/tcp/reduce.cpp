@@ -1,12 +1,12 @@
 // reduce: a binomial tree towards `root`, each rank reducing its children's
 // data into its own buffer (in chunks, with O(chunk) scratch) before
 // sending the result to its parent. A parent sends each child an empty
-// message (a header alone) in the step that receives from it: a
-// confirmation that the parent is in the same call, so that ranks that
-// name different roots read a header naming another root and fail with
-// MismatchError instead of only sending unnoticed (see gather.cpp). The
-// child reads it after the call (recv_confirmation), as its next
-// collective begins, so it does not wait for its parent to arrive.
+// message (a header alone) in the step that receives from it, and the
+// child finishes only once it has it: a confirmation that the parent is in
+// the same call, so that ranks that name different roots read a header
+// naming another root and fail with MismatchError instead of only sending
+// and returning success (see gather.cpp). It costs a child that is ready
+// before its parent the wait for the parent.
 //
 // Over a group spanning hosts (hierarchy.h), two phases: the same tree
 // inside each host, towards its leader (the root on the root's host, the

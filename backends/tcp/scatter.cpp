@@ -1,10 +1,10 @@
 // scatter: the root sends each rank its part directly, to all at once.
 // Each rank confirms with an empty message (a header alone) that it is in
-// the same call: ranks that name different roots then read a header naming
-// another root and fail with MismatchError, instead of some only sending
-// and nobody noticing (see broadcast.cpp). The root reads the
-// confirmations after the call (recv_confirmation), as its next collective
-// begins, so it does not wait for the last rank to arrive.
+// the same call, and the root finishes once it has them all: ranks that
+// name different roots then read a header naming another root and fail
+// with MismatchError, instead of some only sending and returning success
+// (see broadcast.cpp). It costs the root the wait for the last rank to
+// arrive.
 //
 // A group spanning hosts runs the same: each block travels once, straight
 // from the root over its receiver's own link; relaying a host's blocks
