@@ -53,15 +53,6 @@ class CollectiveStep {
   // send of a message gathered from several parts.
   virtual void relay(int peer, std::vector<Part> parts, std::size_t ready,
                      int source) = 0;
-  // Notes that `peer` sends this rank, in this call, an empty message (a
-  // header alone) confirming that it is in the same call. The step need not
-  // wait for it: a transport may read and check it after the call has
-  // returned, at the latest as this rank's next collective begins, which
-  // then fails with the MismatchError where it names another call. Only for
-  // messages that no data of this call waits for: the confirmations that
-  // let a rooted collective's senders find out that a neighbour named
-  // another root.
-  virtual void recv_confirmation(int peer) = 0;
   // Progresses every transfer until all are done; throws the call's error
   // (a comm::Error) when one fails.
   virtual void run() = 0;

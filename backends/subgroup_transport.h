@@ -95,9 +95,6 @@ class SubgroupTransport final : public CollectiveTransport {
                int source) override {
       inner->relay(members_[peer], std::move(parts), ready, source);
     }
-    void recv_confirmation(int peer) override {
-      inner->recv_confirmation(members_[peer]);
-    }
     void run() override { inner->run(); }
 
     CollectiveStep* inner = nullptr;

@@ -374,8 +374,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   }
   // MAP_POPULATE allocates and maps every page now, at group creation, so
   // that the first pass of each ring does not take a page fault per page on
-  // both ends: in a virtual machine a first touch can cost a hundred times
-  // a small message.
+  // both ends in the middle of a collective (see bench/README.md).
   segment_ = ::mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_POPULATE, memfd, 0);
   if (segment_ == MAP_FAILED) {

@@ -255,10 +255,12 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
       {region_of(input, bytes), region_of(data, bytes)});
   const auto theirs = trade_regions(ctx, others, mine, others, 2);
   std::vector<std::uint64_t> inputs(static_cast<std::size_t>(size));
+  std::vector<std::uint64_t> outputs(static_cast<std::size_t>(size));
   for (int peer : others) {
     check_bytes(ctx, peer, theirs[peer][0], bytes);
     check_bytes(ctx, peer, theirs[peer][1], bytes);
     inputs[peer] = theirs[peer][0].address;
+    outputs[peer] = theirs[peer][1].address;
   }
   const Segment slice = segment_of(count, size, rank);
   const std::size_t begin = slice.begin * element;
@@ -267,15 +269,7 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
                     slice.end - slice.begin, dtype, op);
   confirm(memory, others);
   signal(ctx, others, others);  // every slice is reduced
-  for (int peer : others) {
-    const Segment theirs_slice = segment_of(count, size, peer);
-    const std::size_t at = theirs_slice.begin * element;
-    const std::size_t length =
-        (theirs_slice.end - theirs_slice.begin) * element;
-    if (length > 0) {
-      memory.read(peer, theirs[peer][1].address + at, data + at, length);
-    }
-  }
+  read_slices(memory, others, outputs, data, count, size, element);
   confirm(memory, others);
   signal(ctx, others, others);  // nobody reads this rank's buffers any more
 }

@@ -100,7 +100,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
     } else {
       tree.relay(child, {whole}, 0, source);
     }
-    tree.recv_confirmation(child);
+    tree.recv(child, nullptr, 0);
   }
   tree.run();
 }

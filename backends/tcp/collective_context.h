@@ -3,11 +3,6 @@
 // message), its deadline, and the descriptor that interrupts it at
 // shutdown. Its steps are Exchanges, built in place one after another; its
 // hosts are the local peers' (shm::LocalPeers::hosts).
-//
-// Confirmations (CollectiveStep::recv_confirmation) may be read after the
-// call: the backend keeps what a call's steps leave in its
-// DeferredConfirmations and reads it (settle_confirmations) as its next
-// collective begins. No step defers them yet (see step()).
 #pragma once
 
 #include <chrono>
@@ -23,39 +18,16 @@
 
 namespace comm::tcp {
 
-// The confirmations one call's steps left to be read after it: the call
-// they confirm, and the peers that owe one (a peer once per confirmation).
-struct DeferredConfirmations {
-  CallInfo call;
-  std::vector<int> peers;
-};
-
-// Reads and checks every confirmation in `deferred`, within `deadline`, and
-// empties it. Throws as Exchange::run does; a confirmation that names
-// another call is a MismatchError naming both.
-inline void settle_confirmations(Mesh& mesh, ControlChannel& control,
-                                 DeferredConfirmations& deferred,
-                                 detail::Clock::time_point deadline,
-                                 int wake_fd) {
-  read_confirmations(mesh, &control, deferred.call, deferred.peers, deadline,
-                     wake_fd);
-}
-
 class CollectiveContext final : public CollectiveTransport, private PeerMemory {
  public:
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
-  // `deferred` must be settled (empty); the call's steps fill it.
   CollectiveContext(Mesh& mesh, ControlChannel& control, const CallInfo& call,
-                    detail::Clock::time_point deadline, int wake_fd,
-                    DeferredConfirmations& deferred)
+                    detail::Clock::time_point deadline, int wake_fd)
       : mesh_(mesh),
         control_(control),
         call_(call),
         deadline_(deadline),
-        wake_fd_(wake_fd),
-        deferred_(deferred) {
-    deferred_.call = call;
-  }
+        wake_fd_(wake_fd) {}
 
   int rank() const override { return mesh_.rank(); }
   int size() const override { return mesh_.size(); }
@@ -63,11 +35,6 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
   // allocates what an Exchange of its own did, nothing more.
   CollectiveStep& step() override {
     exchange_.emplace(mesh_, call_, deadline_, wake_fd_, &control_);
-    // Confirmations are received in the step. A rank that read them after
-    // the call could return, and close its channels, before a peer had sent
-    // its confirmation, which would fail that peer's send; deferring them
-    // (set_deferred_confirmations) needs confirmation sends that succeed
-    // when their receiver has already left.
     return *exchange_;
   }
   const HostPartition* hosts() const override {
@@ -99,7 +66,6 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
   const CallInfo call_;
   const detail::Clock::time_point deadline_;
   const int wake_fd_;
-  DeferredConfirmations& deferred_;
   std::optional<Exchange> exchange_;
 };
 

@@ -217,14 +217,6 @@ void Exchange::recv(int peer, void* data, std::size_t bytes) {
   add(Transfer::Kind::kRecv, peer, {{static_cast<std::uint8_t*>(data), bytes}});
 }
 
-void Exchange::recv_confirmation(int peer) {
-  if (deferred_confirmations_ != nullptr) {
-    deferred_confirmations_->push_back(peer);
-  } else {
-    recv(peer, nullptr, 0);
-  }
-}
-
 void Exchange::recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
                            ReduceOp op, const void* base) {
   recv_parts(peer,
@@ -269,45 +261,7 @@ void Exchange::advance(std::size_t index) {
   }
 }
 
-void read_confirmations(Mesh& mesh, ControlChannel* control,
-                        const CallInfo& call, std::vector<int>& peers,
-                        detail::Clock::time_point deadline, int wake_fd) {
-  // A step receives at most one message per peer: a peer that owes several
-  // confirmations is read once per round.
-  while (!peers.empty()) {
-    Exchange round(mesh, call, deadline, wake_fd, control);
-    std::vector<int> later;
-    std::vector<bool> taken(static_cast<std::size_t>(mesh.size()), false);
-    for (int peer : peers) {
-      if (taken[static_cast<std::size_t>(peer)]) {
-        later.push_back(peer);
-        continue;
-      }
-      taken[static_cast<std::size_t>(peer)] = true;
-      round.recv(peer, nullptr, 0);
-    }
-    peers = std::move(later);
-    round.run();
-  }
-}
-
 void Exchange::run() {
-  // Confirmations this call left for later from a peer this step receives
-  // from lie before the step's message on the channel: read them first.
-  // They were sent in an earlier step, which the peer finished without
-  // waiting for this one, so reading them first cannot deadlock.
-  if (deferred_confirmations_ != nullptr && !deferred_confirmations_->empty()) {
-    std::vector<int> first;
-    std::erase_if(*deferred_confirmations_, [&](int peer) {
-      const bool received_now = std::any_of(
-          transfers_.begin(), transfers_.end(), [&](const Transfer& t) {
-            return t.kind == Transfer::Kind::kRecv && t.peer == peer;
-          });
-      if (received_now) first.push_back(peer);
-      return received_now;
-    });
-    read_confirmations(mesh_, control_, call_, first, deadline_, wake_fd_);
-  }
   // Small steps usually finish here: the send fits in the socket buffer and
   // the peer's message is often already in ours. Polling first would cost
   // a system call, and often a sleep, for nothing.

@@ -99,14 +99,6 @@ int send_message(shm::Ring& ring, const std::uint8_t* header,
                  std::size_t bytes, std::size_t& payload_done);
 long read_some(shm::Ring& ring, const iovec* parts, int count);
 
-// Reads an empty message (a confirmation, CollectiveStep::recv_confirmation)
-// of `call` from each of `peers` (a peer once per confirmation it owes),
-// within `deadline`, and empties `peers`. Throws as Exchange::run does; a
-// message that belongs to another call is a MismatchError naming both.
-void read_confirmations(Mesh& mesh, ControlChannel* control,
-                        const CallInfo& call, std::vector<int>& peers,
-                        detail::Clock::time_point deadline, int wake_fd);
-
 // The TCP backend's CollectiveStep, over a Mesh. A step holds at most one
 // send and one receive per peer: the messages of one peer arrive in order
 // on one socket.
@@ -150,16 +142,6 @@ class Exchange final : public CollectiveStep {
   // caller makes the parts past `ready` the memory that the receive fills.
   void relay(int peer, std::vector<Part> parts, std::size_t ready,
              int source) override;
-  // Adds `peer` to the confirmations this step's owner reads later (see
-  // set_deferred_confirmations), or, without one, receives it in this step.
-  void recv_confirmation(int peer) override;
-  // Where recv_confirmation records the peers whose confirmations of this
-  // call are read after it; null (the default) reads them in the step. A
-  // later step of the same call that receives from such a peer reads its
-  // confirmation first, as it comes first on the channel.
-  void set_deferred_confirmations(std::vector<int>* peers) {
-    deferred_confirmations_ = peers;
-  }
 
   // Progresses every transfer until all are done. Throws PeerError when a
   // peer closes or resets its connection or the control channel found a
@@ -238,7 +220,6 @@ class Exchange final : public CollectiveStep {
   int wake_fd_;
   ControlChannel* control_;
   std::vector<Transfer> transfers_;
-  std::vector<int>* deferred_confirmations_ = nullptr;
 };
 
 }  // namespace comm::tcp

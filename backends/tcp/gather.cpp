@@ -52,7 +52,7 @@ void gather(CollectiveTransport& ctx, const void* input,
   if (ctx.rank() != root) {
     CollectiveStep& to_root = ctx.step();
     to_root.send(root, input, bytes);
-    to_root.recv_confirmation(root);
+    to_root.recv(root, nullptr, 0);
     to_root.run();
     return;
   }

@@ -71,8 +71,12 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
     for (int peer : others) check_bytes(ctx, peer, theirs[peer][0], bytes);
     const Segment slice = segment_of(count, size, ctx.rank());
     const std::size_t begin = slice.begin * element;
+    std::vector<std::uint64_t> buffers(static_cast<std::size_t>(size));
     std::vector<std::uint64_t> operands(static_cast<std::size_t>(size));
-    for (int peer : others) operands[peer] = theirs[peer][0].address + begin;
+    for (int peer : others) {
+      buffers[peer] = theirs[peer][0].address;
+      operands[peer] = buffers[peer] + begin;
+    }
     reduce_from_peers(ctx, *memory, operands, buffer + begin, buffer + begin,
                       slice.end - slice.begin, dtype, op);
     confirm(*memory, others);
@@ -81,15 +85,7 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
       return;
     }
     signal(ctx, {}, others);
-    for (int peer : others) {
-      const Segment theirs_slice = segment_of(count, size, peer);
-      const std::size_t at = theirs_slice.begin * element;
-      const std::size_t length =
-          (theirs_slice.end - theirs_slice.begin) * element;
-      if (length > 0) {
-        memory->read(peer, theirs[peer][0].address + at, buffer + at, length);
-      }
-    }
+    read_slices(*memory, others, buffers, buffer, count, size, element);
     confirm(*memory, others);
     signal(ctx, others, {});
     return;
@@ -101,7 +97,7 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
       CollectiveStep& to_parent = ctx.step();
       const int parent = real(relative & ~mask);
       to_parent.send(parent, data, bytes);
-      to_parent.recv_confirmation(parent);
+      to_parent.recv(parent, nullptr, 0);
       to_parent.run();
       return;
     }

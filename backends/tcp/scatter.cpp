@@ -57,7 +57,7 @@ void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
   for (int peer = 0; peer < ctx.size(); ++peer) {
     if (peer == root) continue;
     to_all.send(peer, inputs[peer], bytes);
-    to_all.recv_confirmation(peer);
+    to_all.recv(peer, nullptr, 0);
   }
   to_all.run();
 }

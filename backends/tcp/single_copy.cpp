@@ -93,6 +93,20 @@ Segment segment_of(std::size_t count, int parts, int i) {
           (u + 1) * base + std::min(u + 1, longer)};
 }
 
+void read_slices(PeerMemory& memory, const std::vector<int>& from,
+                 const std::vector<std::uint64_t>& buffers, std::uint8_t* data,
+                 std::size_t count, int parts, std::size_t element) {
+  for (int peer : from) {
+    const Segment slice = segment_of(count, parts, peer);
+    const std::size_t at = slice.begin * element;
+    const std::size_t length = (slice.end - slice.begin) * element;
+    if (length > 0) {
+      memory.read(peer, buffers[static_cast<std::size_t>(peer)] + at, data + at,
+                  length);
+    }
+  }
+}
+
 void reduce_from_peers(CollectiveTransport& ctx, PeerMemory& memory,
                        const std::vector<std::uint64_t>& operands,
                        const std::uint8_t* own, std::uint8_t* output,

@@ -102,6 +102,15 @@ struct Segment {
 };
 Segment segment_of(std::size_t count, int parts, int i);
 
+// Reads from each peer p in `from` its own slice, segment_of(count, parts,
+// p), of the buffer that lies at buffers[p] in its memory, into the same
+// slice of `data`: how a rank collects the slices its peers reduced.
+// `element` is the size of one element; the reads are confirmed by the
+// caller.
+void read_slices(PeerMemory& memory, const std::vector<int>& from,
+                 const std::vector<std::uint64_t>& buffers, std::uint8_t* data,
+                 std::size_t count, int parts, std::size_t element);
+
 // output = op over every rank's operand, in rank order 0..n-1, so that
 // the result is the same bits whichever rank computes it. Rank p's operand
 // lies at operands[p] in its memory, this rank's at `own`, which may be

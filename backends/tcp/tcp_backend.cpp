@@ -75,7 +75,6 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
   control_ = std::make_unique<tcp::ControlChannel>(
       *mesh_, tcp::heartbeat_timeout(), tcp::heartbeat_interval());
   p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_);
-  deferred_ = std::make_unique<tcp::DeferredConfirmations>();
   scheduler_ = tcp::CollectiveScheduler::start(
       rank, [this](const CallInfo& call, std::chrono::milliseconds limit,
                    const Body& body) { execute(call, limit, body); });
@@ -105,9 +104,6 @@ std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
 void TcpBackend::execute(const CallInfo& call,
                          std::chrono::milliseconds timeout, const Body& body) {
   const auto deadline = detail::deadline_after(timeout);
-  // The call a failure here belongs to: the previous one while its
-  // confirmations are read, so that the peers still in it fail it too.
-  CallInfo failed = call;
   try {
     // A failure the peers reported before this rank got here (a peer that
     // timed out waiting for this late rank, say) fails the call before it
@@ -117,15 +113,8 @@ void TcpBackend::execute(const CallInfo& call,
     if (auto report = control_->begin_call(call)) {
       tcp::raise_report(call, *report);
     }
-    if (!deferred_->peers.empty()) {
-      failed = deferred_->call;
-      tcp::settle_confirmations(*mesh_, *control_, *deferred_, deadline,
-                                scheduler_->interrupt_fd());
-      failed = call;
-    }
-    CollectiveContext ctx{
-        *mesh_,    *control_, call, deadline, scheduler_->interrupt_fd(),
-        *deferred_};
+    CollectiveContext ctx{*mesh_, *control_, call, deadline,
+                          scheduler_->interrupt_fd()};
     body(ctx);
     if (auto report = control_->check(call)) tcp::raise_report(call, *report);
   } catch (const tcp::ReportedFailure&) {
@@ -137,7 +126,7 @@ void TcpBackend::execute(const CallInfo& call,
     // rather than at their timeouts. Best effort: a dead peer just misses
     // it.
     tcp::ControlMessage abort;
-    abort.call = failed;
+    abort.call = call;
     abort.blamed = rank();
     abort.text = "unknown error";
     try {

@@ -29,7 +29,6 @@ class PointToPoint;
 class CollectiveScheduler;
 class CollectiveContext;
 struct CallInfo;
-struct DeferredConfirmations;
 }  // namespace tcp
 
 class COMM_API TcpBackend final : public Backend {
@@ -102,9 +101,6 @@ class COMM_API TcpBackend final : public Backend {
   std::unique_ptr<tcp::Mesh> mesh_;
   std::unique_ptr<tcp::ControlChannel> control_;
   std::unique_ptr<tcp::PointToPoint> p2p_;
-  // The confirmations the last collective left to read as the next begins;
-  // touched only by the task that holds the scheduler's turn.
-  std::unique_ptr<tcp::DeferredConfirmations> deferred_;
   // Shared with the progress hooks of the Work handed out, which may
   // outlive this backend.
   std::shared_ptr<tcp::CollectiveScheduler> scheduler_;

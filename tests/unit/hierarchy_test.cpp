@@ -112,9 +112,6 @@ class CountingTransport final : public CollectiveTransport {
       for (const Part& part : parts) sent_[peer] += part.bytes;
       inner->relay(peer, std::move(parts), ready, source);
     }
-    void recv_confirmation(int peer) override {
-      inner->recv_confirmation(peer);
-    }
     void run() override { inner->run(); }
 
     CollectiveStep* inner = nullptr;

@@ -123,10 +123,7 @@ class Rank {
            const std::function<void(CollectiveTransport&)>& algorithm) {
     call.sequence = sequence_++;
     const auto deadline = comm::detail::deadline_after(30s);
-    // As TcpBackend does: the last call's confirmations first.
-    comm::tcp::settle_confirmations(mesh_, control_, deferred_, deadline, -1);
-    comm::tcp::CollectiveContext context(mesh_, control_, call, deadline, -1,
-                                         deferred_);
+    comm::tcp::CollectiveContext context(mesh_, control_, call, deadline, -1);
     Counted counted(context, read_);
     algorithm(counted);
   }
@@ -136,7 +133,6 @@ class Rank {
   comm::tcp::ControlChannel control_;
   std::atomic<std::size_t>& read_;
   std::uint64_t sequence_ = 0;
-  comm::tcp::DeferredConfirmations deferred_;
 };
 
 // Runs body(rank) on `world` ranks; returns each rank's error ("" where it
