@@ -12,7 +12,8 @@ The programs, each timing every selected collective over 1 KiB to 64 MiB
 (x4), float32, sum where it reduces, root 0:
 - libcomm: build/bench/<collective>_perf with the default transport;
 - libcomm-tcp (--ours-tcp): the same with COMM_TRANSPORT=tcp, libcomm's
-  own TCP path, for the shared-memory transport's speed-up in the same run;
+  own TCP path, for the shared-memory transport's speed-up in the same run,
+  and, in the column tcp/mpi-tcp, against Open MPI forced onto TCP;
 - mpi-default: Open MPI as a user runs it (`mpirun -np N`, its default
   transports: shared memory between ranks of one host), bench/peers/
   mpi_collectives.c;
@@ -213,12 +214,16 @@ def main():
               file=sys.stderr)
 
     peers = [n for n in names if n != "libcomm"]
+    # libcomm's TCP path against Open MPI's, both forced onto TCP.
+    tcp_pair = "libcomm-tcp" in names and "mpi-tcp" in names
     print("# float32, world=%d, median time_us of %d rounds in rotating order; ratio = "
-          "libcomm / peer, median (min-max) over the rounds" % (args.np, args.runs))
+          "libcomm / peer, median (min-max) over the rounds" % (args.np, args.runs)
+          + ("; tcp/mpi-tcp = libcomm-tcp / mpi-tcp" if tcp_pair else ""))
     for collective in collectives:
         print("\n## %s" % collective)
         print("%10s" % "bytes" + "".join("%13s" % n for n in names)
-              + "".join(" %23s" % ("/" + n) for n in peers))
+              + "".join(" %23s" % ("/" + n) for n in peers)
+              + (" %23s" % "tcp/mpi-tcp" if tcp_pair else ""))
         for size in SIZES:
             key = (collective, size)
             series = {n: [s.get(key) for s in samples[n]] for n in names}
@@ -233,6 +238,10 @@ def main():
                 values = series[n]
                 line += " %23s" % (ratio_text(series["libcomm"], values)
                                   if all(v is not None for v in values) else "-")
+            if tcp_pair:
+                ours, theirs = series["libcomm-tcp"], series["mpi-tcp"]
+                line += " %23s" % (ratio_text(ours, theirs)
+                                  if all(v is not None for v in ours + theirs) else "-")
             print(line)
     if ceilings and args.np > 1:
         largest = (("all_reduce", SIZES[-1]))
