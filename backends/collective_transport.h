@@ -13,6 +13,7 @@
 #include "backends/collective_step.h"
 #include "backends/host_partition.h"
 #include "backends/peer_memory.h"
+#include "backends/workspace.h"
 
 namespace comm {
 
@@ -38,6 +39,11 @@ class CollectiveTransport {
   // every rank of the group, so that all of them choose the same
   // algorithm.
   virtual PeerMemory* peer_memory() { return nullptr; }
+  // Where the call's temporary buffers come from (WorkspaceBuffer), kept
+  // by the transport from one call to the next and released as the call
+  // ends; null where the transport keeps none, and each buffer is then
+  // allocated for its scope.
+  virtual Workspace* workspace() { return nullptr; }
   // The call, as errors name it: "all_reduce #12 (float32 x 1024, sum)".
   virtual std::string describe() const = 0;
 

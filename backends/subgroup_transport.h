@@ -67,6 +67,7 @@ class SubgroupTransport final : public CollectiveTransport {
   // The parent's call. A view offers no PeerMemory: its ranks' buffers are
   // read only by the flat algorithms' messages (peer_memory() stays null).
   std::string describe() const override { return parent_.describe(); }
+  Workspace* workspace() override { return parent_.workspace(); }
   // The parent's rank of sub-rank `i`.
   int member(int i) const { return members_[i]; }
 

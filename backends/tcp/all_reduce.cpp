@@ -116,7 +116,7 @@ void recursive_doubling(CollectiveTransport& ctx, const std::uint8_t* input,
     virtual_rank = rank - extra;
   }
   if (virtual_rank >= 0) {
-    std::unique_ptr<std::uint8_t[]> partners;  // allocated when needed
+    WorkspaceBuffer partners;  // taken when needed
     for (int mask = 1; mask < pow2; mask <<= 1) {
       const int partner = real_rank(virtual_rank ^ mask);
       CollectiveStep& round = ctx.step();
@@ -127,8 +127,8 @@ void recursive_doubling(CollectiveTransport& ctx, const std::uint8_t* input,
         round.recv_reduce(partner, data, bytes, dtype, op, current);
         round.run();
       } else {
-        if (!partners) {
-          partners = std::make_unique_for_overwrite<std::uint8_t[]>(bytes);
+        if (partners.get() == nullptr) {
+          partners = {ctx.workspace(), bytes};
         }
         round.recv(partner, partners.get(), bytes);
         round.run();

@@ -21,20 +21,28 @@ namespace comm::tcp {
 class CollectiveContext final : public CollectiveTransport, private PeerMemory {
  public:
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
+  // The call's buffers come from `workspace`, released when the context
+  // is destroyed, as the call ends.
   CollectiveContext(Mesh& mesh, ControlChannel& control, const CallInfo& call,
-                    detail::Clock::time_point deadline, int wake_fd)
+                    detail::Clock::time_point deadline, int wake_fd,
+                    Workspace& workspace)
       : mesh_(mesh),
         control_(control),
         call_(call),
         deadline_(deadline),
-        wake_fd_(wake_fd) {}
+        wake_fd_(wake_fd),
+        workspace_(workspace) {}
+  ~CollectiveContext() override { workspace_.release(); }
+  CollectiveContext(const CollectiveContext&) = delete;
+  CollectiveContext& operator=(const CollectiveContext&) = delete;
 
   int rank() const override { return mesh_.rank(); }
   int size() const override { return mesh_.size(); }
   // Ends the previous Exchange and builds the next in its place: a step
   // allocates what an Exchange of its own did, nothing more.
   CollectiveStep& step() override {
-    exchange_.emplace(mesh_, call_, deadline_, wake_fd_, &control_);
+    exchange_.emplace(mesh_, call_, deadline_, wake_fd_, &control_,
+                      &workspace_);
     return *exchange_;
   }
   const HostPartition* hosts() const override {
@@ -44,6 +52,7 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
     return mesh_.local_peers().single_copy() ? this : nullptr;
   }
   std::string describe() const override { return call_.describe(); }
+  Workspace* workspace() override { return &workspace_; }
 
  private:
   void offer() override { mesh_.local_peers().offer(call_.sequence); }
@@ -66,6 +75,7 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
   const CallInfo call_;
   const detail::Clock::time_point deadline_;
   const int wake_fd_;
+  Workspace& workspace_;
   std::optional<Exchange> exchange_;
 };
 

@@ -173,12 +173,13 @@ long read_some(shm::Ring& ring, const iovec* parts, int count) {
 
 Exchange::Exchange(Mesh& mesh, const CallInfo& call,
                    detail::Clock::time_point deadline, int wake_fd,
-                   ControlChannel* control)
+                   ControlChannel* control, Workspace* workspace)
     : mesh_(mesh),
       call_(call),
       deadline_(deadline),
       wake_fd_(wake_fd),
-      control_(control) {
+      control_(control),
+      workspace_(workspace) {
   transfers_.reserve(2);  // most steps send one message and receive one
 }
 
@@ -195,9 +196,7 @@ int Exchange::add(Transfer::Kind kind, int peer, std::vector<Part> parts) {
     if (part.reduce) largest_reduced = std::max(largest_reduced, part.bytes);
   }
   t.scratch_bytes = std::min(largest_reduced, chunk_bytes());
-  if (t.scratch_bytes > 0) {
-    t.scratch = std::make_unique_for_overwrite<std::uint8_t[]>(t.scratch_bytes);
-  }
+  if (t.scratch_bytes > 0) t.scratch = {workspace_, t.scratch_bytes};
   if (kind == Transfer::Kind::kSend) {
     MessageHeader header;
     header.call = call_;

@@ -58,6 +58,7 @@
 #include "backends/tcp/control_message.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
+#include "backends/workspace.h"
 #include "libcomm/error.h"
 
 namespace comm::tcp {
@@ -117,9 +118,11 @@ class Exchange final : public CollectiveStep {
 
   // `wake_fd` becomes readable when the backend shuts down (or is -1).
   // Without `control` (tests of the engine alone) nothing is reported to
-  // or heard from the peers' control channels.
+  // or heard from the peers' control channels. A reducing receive's chunk
+  // comes from `workspace`, or without one is allocated with the step.
   Exchange(Mesh& mesh, const CallInfo& call, detail::Clock::time_point deadline,
-           int wake_fd, ControlChannel* control = nullptr);
+           int wake_fd, ControlChannel* control = nullptr,
+           Workspace* workspace = nullptr);
 
   void send(int peer, const void* data, std::size_t bytes) override;
   void recv(int peer, void* data, std::size_t bytes) override;
@@ -173,7 +176,7 @@ class Exchange final : public CollectiveStep {
     std::size_t part_done = 0;
     // One chunk, for reduced parts; left uninitialised, as every byte is
     // received before it is read.
-    std::unique_ptr<std::uint8_t[]> scratch;
+    WorkspaceBuffer scratch;
     std::size_t scratch_bytes = 0;
     std::size_t scratch_filled = 0;
     // A relay's gate (see relay()); source -1: everything is ready.
@@ -219,6 +222,7 @@ class Exchange final : public CollectiveStep {
   detail::Clock::time_point deadline_;
   int wake_fd_;
   ControlChannel* control_;
+  Workspace* workspace_;
   std::vector<Transfer> transfers_;
 };
 

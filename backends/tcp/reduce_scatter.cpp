@@ -70,8 +70,7 @@ void reduce_scatter(CollectiveTransport& ctx,
     return;
   }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
-    const auto received =
-        std::make_unique_for_overwrite<std::uint8_t[]>(bytes * (size - 1));
+    const WorkspaceBuffer received(ctx.workspace(), bytes * (size - 1));
     // Peer r's contribution lands in slot r, rank order less this rank.
     auto slot = [&](int r) {
       return received.get() +
@@ -99,7 +98,7 @@ void reduce_scatter(CollectiveTransport& ctx,
   const int left = (rank + size - 1) % size;
   // The last step must land in `output`, so the buffers alternate such that
   // step size - 2 uses it.
-  const auto spare = std::make_unique_for_overwrite<std::uint8_t[]>(bytes);
+  const WorkspaceBuffer spare(ctx.workspace(), bytes);
   auto accumulator = [&](int s) -> std::uint8_t* {
     return ((size - 2 - s) % 2 == 0) ? static_cast<std::uint8_t*>(output)
                                      : spare.get();

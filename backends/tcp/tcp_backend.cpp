@@ -11,9 +11,11 @@
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/point_to_point.h"
 #include "backends/tcp/reported_failure.h"
+#include "backends/workspace.h"
 #include "libcomm/detail/collective_args.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
+#include "libcomm/int_param.h"
 #include "libcomm/param.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -28,6 +30,10 @@ using tcp::CollectiveContext;
 namespace alg = tcp::algorithms;
 
 namespace {
+
+const IntParam kWorkspaceBytes{
+    "COMM_TCP_WORKSPACE_BYTES", 32 << 20, 0, std::int64_t{1} << 40,
+    "bytes of its collectives' temporary buffers a group keeps between calls"};
 
 // The host memory a call works on: the tensor itself, or a host copy of a
 // CUDA tensor (with its contents when `copy_in`).
@@ -75,6 +81,8 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
   control_ = std::make_unique<tcp::ControlChannel>(
       *mesh_, tcp::heartbeat_timeout(), tcp::heartbeat_interval());
   p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_);
+  workspace_ = std::make_unique<Workspace>(
+      static_cast<std::size_t>(kWorkspaceBytes.get()));
   scheduler_ = tcp::CollectiveScheduler::start(
       rank, [this](const CallInfo& call, std::chrono::milliseconds limit,
                    const Body& body) { execute(call, limit, body); });
@@ -113,8 +121,9 @@ void TcpBackend::execute(const CallInfo& call,
     if (auto report = control_->begin_call(call)) {
       tcp::raise_report(call, *report);
     }
-    CollectiveContext ctx{*mesh_, *control_, call, deadline,
-                          scheduler_->interrupt_fd()};
+    CollectiveContext ctx{
+        *mesh_,     *control_, call, deadline, scheduler_->interrupt_fd(),
+        *workspace_};
     body(ctx);
     if (auto report = control_->check(call)) tcp::raise_report(call, *report);
   } catch (const tcp::ReportedFailure&) {
@@ -308,13 +317,16 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
       [this, output, inputs, options](CollectiveContext& ctx) mutable {
         // The algorithm writes partial sums into the output before
         // it has read every input, so an output that is one of the
-        // inputs (in place) gets a buffer of its own.
+        // inputs (in place) gets a buffer of its own, from the call's
+        // workspace.
         const bool aliased =
             std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& in) {
               return in.data_ptr() == output.data_ptr();
             });
-        Tensor host = aliased ? Tensor::empty(output.shape(), output.dtype())
-                              : on_host(output, false);
+        Tensor host =
+            aliased ? Tensor::from_blob(ctx.workspace()->take(output.nbytes()),
+                                        output.shape(), output.dtype())
+                    : on_host(output, false);
         std::vector<Tensor> hosts;
         std::vector<const void*> blocks;
         for (const Tensor& input : inputs) {

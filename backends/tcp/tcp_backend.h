@@ -22,6 +22,7 @@
 
 namespace comm {
 
+class Workspace;
 namespace tcp {
 class Mesh;
 class ControlChannel;
@@ -101,6 +102,9 @@ class COMM_API TcpBackend final : public Backend {
   std::unique_ptr<tcp::Mesh> mesh_;
   std::unique_ptr<tcp::ControlChannel> control_;
   std::unique_ptr<tcp::PointToPoint> p2p_;
+  // The collectives' temporary buffers, used by the task that holds the
+  // scheduler's turn.
+  std::unique_ptr<Workspace> workspace_;
   // Shared with the progress hooks of the Work handed out, which may
   // outlive this backend.
   std::shared_ptr<tcp::CollectiveScheduler> scheduler_;

@@ -123,7 +123,8 @@ class Rank {
            const std::function<void(CollectiveTransport&)>& algorithm) {
     call.sequence = sequence_++;
     const auto deadline = comm::detail::deadline_after(30s);
-    comm::tcp::CollectiveContext context(mesh_, control_, call, deadline, -1);
+    comm::tcp::CollectiveContext context(mesh_, control_, call, deadline, -1,
+                                         workspace_);
     Counted counted(context, read_);
     algorithm(counted);
   }
@@ -133,6 +134,7 @@ class Rank {
   comm::tcp::ControlChannel control_;
   std::atomic<std::size_t>& read_;
   std::uint64_t sequence_ = 0;
+  comm::Workspace workspace_{std::size_t{1} << 20};
 };
 
 // Runs body(rank) on `world` ranks; returns each rank's error ("" where it
