@@ -6,7 +6,10 @@
 // both directions) through non-blocking sockets and poll(). A receive may
 // reduce as it goes: it reads the payload into a scratch buffer of one chunk
 // and reduces each chunk into its destination while the kernel keeps
-// receiving the next one, so scratch memory is O(chunk), not O(message).
+// receiving the next one, so scratch memory is O(chunk), not O(message),
+// per reducing receive. Taken from the call's Workspace, a step's chunks
+// stay with the call until it ends, so a call holds one per reducing step
+// (n - 1 in a ring of n ranks) and the next call finds them again.
 //
 // A step that must wait first polls its sockets without sleeping for a
 // short, bounded time (spin_budget()), yielding the processor between
