@@ -18,11 +18,25 @@ Ring::Ring(void* control, std::size_t capacity, int peer_doorbell)
       peer_doorbell_(peer_doorbell) {}
 
 std::size_t Ring::write(const iovec* iov, int count) {
-  const std::uint64_t tail = control_->tail.load(std::memory_order_relaxed);
+  std::uint64_t tail = control_->tail.load(std::memory_order_relaxed);
   // Acquire: the reader has finished copying out the bytes it freed.
   const std::uint64_t head = control_->head.load(std::memory_order_acquire);
-  std::size_t room = capacity_ - static_cast<std::size_t>(tail - head);
   std::size_t at = static_cast<std::size_t>(tail % capacity_);
+  // A write that finds the ring empty and fits before the current offset
+  // starts again at the ring's first byte, so that small messages keep
+  // landing on the same cache lines rather than walking the whole ring
+  // through cold memory. The skipped bytes count as written until the
+  // reader, which finds rewound_at equal to its head, skips them too.
+  if (head == tail && at != 0) {
+    std::size_t total = 0;
+    for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+    if (total > 0 && total <= at) {
+      control_->rewound_at.store(tail + 1, std::memory_order_relaxed);
+      tail += capacity_ - at;
+      at = 0;
+    }
+  }
+  std::size_t room = capacity_ - static_cast<std::size_t>(tail - head);
   std::size_t moved = 0;
   for (int i = 0; i < count && room > 0; ++i) {
     const auto* from = static_cast<const std::uint8_t*>(iov[i].iov_base);
@@ -49,9 +63,14 @@ std::size_t Ring::write(const iovec* iov, int count) {
 }
 
 std::size_t Ring::read(const iovec* iov, int count) {
-  const std::uint64_t head = control_->head.load(std::memory_order_relaxed);
-  // Acquire: the writer's bytes are visible up to the tail read here.
+  std::uint64_t head = control_->head.load(std::memory_order_relaxed);
+  // Acquire: the writer's bytes, and its rewound_at, are visible up to the
+  // tail read here.
   const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
+  if (tail != head &&
+      control_->rewound_at.load(std::memory_order_relaxed) == head + 1) {
+    head += capacity_ - head % capacity_;
+  }
   std::size_t there = static_cast<std::size_t>(tail - head);
   std::size_t at = static_cast<std::size_t>(head % capacity_);
   std::size_t moved = 0;

@@ -9,6 +9,15 @@
 // on a cache line of its own with the flag its owner raises before it
 // sleeps, and a `closed` flag either end raises when it goes away.
 //
+// Rewinding. A byte's place in the data is its counter modulo the
+// capacity, so a stream of small messages would walk the whole ring and
+// meet only lines that no cache holds. Instead, a write that finds the ring
+// empty and fits before the offset it would start at skips to the ring's
+// first byte: it records where it skipped (`rewound_at`, beside `tail`) and
+// counts the skipped bytes as written. A reader whose head is that offset
+// skips them too. Small messages so keep landing on the same few lines, as
+// they would in a pool of recycled buffers.
+//
 // Waking. Each end owns a doorbell (an eventfd, see doorbell.h) that it
 // polls together with its sockets. An end that must wait raises its
 // waiting flag (reader_waiting: "I wait for bytes", writer_waiting: "I
@@ -40,6 +49,9 @@ struct RingControl {
   std::atomic<std::uint32_t> reader_waiting;
   alignas(64) std::atomic<std::uint64_t> tail;  // written by the writer
   std::atomic<std::uint32_t> writer_waiting;
+  // One more than the stream offset at which the writer last rewound an
+  // empty ring to its start (0: never); see Ring::write.
+  std::atomic<std::uint64_t> rewound_at;
   alignas(64) std::atomic<std::uint32_t> closed;
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,

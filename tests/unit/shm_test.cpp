@@ -15,6 +15,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/shm/doorbell.h"
@@ -110,6 +111,75 @@ TEST_CASE("a ring keeps bytes in order across wrap-around, full and empty",
   const iovec into{out.data(), out.size()};
   CHECK(ring.reader.read(&into, 1) == 192);
   CHECK(ring.reader.read(&into, 1) == 0);
+}
+
+TEST_CASE("a small write to an empty ring starts again at its first byte",
+          "[shm][ring]") {
+  LocalRing ring(256);
+  auto* data =
+      reinterpret_cast<std::uint8_t*>(
+          ring.memory.data() +
+          (64 - reinterpret_cast<std::uintptr_t>(ring.memory.data()) % 64) %
+              64) +
+      sizeof(comm::shm::RingControl);
+  auto pass = [&](std::size_t bytes, std::uint8_t seed) {
+    std::vector<std::uint8_t> in(bytes), out(bytes);
+    std::iota(in.begin(), in.end(), seed);
+    const iovec from{in.data(), in.size()}, into{out.data(), out.size()};
+    REQUIRE(ring.writer.write(&from, 1) == bytes);
+    const bool at_start = std::memcmp(data, in.data(), bytes) == 0;
+    REQUIRE(ring.reader.read(&into, 1) == bytes);
+    CHECK(out == in);
+    CHECK_FALSE(ring.reader.readable());
+    return at_start;
+  };
+  CHECK(pass(100, 1));  // a new ring starts at its first byte
+  CHECK(pass(60, 2));   // empty, and 60 fits before offset 100: rewound
+  CHECK(pass(50, 3));   // fits before 60: rewound again
+  // 150 does not fit before offset 50: it goes on from there, and the
+  // next small write, at offset 200, is rewound once more.
+  CHECK_FALSE(pass(150, 4));
+  CHECK(pass(40, 5));
+  // A write larger than the offset it finds is not rewound: it has the
+  // whole ring.
+  std::vector<std::uint8_t> big(1000, 9);
+  const iovec all{big.data(), big.size()};
+  CHECK(ring.writer.write(&all, 1) == 256);
+}
+
+TEST_CASE("a ring's bytes stay in order between two threads", "[shm][ring]") {
+  LocalRing ring(64 * 5);
+  constexpr std::size_t kBytes = 1 << 20;
+  std::vector<std::uint8_t> got;
+  got.reserve(kBytes);
+  std::thread reader([&] {
+    std::uint8_t out[97];
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (got.size() < kBytes && std::chrono::steady_clock::now() < until) {
+      // Reads of changing sizes, so that rewinds meet partial reads.
+      const iovec into{out, 1 + got.size() % sizeof(out)};
+      const std::size_t read = ring.reader.read(&into, 1);
+      got.insert(got.end(), out, out + read);
+      if (read == 0) sched_yield();
+    }
+  });
+  std::size_t sent = 0;
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (sent < kBytes && std::chrono::steady_clock::now() < until) {
+    std::uint8_t in[80];
+    const std::size_t want = std::min(kBytes - sent, 1 + sent % sizeof(in));
+    for (std::size_t i = 0; i < want; ++i)
+      in[i] = static_cast<std::uint8_t>((sent + i) * 131 >> 3);
+    const iovec from{in, want};
+    const std::size_t wrote = ring.writer.write(&from, 1);
+    sent += wrote;
+    if (wrote == 0) sched_yield();
+  }
+  reader.join();
+  REQUIRE(got.size() == kBytes);
+  for (std::size_t i = 0; i < kBytes; ++i) {
+    if (got[i] != static_cast<std::uint8_t>(i * 131 >> 3)) FAIL("byte " << i);
+  }
 }
 
 TEST_CASE("a ring wakes the other end only when it said it waits",
