@@ -74,13 +74,15 @@ std::string shape_string(const std::vector<std::int64_t>& dims) {
   return text + "]";
 }
 
+const Tensor::Layout Tensor::kNoLayout{};
+
 Tensor::Tensor(std::shared_ptr<Storage> storage, std::int64_t offset,
                Shape shape, Strides strides, DType dtype)
     : storage_(std::move(storage)),
       offset_(offset),
-      shape_(std::move(shape)),
-      strides_(std::move(strides)),
-      numel_(checked_numel(shape_)),
+      layout_(std::make_shared<const Layout>(
+          Layout{std::move(shape), std::move(strides)})),
+      numel_(checked_numel(layout_->shape)),
       dtype_(dtype) {}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -152,17 +154,17 @@ std::int64_t Tensor::size(std::int64_t d) const {
   if (index < 0 || index >= dim()) {
     throw InvalidArgument("dimension " + std::to_string(d) +
                           " is out of range for a tensor of shape " +
-                          shape_string(shape_));
+                          shape_string(shape()));
   }
-  return shape_[index];
+  return shape()[index];
 }
 
 bool Tensor::is_contiguous() const {
   if (numel_ == 0) return true;
   std::int64_t expected = 1;
   for (std::int64_t d = dim() - 1; d >= 0; --d) {
-    if (shape_[d] != 1 && strides_[d] != expected) return false;
-    expected *= shape_[d];
+    if (shape()[d] != 1 && strides()[d] != expected) return false;
+    expected *= shape()[d];
   }
   return true;
 }
@@ -176,15 +178,15 @@ Tensor Tensor::slice(std::int64_t start, std::int64_t end) const {
   if (dim() == 0) {
     throw InvalidArgument("slice: a zero-dimensional tensor has no rows");
   }
-  if (start < 0 || end < start || end > shape_[0]) {
+  if (start < 0 || end < start || end > shape()[0]) {
     throw InvalidArgument("slice [" + std::to_string(start) + ", " +
                           std::to_string(end) + ") is outside dimension 0 of " +
                           describe());
   }
-  Shape shape = shape_;
+  Shape shape = this->shape();
   shape[0] = end - start;
-  return Tensor(storage_, offset_ + start * strides_[0], std::move(shape),
-                strides_, dtype_);
+  return Tensor(storage_, offset_ + start * strides()[0], std::move(shape),
+                strides(), dtype_);
 }
 
 Tensor Tensor::view(const Shape& shape) const {
@@ -203,7 +205,7 @@ Tensor Tensor::flatten() const { return view({numel_}); }
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::to(Device device) const {
-  Tensor copy = empty(shape_, dtype_, device);
+  Tensor copy = empty(shape(), dtype_, device);
   copy.copy_(*this);
   return copy;
 }
@@ -216,7 +218,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
                           " and destination " + describe() +
                           " differ in dtype; libcomm does not convert dtypes");
   }
-  if (src.shape() != shape_) {
+  if (src.shape() != shape()) {
     throw InvalidArgument("copy_: source " + src.describe() +
                           " and destination " + describe() +
                           " differ in shape");
@@ -243,8 +245,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
 void Tensor::check_contiguous(const std::string& what) const {
   if (!is_contiguous()) {
     throw InvalidArgument(what + " needs a contiguous tensor, but got shape " +
-                          shape_string(shape_) + " with strides " +
-                          shape_string(strides_) +
+                          shape_string(shape()) + " with strides " +
+                          shape_string(strides()) +
                           "; call contiguous() to get a contiguous copy");
   }
 }
@@ -258,8 +260,8 @@ void Tensor::check_dtype(DType expected) const {
 
 std::string Tensor::describe() const {
   if (!defined()) return "an undefined tensor";
-  std::string text = std::string(dtype_name(dtype_)) + shape_string(shape_);
-  if (!is_contiguous()) text += " with strides " + shape_string(strides_);
+  std::string text = std::string(dtype_name(dtype_)) + shape_string(shape());
+  if (!is_contiguous()) text += " with strides " + shape_string(strides());
   return text + " on " + device().str();
 }
 

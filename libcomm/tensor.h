@@ -2,6 +2,9 @@
 //
 // A Tensor is a cheap handle: copying it makes another view of the same
 // memory (as in PyTorch), and the memory lives until the last view is gone.
+// A copy shares the original's shape and strides too, which never change
+// once a tensor is made, so copying allocates nothing: every collective
+// call copies its tensors into its Work and its task.
 // Collectives need contiguous tensors and say so when they get another kind.
 #pragma once
 
@@ -54,9 +57,11 @@ class COMM_API Tensor {
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_->device(); }
-  const Shape& shape() const { return shape_; }
-  const Strides& strides() const { return strides_; }
-  std::int64_t dim() const { return static_cast<std::int64_t>(shape_.size()); }
+  const Shape& shape() const { return layout().shape; }
+  const Strides& strides() const { return layout().strides; }
+  std::int64_t dim() const {
+    return static_cast<std::int64_t>(layout().shape.size());
+  }
   // The size of dimension `d`; negative `d` counts from the end.
   std::int64_t size(std::int64_t d) const;
   std::int64_t numel() const { return numel_; }
@@ -113,10 +118,17 @@ class COMM_API Tensor {
   Tensor(std::shared_ptr<Storage> storage, std::int64_t offset, Shape shape,
          Strides strides, DType dtype);
 
+  struct Layout {
+    Shape shape;
+    Strides strides;
+  };
+  // An undefined tensor's: no dimensions.
+  static const Layout kNoLayout;
+  const Layout& layout() const { return layout_ ? *layout_ : kNoLayout; }
+
   std::shared_ptr<Storage> storage_;
   std::int64_t offset_ = 0;
-  Shape shape_;
-  Strides strides_;
+  std::shared_ptr<const Layout> layout_;
   std::int64_t numel_ = 0;
   DType dtype_ = DType::kF32;
 };

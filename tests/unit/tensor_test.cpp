@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "libcomm/cuda.h"
@@ -66,6 +67,21 @@ TEST_CASE("slice views rows of dimension 0", "[tensor]") {
   CHECK_THROWS_AS(t.slice(3, 2), comm::InvalidArgument);
   CHECK_THROWS_AS(Tensor::full({}, 1.0, DType::kF32).slice(0, 0),
                   comm::InvalidArgument);
+}
+
+TEST_CASE("a copy keeps its own shape while the original is reassigned",
+          "[tensor]") {
+  Tensor t = Tensor::arange(12, DType::kF32).view({4, 3});
+  Tensor copy = t;
+  t = t.slice(1, 2);
+  CHECK(t.shape() == comm::Shape{1, 3});
+  CHECK(copy.shape() == comm::Shape{4, 3});
+  CHECK(copy.strides() == comm::Strides{3, 1});
+  CHECK(copy.numel() == 12);
+  Tensor moved = std::move(copy);
+  CHECK(moved.shape() == comm::Shape{4, 3});
+  CHECK(Tensor().dim() == 0);
+  CHECK(Tensor().shape().empty());
 }
 
 TEST_CASE("contiguity is checked where it is required", "[tensor]") {
