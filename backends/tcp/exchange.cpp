@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory_resource>
 #include <optional>
 #include <system_error>
 
@@ -277,10 +278,22 @@ void Exchange::run() {
     Watch what;
     int index;  // the transfer, or the peer
   };
-  std::vector<pollfd> fds;
-  std::vector<Watched> owner;
-  std::vector<int> ring_transfers;  // waiting on a ring, this round
-  std::vector<int> ring_peers;
+  // The round's lists live on the stack while they fit: a small step,
+  // which runs in a few microseconds, would otherwise spend a good part of
+  // them in malloc and free. Past the buffer they take heap memory.
+  alignas(std::max_align_t) std::byte lists_memory[1024];
+  std::pmr::monotonic_buffer_resource lists(lists_memory, sizeof(lists_memory));
+  std::pmr::vector<pollfd> fds(&lists);
+  std::pmr::vector<Watched> owner(&lists);
+  std::pmr::vector<int> ring_transfers(&lists);  // waiting on a ring
+  std::pmr::vector<int> ring_peers(&lists);
+  // At most a descriptor per transfer and per ring peer, the doorbell, the
+  // alarm and the wake-up.
+  const std::size_t most_watched = 2 * transfers_.size() + 3;
+  fds.reserve(most_watched);
+  owner.reserve(most_watched);
+  ring_transfers.reserve(transfers_.size());
+  ring_peers.reserve(transfers_.size());
   const shm::Doorbell* doorbell = nullptr;
   // Polling without sleeping lasts until spin_until: one budget after the
   // step began, and again after each round that found a socket ready or
