@@ -25,7 +25,11 @@ Every program runs as the others do: all sizes of a collective in one
 process, in ascending order, 64 MiB / size timed iterations (3 to 200)
 after 2 warm-up calls, blocking (each call waits before the next is
 issued), the time being the slowest rank's mean per call (all_reduce_perf
--z 1 -a 3; the out-of-place column). Sizes count as nccl-tests counts them:
+-z 1 -a 3). libcomm's time is its out-of-place column, except for
+broadcast: every peer broadcasts in place (MPI_Bcast has one buffer, as has
+torch.distributed.broadcast), where libcomm's out-of-place broadcast_perf
+also copies the input into the output on every rank before each call, so
+its in-place column is the like for like. Sizes count as nccl-tests counts them:
 one rank's buffer for all_reduce, broadcast and reduce, the whole buffer of
 n blocks for the others. Ranks are bound as all_reduce_perf binds them by
 default (rank r on CPU r mod n) and as mpirun --bind-to
@@ -80,9 +84,15 @@ def peer_rows(output):
     return times
 
 
+# Collectives whose peers all run in place: libcomm's in-place time is
+# compared with theirs.
+IN_PLACE = {"broadcast"}
+
+
 def run_ours(build, ranks, collectives, transport):
     """Each collective's *_perf over all sizes; the out-of-place time
-    (column 5) of the nccl-tests table."""
+    (column 5) of the nccl-tests table, or the in-place one (column 9) for
+    the collectives in IN_PLACE."""
     env = dict(os.environ)
     if transport:
         env["COMM_TRANSPORT"] = transport
@@ -92,10 +102,11 @@ def run_ours(build, ranks, collectives, transport):
                       "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-n", "200",
                       "--iteration-bytes", str(64 << 20), "-w", "2", "-c", "0",
                       "-z", "1", "-a", "3"], env=env)
+        column = 9 if name in IN_PLACE else 5
         for line in output.splitlines():
             fields = line.split()
-            if len(fields) > 5 and fields[0].isdigit():
-                times[(name, int(fields[0]))] = float(fields[5])
+            if len(fields) > column and fields[0].isdigit():
+                times[(name, int(fields[0]))] = float(fields[column])
     return times
 
 
@@ -220,7 +231,8 @@ def main():
           "libcomm / peer, median (min-max) over the rounds" % (args.np, args.runs)
           + ("; tcp/mpi-tcp = libcomm-tcp / mpi-tcp" if tcp_pair else ""))
     for collective in collectives:
-        print("\n## %s" % collective)
+        print("\n## %s%s" % (collective, " (libcomm in place, as its peers)"
+                               if collective in IN_PLACE else ""))
         print("%10s" % "bytes" + "".join("%13s" % n for n in names)
               + "".join(" %23s" % ("/" + n) for n in peers)
               + (" %23s" % "tcp/mpi-tcp" if tcp_pair else ""))
