@@ -54,6 +54,13 @@ void barrier(CollectiveTransport& ctx);
 // all_reduce: recursive doubling's scratch is one message.
 std::size_t ring_threshold_bytes(int world_size);
 
+// The ring all_reduce's reduce-scatter half, in place: leaves this rank
+// with segment_of(count, size, rank + 1 mod size) of `data` (count
+// elements) reduced over every rank, and the rest of `data` partly
+// reduced. Needs count >= size.
+void ring_reduce_scatter(CollectiveTransport& ctx, void* data,
+                         std::size_t count, DType dtype, ReduceOp op);
+
 // Whether an all_gather, reduce_scatter or all_to_all in which this rank
 // sends `bytes_sent` in all exchanges with every peer at once, in one step
 // whose latency is one message's, rather than in the n - 1 steps of a ring

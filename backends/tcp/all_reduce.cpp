@@ -283,6 +283,12 @@ std::size_t ring_threshold_bytes(int world_size) {
   return world_size == 2 ? std::size_t{1} << 20 : std::size_t{64} << 10;
 }
 
+void ring_reduce_scatter(CollectiveTransport& ctx, void* data,
+                         std::size_t count, DType dtype, ReduceOp op) {
+  auto* bytes = static_cast<std::uint8_t*>(data);
+  ring(ctx, bytes, bytes, count, dtype, op, Halves::kReduceScatter);
+}
+
 void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
                 std::size_t count, DType dtype, ReduceOp op) {
   auto* data = static_cast<std::uint8_t*>(output);

@@ -8,6 +8,23 @@
 // and returning success (see gather.cpp). It costs a child that is ready
 // before its parent the wait for the parent.
 //
+// From 1 MiB at four ranks or more, two steps instead of the tree: the
+// ring all_reduce's reduce-scatter half, which leaves each rank r with
+// segment r + 1 of the message reduced over every rank, then every rank
+// sends its segment to the root, which receives them all at once. Each
+// rank reduces 1/n of the message where the tree makes the root reduce
+// log2(n) whole messages, one level after another; each rank sends
+// 2(n-1)/n of the message, against one message for a child of the tree.
+// Below 1 MiB the ring's n - 1 steps cost more than they save; at two
+// ranks the tree is one pipelined transfer already, and at three the two
+// were even (bench/README.md, "Reduce: the tree, or reduce-scatter and
+// gather"). Ranks that name
+// different roots disagree in the ring, where every rank receives from its
+// left neighbour a header that names the root it chose, so no
+// confirmation is needed; a rank whose left neighbour agrees with it may
+// send its segment to the root it named and return, and fails its next
+// call as in the tree.
+//
 // Over a group spanning hosts (hierarchy.h), two phases: the same tree
 // inside each host, towards its leader (the root on the root's host, the
 // lowest rank on the others), over shared memory, then among the leaders
@@ -50,6 +67,36 @@ void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
   }
 }
 
+// The smallest reduce that takes the reduce-scatter and the gather.
+constexpr std::size_t kScatterGatherBytes = std::size_t{1} << 20;
+
+// The head comment's large-message reduce.
+void scatter_then_gather(CollectiveTransport& ctx, void* data,
+                         std::size_t count, DType dtype, ReduceOp op,
+                         int root) {
+  const int size = ctx.size();
+  const std::size_t element = dtype_size(dtype);
+  auto* buffer = static_cast<std::uint8_t*>(data);
+  auto held_by = [&](int rank) {
+    const Segment segment = segment_of(count, size, (rank + 1) % size);
+    return CollectiveStep::Part{buffer + segment.begin * element,
+                                (segment.end - segment.begin) * element};
+  };
+  ring_reduce_scatter(ctx, data, count, dtype, op);
+  CollectiveStep& to_root = ctx.step();
+  if (ctx.rank() != root) {
+    const CollectiveStep::Part mine = held_by(ctx.rank());
+    to_root.send(root, mine.data, mine.bytes);
+  } else {
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == root) continue;
+      const CollectiveStep::Part theirs = held_by(peer);
+      to_root.recv(peer, theirs.data, theirs.bytes);
+    }
+  }
+  to_root.run();
+}
+
 }  // namespace
 
 void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
@@ -89,6 +136,10 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
     confirm(*memory, others);
     signal(ctx, others, {});
     return;
+  }
+  if (size >= 4 && bytes >= kScatterGatherBytes &&
+      count >= static_cast<std::size_t>(size)) {
+    return scatter_then_gather(ctx, data, count, dtype, op, root);
   }
   const int relative = (ctx.rank() - root + size) % size;
   auto real = [&](int r) { return (r + root) % size; };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <future>
 #include <string>
@@ -163,6 +164,7 @@ const char* rooted_name(Rooted kind) {
 // data checked against what its root sent), or the error's kind and text;
 // then " | next: " and what the barrier did.
 std::vector<std::string> rooted_outcome(int world, Rooted kind,
+                                        std::int64_t count,
                                         const std::function<int(int)>& root_of,
                                         std::chrono::milliseconds& slowest) {
   std::vector<std::string> outcome(static_cast<std::size_t>(world));
@@ -181,7 +183,7 @@ std::vector<std::string> rooted_outcome(int world, Rooted kind,
         };
         try {
           // Rank r contributes r + 1 (per block r * 10 + b for scatter).
-          Tensor t = Tensor::full({4}, rank + 1, DType::kF32);
+          Tensor t = Tensor::full({count}, rank + 1, DType::kF32);
           float expected = static_cast<float>(rank + 1);
           switch (kind) {
             case Rooted::kBroadcast:
@@ -193,7 +195,7 @@ std::vector<std::string> rooted_outcome(int world, Rooted kind,
               if (rank == root) {
                 for (int b = 0; b < world; ++b)
                   blocks.push_back(
-                      Tensor::full({4}, rank * 10 + b, DType::kF32));
+                      Tensor::full({count}, rank * 10 + b, DType::kF32));
               }
               group.scatter(t, blocks, {root})->wait();
               expected = static_cast<float>(root * 10 + rank);
@@ -207,7 +209,7 @@ std::vector<std::string> rooted_outcome(int world, Rooted kind,
               std::vector<Tensor> blocks;
               if (rank == root) {
                 for (int b = 0; b < world; ++b)
-                  blocks.push_back(Tensor::zeros({4}, DType::kF32));
+                  blocks.push_back(Tensor::zeros({count}, DType::kF32));
               }
               group.gather(blocks, t, {root})->wait();
               if (rank == root) {
@@ -266,16 +268,27 @@ TEST_CASE("ranks that name different roots fail with MismatchError, promptly",
       {"half name 0, half the last rank",
        [](int r, int n) { return r < n / 2 ? 0 : n - 1; }, false},
   };
+  // Small messages take the trees; a reduce of 2 MiB at four ranks takes
+  // the ring's reduce-scatter and a gather.
+  struct Call {
+    Rooted kind;
+    std::int64_t count;
+  };
+  const std::vector<Call> calls = {{Rooted::kBroadcast, 4},
+                                   {Rooted::kScatter, 4},
+                                   {Rooted::kReduce, 4},
+                                   {Rooted::kReduce, 1 << 19},
+                                   {Rooted::kGather, 4}};
   for (int world : {2, 3, 4}) {
-    for (Rooted kind : {Rooted::kBroadcast, Rooted::kScatter, Rooted::kReduce,
-                        Rooted::kGather}) {
+    for (const Call& call : calls) {
+      const Rooted kind = call.kind;
       for (const Pattern& pattern : patterns) {
         std::chrono::milliseconds slowest{0};
         auto outcome = rooted_outcome(
-            world, kind, [&](int rank) { return pattern.root(rank, world); },
-            slowest);
-        INFO("world " << world << ", " << rooted_name(kind) << ", "
-                      << pattern.name);
+            world, kind, call.count,
+            [&](int rank) { return pattern.root(rank, world); }, slowest);
+        INFO("world " << world << ", " << rooted_name(kind) << " of "
+                      << call.count << " floats, " << pattern.name);
         for (int r = 0; r < world; ++r) {
           INFO("rank " << r << " (root " << pattern.root(r, world)
                        << "): " << outcome[r]);
