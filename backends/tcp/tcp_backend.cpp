@@ -357,26 +357,27 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
     for (auto& v : s->offsets) v *= input.element_size();
     for (auto& v : s->counts) v *= input.element_size();
   }
-  const detail::Splits& sends = layout.sends;
-  const detail::Splits& receives = layout.receives;
-  const auto& send_offsets = sends.offsets;
-  const auto& send_bytes = sends.counts;
-  const auto& recv_offsets = receives.offsets;
-  const auto& recv_bytes = receives.counts;
   CallInfo call{Collective::kAllToAll, 0, input.dtype(), 0, ReduceOp::kSum, -1};
-  return enqueue(call, options.timeout,
-                 [output, input, send_offsets, send_bytes, recv_offsets,
-                  recv_bytes](CollectiveContext& ctx) mutable {
-                   Tensor in = on_host(input, true);
-                   Tensor out = on_host(output, false);
-                   // In place (one buffer for both), a block received
-                   // early would overwrite one not yet sent: send from a
-                   // copy.
-                   if (overlaps(in, out)) in = in.clone();
-                   alg::all_to_all(ctx, bytes_of(in), send_offsets, send_bytes,
-                                   bytes_of(out), recv_offsets, recv_bytes);
-                   from_host(output, out);
-                 });
+  // The splits move into the task: copying them would cost four heap
+  // allocations in every call.
+  return enqueue(
+      call, options.timeout,
+      [output, input, sends = std::move(layout.sends),
+       receives = std::move(layout.receives)](CollectiveContext& ctx) mutable {
+        const auto& send_offsets = sends.offsets;
+        const auto& send_bytes = sends.counts;
+        const auto& recv_offsets = receives.offsets;
+        const auto& recv_bytes = receives.counts;
+        Tensor in = on_host(input, true);
+        Tensor out = on_host(output, false);
+        // In place (one buffer for both), a block received
+        // early would overwrite one not yet sent: send from a
+        // copy.
+        if (overlaps(in, out)) in = in.clone();
+        alg::all_to_all(ctx, bytes_of(in), send_offsets, send_bytes,
+                        bytes_of(out), recv_offsets, recv_bytes);
+        from_host(output, out);
+      });
 }
 
 std::shared_ptr<Work> TcpBackend::do_barrier(const BarrierOptions& options) {

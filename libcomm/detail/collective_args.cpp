@@ -106,23 +106,22 @@ namespace {
 Splits all_to_all_splits(const std::vector<std::int64_t>& given,
                          const Tensor& t, int size, const char* which) {
   const auto n = static_cast<std::size_t>(size);
-  std::vector<std::int64_t> rows = given;
-  if (rows.empty()) {
-    if (t.size(0) % size != 0) {
-      throw InvalidArgument(std::string("all_to_all: ") + which + " " +
-                            t.describe() + " has " + std::to_string(t.size(0)) +
-                            " rows, not divisible by the group size " +
-                            std::to_string(size) + "; pass split sizes");
-    }
-    rows.assign(n, t.size(0) / size);
+  // Without split sizes every rank gets as many rows.
+  const bool even = given.empty();
+  if (even && t.size(0) % size != 0) {
+    throw InvalidArgument(std::string("all_to_all: ") + which + " " +
+                          t.describe() + " has " + std::to_string(t.size(0)) +
+                          " rows, not divisible by the group size " +
+                          std::to_string(size) + "; pass split sizes");
   }
+  auto rows = [&](std::size_t p) { return even ? t.size(0) / size : given[p]; };
   // Each count is checked against the total before it is added, so the sum
   // cannot overflow.
-  bool fits = rows.size() == n;
+  bool fits = even || given.size() == n;
   std::int64_t sum = 0;
   for (std::size_t p = 0; fits && p < n; ++p) {
-    fits = rows[p] >= 0 && rows[p] <= t.size(0) - sum;
-    if (fits) sum += rows[p];
+    fits = rows(p) >= 0 && rows(p) <= t.size(0) - sum;
+    if (fits) sum += rows(p);
   }
   if (!fits || sum != t.size(0)) {
     throw InvalidArgument(std::string("all_to_all: ") + which +
@@ -135,10 +134,12 @@ Splits all_to_all_splits(const std::vector<std::int64_t>& given,
                               : static_cast<std::size_t>(t.numel()) /
                                     static_cast<std::size_t>(t.size(0));
   Splits splits;
+  splits.offsets.reserve(n);
+  splits.counts.reserve(n);
   std::size_t at = 0;
   for (std::size_t p = 0; p < n; ++p) {
     splits.offsets.push_back(at);
-    splits.counts.push_back(static_cast<std::size_t>(rows[p]) * row);
+    splits.counts.push_back(static_cast<std::size_t>(rows(p)) * row);
     at += splits.counts.back();
   }
   return splits;
