@@ -29,9 +29,9 @@ issued), the time being the slowest rank's mean per call (all_reduce_perf
 broadcast: every peer broadcasts in place (MPI_Bcast has one buffer, as has
 torch.distributed.broadcast), where libcomm's out-of-place broadcast_perf
 also copies the input into the output on every rank before each call, so
-its in-place column is the like for like. Sizes count as nccl-tests counts them:
-one rank's buffer for all_reduce, broadcast and reduce, the whole buffer of
-n blocks for the others. Ranks are bound as all_reduce_perf binds them by
+its in-place column is the like for like. Sizes count as nccl-tests counts
+them: one rank's buffer for all_reduce, broadcast and reduce, the whole
+buffer of n blocks for the others. Ranks are bound as all_reduce_perf binds them by
 default (rank r on CPU r mod n) and as mpirun --bind-to
 core:overload-allowed does.
 

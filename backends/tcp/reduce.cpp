@@ -13,12 +13,12 @@
 // segment r + 1 of the message reduced over every rank, then every rank
 // sends its segment to the root, which receives them all at once. Each
 // rank reduces 1/n of the message where the tree makes the root reduce
-// log2(n) whole messages, one level after another; each rank sends
-// 2(n-1)/n of the message, against one message for a child of the tree.
-// Below 1 MiB the ring's n - 1 steps cost more than they save; at two
-// ranks the tree is one pipelined transfer already, and at three the two
-// were even (bench/README.md, "Reduce: the tree, or reduce-scatter and
-// gather"). Ranks that name
+// log2(n) whole messages, one level after another; a rank other than the
+// root sends one message's worth in all ((n-1)/n in the ring, 1/n to the
+// root), as a child of the tree does. Below 1 MiB the ring's n - 1 steps
+// cost more than they save; at two ranks the tree is one pipelined
+// transfer already, and at three the two were even (bench/README.md,
+// "Reduce: the tree, or reduce-scatter and gather"). Ranks that name
 // different roots disagree in the ring, where every rank receives from its
 // left neighbour a header that names the root it chose, so no
 // confirmation is needed; a rank whose left neighbour agrees with it may

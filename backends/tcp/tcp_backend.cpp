@@ -370,9 +370,8 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
         const auto& recv_bytes = receives.counts;
         Tensor in = on_host(input, true);
         Tensor out = on_host(output, false);
-        // In place (one buffer for both), a block received
-        // early would overwrite one not yet sent: send from a
-        // copy.
+        // In place (one buffer for both), a block received early would
+        // overwrite one not yet sent: send from a copy.
         if (overlaps(in, out)) in = in.clone();
         alg::all_to_all(ctx, bytes_of(in), send_offsets, send_bytes,
                         bytes_of(out), recv_offsets, recv_bytes);
