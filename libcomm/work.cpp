@@ -21,10 +21,17 @@ const std::string& Work::description() const {
 
 bool Work::wait(Duration timeout) {
   if (timeout == kNoTimeout && !is_completed()) progress();
+  if (is_completed()) {
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
+  const auto completed = [&] {
+    return completed_.load(std::memory_order_relaxed);
+  };
   if (timeout == kNoTimeout) {
-    done_.wait(lock, [&] { return completed_; });
-  } else if (!done_.wait_for(lock, timeout, [&] { return completed_; })) {
+    done_.wait(lock, completed);
+  } else if (!done_.wait_for(lock, timeout, completed)) {
     lock.unlock();
     throw TimeoutError(description() + " did not complete within " +
                        format_duration(timeout) + " of wait()");
@@ -34,32 +41,24 @@ bool Work::wait(Duration timeout) {
 }
 
 bool Work::is_completed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_;
+  return completed_.load(std::memory_order_acquire);
 }
 
-bool Work::is_success() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_ && !error_;
-}
+bool Work::is_success() const { return is_completed() && !error_; }
 
 std::exception_ptr Work::exception() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return error_;
+  return is_completed() ? error_ : nullptr;
 }
 
-int Work::source_rank() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return source_rank_;
-}
+int Work::source_rank() const { return is_completed() ? source_rank_ : -1; }
 
 void Work::finish(std::exception_ptr error, int source_rank) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (completed_) return;
-    completed_ = true;
+    if (completed_.load(std::memory_order_relaxed)) return;
     error_ = std::move(error);
     source_rank_ = source_rank;
+    completed_.store(true, std::memory_order_release);
   }
   done_.notify_all();
 }

@@ -5,6 +5,7 @@
 // rethrows its failure; is_completed() and is_success() never block.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -77,7 +78,10 @@ class COMM_API Work {
   mutable std::string description_;  // under mutex_
   mutable bool described_ = false;   // under mutex_
   std::condition_variable done_;
-  bool completed_ = false;
+  // Set, under mutex_, after error_ and source_rank_, which never change
+  // again: a reader that sees it set (acquire) reads them without the
+  // mutex, so that the checks a waited call makes cost no lock.
+  std::atomic<bool> completed_{false};
   std::exception_ptr error_;
   int source_rank_ = -1;
 };
