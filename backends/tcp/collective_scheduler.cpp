@@ -155,7 +155,7 @@ void CollectiveScheduler::run_worker() {
 void CollectiveScheduler::run(CollectiveTask& task) {
   const CollectiveTask::Body body = task.take_body();
   std::exception_ptr broken;
-  {
+  if (is_broken_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mutex_);
     broken = broken_;
   }
@@ -177,6 +177,7 @@ void CollectiveScheduler::run(CollectiveTask& task) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!broken_) broken_ = error;
+      is_broken_.store(true, std::memory_order_release);
     }
     task.finish(error);
   }

@@ -25,6 +25,7 @@
 // running one and stops the worker.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -119,6 +120,8 @@ class CollectiveScheduler final
   bool running_ = false;
   bool stopping_ = false;
   std::exception_ptr broken_;  // the first failure; tasks refuse after it
+  // Set once broken_ is, so that run() checks it without the mutex.
+  std::atomic<bool> is_broken_{false};
 };
 
 }  // namespace comm::tcp

@@ -232,6 +232,8 @@ std::shared_ptr<Work> TcpBackend::do_all_gather(
       [this, outputs, input](CollectiveContext& ctx) mutable {
         std::vector<Tensor> hosts;
         std::vector<void*> blocks;
+        hosts.reserve(outputs.size());
+        blocks.reserve(outputs.size());
         for (int r = 0; r < size(); ++r) {
           hosts.push_back(on_host(outputs[r], false));
           blocks.push_back(hosts.back().data_ptr());
@@ -251,6 +253,7 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
                    Tensor host = on_host(output, false);
                    const std::size_t bytes = input.nbytes();
                    std::vector<void*> blocks;
+                   blocks.reserve(static_cast<std::size_t>(size()));
                    for (int r = 0; r < size(); ++r)
                      blocks.push_back(bytes_of(host) + r * bytes);
                    Tensor mine = on_host(input, true);
@@ -272,6 +275,8 @@ std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
         Tensor mine = on_host(input, true);
         std::vector<Tensor> hosts;
         std::vector<void*> blocks;
+        hosts.reserve(outputs.size());
+        blocks.reserve(outputs.size());
         for (Tensor& output : outputs) {
           hosts.push_back(on_host(output, false));
           blocks.push_back(hosts.back().data_ptr());
@@ -293,6 +298,8 @@ std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
                    Tensor host = on_host(output, false);
                    std::vector<Tensor> hosts;
                    std::vector<const void*> blocks;
+                   hosts.reserve(inputs.size());
+                   blocks.reserve(inputs.size());
                    for (const Tensor& input : inputs) {
                      hosts.push_back(on_host(input, true));
                      blocks.push_back(hosts.back().data_ptr());
@@ -329,6 +336,8 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
                     : on_host(output, false);
         std::vector<Tensor> hosts;
         std::vector<const void*> blocks;
+        hosts.reserve(inputs.size());
+        blocks.reserve(inputs.size());
         for (const Tensor& input : inputs) {
           hosts.push_back(on_host(input, true));
           blocks.push_back(hosts.back().data_ptr());

@@ -59,7 +59,7 @@ std::shared_ptr<Backend> ProcessGroup::backend(DeviceType device) const {
 }
 
 Backend& ProcessGroup::route(const char* op, const Tensor& first,
-                             const std::vector<Tensor>& others) const {
+                             std::span<const Tensor> others) const {
   if (!first.defined()) {
     throw InvalidArgument(std::string(op) + " got an undefined tensor");
   }
@@ -97,7 +97,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(
 }
 std::shared_ptr<Work> ProcessGroup::all_reduce_into(
     Tensor& output, const Tensor& input, const AllReduceOptions& options) {
-  return route("all_reduce_into", input, {output})
+  return route("all_reduce_into", input, {&output, 1})
       .all_reduce_into(output, input, options);
 }
 std::shared_ptr<Work> ProcessGroup::all_gather(
@@ -108,7 +108,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather(
 }
 std::shared_ptr<Work> ProcessGroup::all_gather_into(
     Tensor& output, const Tensor& input, const AllGatherOptions& options) {
-  return route("all_gather_into", input, {output})
+  return route("all_gather_into", input, {&output, 1})
       .all_gather_into(output, input, options);
 }
 std::shared_ptr<Work> ProcessGroup::gather(std::vector<Tensor>& outputs,
@@ -130,7 +130,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(
 std::shared_ptr<Work> ProcessGroup::all_to_all(Tensor& output,
                                                const Tensor& input,
                                                const AllToAllOptions& options) {
-  return route("all_to_all", input, {output})
+  return route("all_to_all", input, {&output, 1})
       .all_to_all(output, input, options);
 }
 std::shared_ptr<Work> ProcessGroup::barrier(const BarrierOptions& options) {

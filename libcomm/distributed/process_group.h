@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -107,9 +108,10 @@ class COMM_API ProcessGroup {
   int subgroups_created_ = 0;
 
   // The backend for `first`'s device, after checking that every tensor of
-  // `others` is on the same kind of device.
+  // `others` is on the same kind of device. A span, so that a call with
+  // one other tensor copies nothing.
   Backend& route(const char* op, const Tensor& first,
-                 const std::vector<Tensor>& others = {}) const;
+                 std::span<const Tensor> others = {}) const;
 };
 
 // Rendezvous through `init_method` (see rendezvous.h), then the default
