@@ -58,24 +58,18 @@ CollectiveScheduler::~CollectiveScheduler() {
   close(interrupt_fd_);
 }
 
-std::shared_ptr<Work> CollectiveScheduler::enqueue(
-    CallInfo call, std::chrono::milliseconds timeout,
-    CollectiveTask::Body body) {
-  std::shared_ptr<CollectiveTask> task;
+void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task) {
   std::chrono::nanoseconds arm{0};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) {
       throw BackendError("the process group was shut down; create a new one");
     }
-    call.sequence = next_sequence_++;
-    task = std::make_shared<CollectiveTask>(call, timeout, std::move(body),
-                                            rank_, weak_from_this());
+    task->call.sequence = next_sequence_++;
     queue_.push_back(task);
     arm = claim_timer();
   }
   if (arm.count() > 0) arm_timer(timer_fd_, arm);
-  return task;
 }
 
 void CollectiveScheduler::check_open() const {
@@ -153,13 +147,13 @@ void CollectiveScheduler::run_worker() {
 }
 
 void CollectiveScheduler::run(CollectiveTask& task) {
-  const CollectiveTask::Body body = task.take_body();
   std::exception_ptr broken;
   if (is_broken_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(mutex_);
     broken = broken_;
   }
   if (broken) {
+    task.drop_body();
     try {
       std::rethrow_exception(broken);
     } catch (const std::exception& e) {
@@ -170,9 +164,10 @@ void CollectiveScheduler::run(CollectiveTask& task) {
     return;
   }
   try {
-    execute_(task.call, task.timeout, body);
-    task.finish();
+    execute_(task);
   } catch (...) {
+    // The body is gone unless the call failed before it ran.
+    task.drop_body();
     const auto error = std::current_exception();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -180,7 +175,9 @@ void CollectiveScheduler::run(CollectiveTask& task) {
       is_broken_.store(true, std::memory_order_release);
     }
     task.finish(error);
+    return;
   }
+  task.finish();
 }
 
 bool CollectiveScheduler::shutdown() {
@@ -194,7 +191,7 @@ bool CollectiveScheduler::shutdown() {
   const auto error = std::make_exception_ptr(BackendError(
       "the process group was shut down before this operation ran"));
   for (auto& task : abandoned) {
-    task->take_body();
+    task->drop_body();
     task->finish(error);
   }
   // Interrupt a collective in progress (on the worker or a waiting

@@ -43,11 +43,9 @@ namespace comm::tcp {
 class CollectiveScheduler final
     : public std::enable_shared_from_this<CollectiveScheduler> {
  public:
-  // Runs a task's body for its call within `timeout`; throws the call's
-  // error when it fails.
-  using Execute = std::function<void(const CallInfo& call,
-                                     std::chrono::milliseconds timeout,
-                                     const CollectiveTask::Body& body)>;
+  // Runs a task's body (CollectiveTask::run_body) within the task's
+  // timeout; throws the call's error when it fails.
+  using Execute = std::function<void(CollectiveTask& task)>;
 
   // How long a queued task waits for its caller before the worker starts
   // it: kWaitedGrace at start-up and after a wasted wake-up, kAsyncGrace
@@ -66,11 +64,17 @@ class CollectiveScheduler final
   CollectiveScheduler(const CollectiveScheduler&) = delete;
   CollectiveScheduler& operator=(const CollectiveScheduler&) = delete;
 
-  // Queues a collective: stamps `call` with the next sequence number and
-  // returns its Work. Throws BackendError once shut down.
-  std::shared_ptr<Work> enqueue(CallInfo call,
-                                std::chrono::milliseconds timeout,
-                                CollectiveTask::Body body);
+  // Queues a collective whose body is `body` (see CollectiveTaskWith):
+  // stamps `call` with the next sequence number and returns its Work.
+  // Throws BackendError once shut down.
+  template <typename Body>
+  std::shared_ptr<Work> enqueue(const CallInfo& call,
+                                std::chrono::milliseconds timeout, Body body) {
+    auto task = std::make_shared<CollectiveTaskWith<Body>>(
+        call, timeout, std::move(body), rank_, weak_from_this());
+    submit(task);
+    return task;
+  }
 
   // Runs queued tasks on the calling thread until `target` completes,
   // unless another thread holds the turn (then the caller just waits).
@@ -90,6 +94,8 @@ class CollectiveScheduler final
 
  private:
   explicit CollectiveScheduler(int rank, Execute execute);
+  // Stamps `task` with the next sequence number and queues it.
+  void submit(const std::shared_ptr<CollectiveTask>& task);
   void run_worker();
   // Runs one task, on whichever thread holds the turn: refuses it when the
   // scheduler is broken, and breaks the scheduler when it fails.

@@ -1,11 +1,13 @@
 // comm::tcp::CollectiveTask: a queued collective of the TCP backend and the
-// Work handed to its caller, in one allocation.
+// Work handed to its caller, with what the collective runs, in one
+// allocation.
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "backends/tcp/message_header.h"
 #include "libcomm/detail/socket.h"
@@ -16,31 +18,28 @@ namespace comm::tcp {
 struct CollectiveContext;
 class CollectiveScheduler;
 
-class CollectiveTask final : public Work {
+class CollectiveTask : public Work {
  public:
-  // What the task runs: the algorithm with its staging, given the context
-  // of the call (its connections, its deadline).
-  using Body = std::function<void(CollectiveContext&)>;
-
   CollectiveTask(const CallInfo& info, std::chrono::milliseconds limit,
-                 Body body, int rank,
-                 std::weak_ptr<CollectiveScheduler> scheduler)
+                 int rank, std::weak_ptr<CollectiveScheduler> scheduler)
       : call(info),
         timeout(limit),
         queued_at(detail::Clock::now()),
-        body_(std::move(body)),
         rank_(rank),
         scheduler_(std::move(scheduler)) {}
 
-  // Hands the body over, once: it holds the call's tensors, which the Work
-  // (that the caller may keep long after) must not keep alive.
-  Body take_body() {
-    Body body = std::move(body_);
-    body_ = nullptr;
-    return body;
-  }
+  // Runs the body (the algorithm with its staging, given the context of
+  // the call: its connections, its deadline), once, and destroys it as it
+  // returns or throws: it holds the call's tensors, which the Work (that
+  // the caller may keep long after) must not keep alive.
+  virtual void run_body(CollectiveContext& ctx) = 0;
+  // Destroys the body without running it, for a task that is refused or
+  // abandoned. Does nothing once the body is gone.
+  virtual void drop_body() = 0;
 
-  const CallInfo call;
+  // Stamped with the call's sequence number by the scheduler before the
+  // task is queued; constant from then on.
+  CallInfo call;
   const std::chrono::milliseconds timeout;
   const detail::Clock::time_point queued_at;
 
@@ -52,9 +51,34 @@ class CollectiveTask final : public Work {
   // A caller that waits runs the queue itself (CollectiveScheduler::help).
   void progress() override;
 
-  Body body_;
   const int rank_;
   std::weak_ptr<CollectiveScheduler> scheduler_;
+};
+
+// A task whose body is a `Body`, a callable taking CollectiveContext&, held
+// in the task itself: a body in a std::function of its own would cost a
+// heap allocation in every call, its captures being larger than the
+// function's inline buffer.
+template <typename Body>
+class CollectiveTaskWith final : public CollectiveTask {
+ public:
+  CollectiveTaskWith(const CallInfo& info, std::chrono::milliseconds limit,
+                     Body body, int rank,
+                     std::weak_ptr<CollectiveScheduler> scheduler)
+      : CollectiveTask(info, limit, rank, std::move(scheduler)),
+        body_(std::move(body)) {}
+
+  void run_body(CollectiveContext& ctx) override {
+    struct Destroy {
+      std::optional<Body>& body;
+      ~Destroy() { body.reset(); }
+    } destroy{body_};
+    (*body_)(ctx);
+  }
+  void drop_body() override { body_.reset(); }
+
+ private:
+  std::optional<Body> body_;
 };
 
 }  // namespace comm::tcp

@@ -84,8 +84,7 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
   workspace_ = std::make_unique<Workspace>(
       static_cast<std::size_t>(kWorkspaceBytes.get()));
   scheduler_ = tcp::CollectiveScheduler::start(
-      rank, [this](const CallInfo& call, std::chrono::milliseconds limit,
-                   const Body& body) { execute(call, limit, body); });
+      rank, [this](tcp::CollectiveTask& task) { execute(task); });
 }
 
 TcpBackend::~TcpBackend() { shutdown(); }
@@ -104,14 +103,15 @@ std::chrono::milliseconds TcpBackend::resolve(OpTimeout timeout) const {
   return timeout == kDefaultTimeout ? timeout_ : timeout;
 }
 
-std::shared_ptr<Work> TcpBackend::enqueue(CallInfo call, OpTimeout timeout,
-                                          Body body) {
+template <typename Body>
+std::shared_ptr<Work> TcpBackend::enqueue(const CallInfo& call,
+                                          OpTimeout timeout, Body body) {
   return scheduler_->enqueue(call, resolve(timeout), std::move(body));
 }
 
-void TcpBackend::execute(const CallInfo& call,
-                         std::chrono::milliseconds timeout, const Body& body) {
-  const auto deadline = detail::deadline_after(timeout);
+void TcpBackend::execute(tcp::CollectiveTask& task) {
+  const CallInfo& call = task.call;
+  const auto deadline = detail::deadline_after(task.timeout);
   try {
     // A failure the peers reported before this rank got here (a peer that
     // timed out waiting for this late rank, say) fails the call before it
@@ -124,7 +124,7 @@ void TcpBackend::execute(const CallInfo& call,
     CollectiveContext ctx{
         *mesh_,     *control_, call, deadline, scheduler_->interrupt_fd(),
         *workspace_};
-    body(ctx);
+    task.run_body(ctx);
     if (auto report = control_->check(call)) tcp::raise_report(call, *report);
   } catch (const tcp::ReportedFailure&) {
     // The others know already: a peer reported it, or it is a timeout the

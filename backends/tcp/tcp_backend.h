@@ -14,7 +14,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <memory>
 
 #include "backends/backend.h"
@@ -28,7 +27,8 @@ class Mesh;
 class ControlChannel;
 class PointToPoint;
 class CollectiveScheduler;
-class CollectiveContext;
+class CollectiveTask;
+struct CollectiveContext;
 struct CallInfo;
 }  // namespace tcp
 
@@ -78,18 +78,17 @@ class COMM_API TcpBackend final : public Backend {
   std::shared_ptr<Work> do_recv(Tensor& tensor, int src,
                                 const RecvOptions& options) override;
 
-  using Body = std::function<void(tcp::CollectiveContext&)>;
-
-  // Queues a collective: stamps it with the next sequence number; `body`
-  // runs with the call's deadline, on the worker thread or on the thread
-  // that waits for it, whichever comes first, always in issue order.
-  std::shared_ptr<Work> enqueue(tcp::CallInfo call, OpTimeout timeout,
+  // Queues a collective: stamps it with the next sequence number; `body`,
+  // a callable taking tcp::CollectiveContext&, runs with the call's
+  // deadline, on the worker thread or on the thread that waits for it,
+  // whichever comes first, always in issue order.
+  template <typename Body>
+  std::shared_ptr<Work> enqueue(const tcp::CallInfo& call, OpTimeout timeout,
                                 Body body);
-  // Runs one collective's body within `timeout`, on whichever thread holds
-  // the scheduler's turn; a failure is reported to the other ranks (unless
-  // they reported it) and thrown.
-  void execute(const tcp::CallInfo& call, std::chrono::milliseconds timeout,
-               const Body& body);
+  // Runs one collective's body within its timeout, on whichever thread
+  // holds the scheduler's turn; a failure is reported to the other ranks
+  // (unless they reported it) and thrown.
+  void execute(tcp::CollectiveTask& task);
   // The Work of a send or receive, numbered in this rank's point-to-point
   // order ("send #3 (float32 x 16, tag 0) to rank 1"). Throws when shut down.
   std::shared_ptr<Work> point_to_point_work(const char* kind,
