@@ -184,14 +184,15 @@ Exchange::Exchange(Mesh& mesh, const CallInfo& call,
   transfers_.reserve(2);  // most steps send one message and receive one
 }
 
-int Exchange::add(Transfer::Kind kind, int peer, std::vector<Part> parts) {
-  Transfer& t = transfers_.emplace_back();
+int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts) {
+  Transfer& t = transfers_.emplace_back(&arena_);
   t.kind = kind;
   t.peer = peer;
-  std::erase_if(parts, [](const Part& part) { return part.bytes == 0; });
-  t.parts = std::move(parts);
+  t.parts.reserve(parts.size());
   std::size_t largest_reduced = 0;
-  for (Part& part : t.parts) {
+  for (const Part& given : parts) {
+    if (given.bytes == 0) continue;
+    Part& part = t.parts.emplace_back(given);
     t.bytes += part.bytes;
     if (part.base == part.data) part.base = nullptr;
     if (part.reduce) largest_reduced = std::max(largest_reduced, part.bytes);
@@ -208,26 +209,28 @@ int Exchange::add(Transfer::Kind kind, int peer, std::vector<Part> parts) {
 }
 
 void Exchange::send(int peer, const void* data, std::size_t bytes) {
-  add(Transfer::Kind::kSend, peer,
-      {{const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data)),
-        bytes}});
+  const Part part{
+      const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data)), bytes};
+  add(Transfer::Kind::kSend, peer, {&part, 1});
 }
 
 void Exchange::recv(int peer, void* data, std::size_t bytes) {
-  add(Transfer::Kind::kRecv, peer, {{static_cast<std::uint8_t*>(data), bytes}});
+  const Part part{static_cast<std::uint8_t*>(data), bytes};
+  add(Transfer::Kind::kRecv, peer, {&part, 1});
 }
 
 void Exchange::recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
                            ReduceOp op, const void* base) {
-  recv_parts(peer,
-             {{static_cast<std::uint8_t*>(data), bytes, true,
-               static_cast<const std::uint8_t*>(base)}},
-             dtype, op);
+  const Part part{static_cast<std::uint8_t*>(data), bytes, true,
+                  static_cast<const std::uint8_t*>(base)};
+  const int index = add(Transfer::Kind::kRecv, peer, {&part, 1});
+  transfers_[static_cast<std::size_t>(index)].dtype = dtype;
+  transfers_[static_cast<std::size_t>(index)].op = op;
 }
 
 int Exchange::recv_parts(int peer, std::vector<Part> parts, DType dtype,
                          ReduceOp op) {
-  const int index = add(Transfer::Kind::kRecv, peer, std::move(parts));
+  const int index = add(Transfer::Kind::kRecv, peer, parts);
   transfers_.back().dtype = dtype;
   transfers_.back().op = op;
   return index;
@@ -235,7 +238,7 @@ int Exchange::recv_parts(int peer, std::vector<Part> parts, DType dtype,
 
 void Exchange::relay(int peer, std::vector<Part> parts, std::size_t ready,
                      int source) {
-  add(Transfer::Kind::kSend, peer, std::move(parts));
+  add(Transfer::Kind::kSend, peer, parts);
   transfers_.back().source = source;
   transfers_.back().ready = ready;
 }

@@ -49,7 +49,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <memory_resource>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -126,6 +128,9 @@ class Exchange final : public CollectiveStep {
   Exchange(Mesh& mesh, const CallInfo& call, detail::Clock::time_point deadline,
            int wake_fd, ControlChannel* control = nullptr,
            Workspace* workspace = nullptr);
+  // Its transfers point into the Exchange itself.
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
 
   void send(int peer, const void* data, std::size_t bytes) override;
   void recv(int peer, void* data, std::size_t bytes) override;
@@ -161,10 +166,11 @@ class Exchange final : public CollectiveStep {
 
  private:
   struct Transfer {
-    enum class Kind { kSend, kRecv } kind;
-    int peer;
-    std::vector<Part> parts;  // none of them empty
-    std::size_t bytes = 0;    // their sum
+    explicit Transfer(std::pmr::memory_resource* memory) : parts(memory) {}
+    enum class Kind { kSend, kRecv } kind = Kind::kSend;
+    int peer = -1;
+    std::pmr::vector<Part> parts;  // none of them empty
+    std::size_t bytes = 0;         // their sum
     DType dtype = DType::kU8;
     ReduceOp op = ReduceOp::kSum;
     std::uint8_t header[MessageHeader::kWireSize];
@@ -190,7 +196,7 @@ class Exchange final : public CollectiveStep {
     }
   };
 
-  int add(Transfer::Kind kind, int peer, std::vector<Part> parts);
+  int add(Transfer::Kind kind, int peer, std::span<const Part> parts);
   // The bytes of `t` that may be sent now.
   std::size_t sendable(const Transfer& t) const;
   // Progresses transfer `index` until its socket would block; then, for a
@@ -226,7 +232,14 @@ class Exchange final : public CollectiveStep {
   int wake_fd_;
   ControlChannel* control_;
   Workspace* workspace_;
-  std::vector<Transfer> transfers_;
+  // The transfers and their parts live in arena_memory_ while they fit,
+  // as those of a step with a few peers do, and on the heap past it: a
+  // small step, which runs in a few microseconds, would otherwise spend a
+  // good part of them in malloc and free.
+  alignas(std::max_align_t) std::byte arena_memory_[2048];
+  std::pmr::monotonic_buffer_resource arena_{arena_memory_,
+                                             sizeof(arena_memory_)};
+  std::pmr::vector<Transfer> transfers_{&arena_};
 };
 
 }  // namespace comm::tcp
