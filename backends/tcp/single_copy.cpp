@@ -14,10 +14,15 @@ namespace comm::tcp::algorithms {
 namespace {
 
 const IntParam kDirectThresholdBytes{
-    "COMM_SHM_DIRECT_THRESHOLD_BYTES", std::int64_t{1} << 30, 1,
+    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 256 << 10, 1,
     std::numeric_limits<std::int64_t>::max(),
     "the smallest collective whose ranks, all on one host, read each other's "
     "buffers directly instead of through the shared-memory rings"};
+const IntParam kDirectToRootThresholdBytes{
+    "COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", std::int64_t{1} << 30, 1,
+    std::numeric_limits<std::int64_t>::max(),
+    "the smallest gather or reduce whose root, with every rank on one host, "
+    "reads the others' buffers directly"};
 
 }  // namespace
 
@@ -25,8 +30,13 @@ std::size_t direct_threshold_bytes() {
   return static_cast<std::size_t>(kDirectThresholdBytes.get());
 }
 
-PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes) {
-  if (ctx.size() < 2 || bytes < direct_threshold_bytes()) return nullptr;
+std::size_t direct_to_root_threshold_bytes() {
+  return static_cast<std::size_t>(kDirectToRootThresholdBytes.get());
+}
+
+PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
+                          std::size_t threshold) {
+  if (ctx.size() < 2 || bytes < threshold) return nullptr;
   return ctx.peer_memory();
 }
 

@@ -41,12 +41,19 @@ namespace comm::tcp::algorithms {
 // COMM_SHM_DIRECT_THRESHOLD_BYTES: the smallest collective that reads the
 // peers' memory, in the bytes each collective's file names.
 std::size_t direct_threshold_bytes();
+// COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES: the same for gather and reduce,
+// whose root takes in every byte. There the rings let each sender copy
+// its own bytes in, in parallel, while a direct root copies all of them
+// itself, with process_vm_readv's page-by-page copy (bench/README.md,
+// "Single copy").
+std::size_t direct_to_root_threshold_bytes();
 
 // The peers' memory when a collective of `bytes` reads it directly: every
 // rank of the group can read every other's, the group has more than one
-// rank, and `bytes` reaches direct_threshold_bytes(). Null otherwise.
-// Every rank that makes the same call gets the same answer.
-PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes);
+// rank, and `bytes` reaches `threshold`. Null otherwise. Every rank that
+// makes the same call gets the same answer.
+PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
+                          std::size_t threshold = direct_threshold_bytes());
 
 // Offers this rank's buffers (PeerMemory::offer) while it lives: made
 // before the first address is sent, it withdraws them on every way out of

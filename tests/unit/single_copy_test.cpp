@@ -339,6 +339,7 @@ TEST_CASE(
     "references",
     "[single_copy][reduce_scatter][reduce]") {
   EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", "1"},
              {"COMM_TCP_CHUNK_BYTES", "4096"}});
   const std::vector<std::pair<DType, ReduceOp>> cases = {
       {DType::kF32, ReduceOp::kSum},      {DType::kF16, ReduceOp::kSum},
@@ -431,7 +432,8 @@ TEST_CASE(
     "broadcast, all_gather, gather and scatter read each byte once, from "
     "every root",
     "[single_copy][broadcast][gather]") {
-  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"}});
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", "1"}});
   for (int world : {1, 2, 3, 5, 8}) {
     std::atomic<std::size_t> read{0};
     std::size_t expected_read = 0;
@@ -585,6 +587,48 @@ TEST_CASE("below the threshold nothing is read", "[single_copy]") {
         [&](CollectiveTransport& t) { alg::all_gather(t, places, 80000); });
     for (int r = 0; r < 4; ++r) {
       expect(blocks[r] == pattern(r, 0, 80000), "all_gather");
+    }
+  });
+  check_all_ok(errors);
+  CHECK(read.load() == 0);
+}
+
+TEST_CASE("gather and reduce follow their own threshold", "[single_copy]") {
+  // Past COMM_SHM_DIRECT_THRESHOLD_BYTES but below the to-root one: the
+  // root takes every byte over the rings, and nobody reads.
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", "1000000"}});
+  std::atomic<std::size_t> read{0};
+  auto errors = run_ranks(4, read, [&](Rank& rank) {
+    const int me = rank.rank(), root = 2;
+    const std::size_t bytes = 80000;
+    const Bytes input = pattern(me, 2, bytes);
+    std::vector<Bytes> gathered(me == root ? 4 : 0, Bytes(bytes));
+    std::vector<void*> outputs;
+    for (Bytes& block : gathered) outputs.push_back(block.data());
+    rank.run({Collective::kGather, 0, DType::kU8,
+              static_cast<std::int64_t>(bytes), ReduceOp::kSum, root},
+             [&](CollectiveTransport& t) {
+               alg::gather(t, input.data(), outputs, bytes, root);
+             });
+    for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+      expect(gathered[r] == pattern(r, 2, bytes), "gather");
+    }
+    const std::size_t count = 20000;
+    std::vector<Bytes> operands;
+    for (int r = 0; r < 4; ++r) {
+      operands.push_back(operand(r, count, DType::kI32, ReduceOp::kSum, 4));
+    }
+    Bytes data = operands[me];
+    rank.run({Collective::kReduce, 0, DType::kI32,
+              static_cast<std::int64_t>(count), ReduceOp::kSum, root},
+             [&](CollectiveTransport& t) {
+               alg::reduce(t, data.data(), count, DType::kI32, ReduceOp::kSum,
+                           root);
+             });
+    if (me == root) {
+      expect(data == fold(operands, count, DType::kI32, ReduceOp::kSum),
+             "reduce");
     }
   });
   check_all_ok(errors);
