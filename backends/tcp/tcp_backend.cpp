@@ -61,6 +61,32 @@ std::uint8_t* bytes_of(const Tensor& tensor) {
   return static_cast<std::uint8_t*>(tensor.data_ptr());
 }
 
+// all_gather of `blocks`, of which this rank's (`blocks[rank]`) is to hold
+// `mine`. Unless `mine` overlaps the output (`apart` false: in place, or
+// overlapping another rank's block, which the gather would overwrite
+// before sending `mine`), the peers take this rank's block from `mine`,
+// and it is copied into its place only after: a peer that reads it
+// (single copy) then reads memory this rank has not just written, which
+// costs a peer's core far less (all_gather_into of 256 KiB at world 2:
+// 26-28 us copied first, 11-12 us in place), and the copy overlaps
+// nothing the peers wait for.
+void all_gather_from(CollectiveContext& ctx, std::vector<void*>& blocks,
+                     const void* mine, std::size_t bytes, bool apart) {
+  void* own = blocks[static_cast<std::size_t>(ctx.rank())];
+  if (bytes == 0 || own == mine) {
+    alg::all_gather(ctx, blocks, bytes);
+    return;
+  }
+  if (!apart) {
+    std::memmove(own, mine, bytes);
+    alg::all_gather(ctx, blocks, bytes);
+    return;
+  }
+  blocks[static_cast<std::size_t>(ctx.rank())] = const_cast<void*>(mine);
+  alg::all_gather(ctx, blocks, bytes);
+  std::memcpy(own, mine, bytes);
+}
+
 }  // namespace
 
 TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
@@ -238,8 +264,12 @@ std::shared_ptr<Work> TcpBackend::do_all_gather(
           hosts.push_back(on_host(outputs[r], false));
           blocks.push_back(hosts.back().data_ptr());
         }
-        hosts[rank()].copy_(on_host(input, true).view(hosts[rank()].shape()));
-        alg::all_gather(ctx, blocks, input.nbytes());
+        Tensor staged;
+        const Tensor& mine = on_host(input, true, staged);
+        const bool apart =
+            std::none_of(hosts.begin(), hosts.end(),
+                         [&](const Tensor& h) { return overlaps(h, mine); });
+        all_gather_from(ctx, blocks, mine.data_ptr(), input.nbytes(), apart);
         for (int r = 0; r < size(); ++r) from_host(outputs[r], hosts[r]);
       });
 }
@@ -256,10 +286,10 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
                    blocks.reserve(static_cast<std::size_t>(size()));
                    for (int r = 0; r < size(); ++r)
                      blocks.push_back(bytes_of(host) + r * bytes);
-                   Tensor mine = on_host(input, true);
-                   if (bytes > 0)
-                     std::memmove(blocks[rank()], mine.data_ptr(), bytes);
-                   alg::all_gather(ctx, blocks, bytes);
+                   Tensor staged;
+                   const Tensor& mine = on_host(input, true, staged);
+                   all_gather_from(ctx, blocks, mine.data_ptr(), bytes,
+                                   !overlaps(host, mine));
                    from_host(output, host);
                  });
 }

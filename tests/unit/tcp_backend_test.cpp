@@ -206,6 +206,25 @@ TEST_CASE("all_gather, gather and scatter", "[tcp][gather]") {
                               pattern(count, dtype, r * 7)),
                    "all_gather_into");
           }
+          // Out of place, and with the input lying in the next rank's
+          // slot of the output, which the gather must not overwrite
+          // before this rank's block has gone.
+          const int next = (me + 1) % world;
+          Tensor apart = Tensor::zeros({count * world}, dtype);
+          Tensor shared = Tensor::zeros({count * world}, dtype);
+          Tensor borrowed = shared.slice(next * count, (next + 1) * count);
+          borrowed.copy_(mine);
+          group.all_gather_into(apart, mine)->wait();
+          group.all_gather_into(shared, borrowed)->wait();
+          for (int r = 0; r < world; ++r) {
+            const Tensor expected = pattern(count, dtype, r * 7);
+            expect(
+                same_bytes(apart.slice(r * count, (r + 1) * count), expected),
+                "all_gather_into, out of place");
+            expect(
+                same_bytes(shared.slice(r * count, (r + 1) * count), expected),
+                "all_gather_into, input in another rank's slot");
+          }
           for (int root = 0; root < world; ++root) {
             std::vector<Tensor> gathered;
             if (me == root) {
