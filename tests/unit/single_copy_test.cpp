@@ -510,11 +510,13 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "all_to_all reads the parts at the threshold or above and carries the "
-    "smaller ones",
+    "all_to_all reads the parts of a world-th of the threshold or above "
+    "and carries the smaller ones",
     "[single_copy][all_to_all]") {
-  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "64"}});
   for (int world : {1, 2, 3, 4, 7}) {
+    // Parts of 64 bytes or more are read.
+    const std::string threshold = std::to_string(64 * world);
+    EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", threshold.c_str()}});
     std::atomic<std::size_t> read{0};
     // Rank r sends rank p (r * 3 + p * 5) % 41 int32 (0 to 160 bytes).
     auto part_bytes = [](int from, int to) -> std::size_t {
