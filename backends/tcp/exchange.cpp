@@ -197,7 +197,18 @@ int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts) {
     if (part.base == part.data) part.base = nullptr;
     if (part.reduce) largest_reduced = std::max(largest_reduced, part.bytes);
   }
-  t.scratch_bytes = std::min(largest_reduced, chunk_bytes());
+  // Over a ring, a reducing receive takes a quarter of the ring at a
+  // time, so that the sender keeps filling the rest while this rank
+  // reduces; with a chunk of the whole ring the two took turns.
+  std::size_t chunk = chunk_bytes();
+  if (const shm::Ring* ring =
+          kind == Transfer::Kind::kRecv
+              ? mesh_.ring(peer, Channel::kCollective, false)
+              : nullptr) {
+    chunk = std::min(chunk,
+                     std::max<std::size_t>(64, ring->capacity() / 4 / 64 * 64));
+  }
+  t.scratch_bytes = std::min(largest_reduced, chunk);
   if (t.scratch_bytes > 0) t.scratch = {workspace_, t.scratch_bytes};
   if (kind == Transfer::Kind::kSend) {
     MessageHeader header;
