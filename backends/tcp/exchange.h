@@ -5,8 +5,9 @@
 // neighbour while receiving from its left, or exchange with one partner in
 // both directions) through non-blocking sockets and poll(). A receive may
 // reduce as it goes: it reads the payload into a scratch buffer of one chunk
-// and reduces each chunk into its destination while the kernel keeps
-// receiving the next one, so scratch memory is O(chunk), not O(message),
+// (over a shared-memory ring, at most a quarter of the ring) and reduces
+// each chunk into its destination while the kernel, or the sender, keeps
+// delivering the next one, so scratch memory is O(chunk), not O(message),
 // per reducing receive. Taken from the call's Workspace, a step's chunks
 // stay with the call until it ends, so a call holds one per reducing step
 // (n - 1 in a ring of n ranks) and the next call finds them again.
@@ -68,8 +69,9 @@
 
 namespace comm::tcp {
 
-// The bytes of scratch a reducing receive uses: COMM_TCP_CHUNK_BYTES, or
-// 256 KiB; always a multiple of 64.
+// The bytes of scratch a reducing receive from a socket uses (from a ring,
+// at most a quarter of the ring): COMM_TCP_CHUNK_BYTES, or 256 KiB; always
+// a multiple of 64.
 std::size_t chunk_bytes();
 
 // How long a waiting step polls, from its start or its last progress,
