@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <new>
 #include <sstream>
 #include <string_view>
 
@@ -51,9 +52,10 @@ struct Hello {
   std::uint64_t job = 0;
   std::uint64_t ring_bytes = 0;     // the capacity of each ring of the segment
   std::uint64_t probe_address = 0;  // where the sender's probe word lies
-  std::uint64_t offer_address = 0;  // where its offered_ word lies
 };
 constexpr int kHelloDescriptors = 1 + kLanes;  // the memfd, then doorbells
+// The line at the end of a segment that holds its owner's offer word.
+constexpr std::size_t kOfferLine = 64;
 
 std::string read_first_line(const char* path) {
   std::ifstream in(path);
@@ -354,7 +356,8 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
 
   // This rank's segment: the rings its local peers write to it.
   const std::size_t writers = local_ranks_.size() - 1;
-  segment_bytes_ = kLanes * writers * ring_footprint(capacity);
+  // The rings, then a line for the offer word (offer()).
+  segment_bytes_ = kLanes * writers * ring_footprint(capacity) + kOfferLine;
   // Closed on every way out: once the peers have it, their mappings and the
   // datagrams in flight hold the segment.
   struct Descriptor {
@@ -382,6 +385,9 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     segment_ = nullptr;
     throw SystemError(error, "shared memory: mapping a segment");
   }
+  offer_word_ =
+      new (static_cast<std::uint8_t*>(segment_) + segment_bytes_ - kOfferLine)
+          std::atomic<std::uint64_t>(0);
   for (auto& doorbell : doorbells_) doorbell = std::make_unique<Doorbell>();
   // Single copy is for groups whose every rank is local, so that a group's
   // algorithms never mix reads with sockets; every rank sees the same.
@@ -419,7 +425,6 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   hello.job = job;
   hello.ring_bytes = capacity;
   hello.probe_address = reinterpret_cast<std::uintptr_t>(&probe_word_);
-  hello.offer_address = reinterpret_cast<std::uintptr_t>(&offered_);
   int carried[kHelloDescriptors] = {memfd, doorbells_[0]->fd(),
                                     doorbells_[1]->fd()};
   std::vector<int> unsent, unheard;
@@ -510,10 +515,9 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
         continue;
       }
       Peer& peer = peers_[theirs.rank];
-      peer.offer_address = theirs.offer_address;
       struct stat info {};
       const std::size_t need =
-          kLanes * writers * ring_footprint(theirs.ring_bytes);
+          kLanes * writers * ring_footprint(theirs.ring_bytes) + kOfferLine;
       if (::fstat(fds[0], &info) != 0 ||
           static_cast<std::size_t>(info.st_size) < need) {
         close_carried(message);
@@ -534,6 +538,8 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                                      std::to_string(theirs.rank) +
                                      "'s segment");
       }
+      peer.offer_word = reinterpret_cast<const std::atomic<std::uint64_t>*>(
+          static_cast<std::uint8_t*>(peer.segment) + need - kOfferLine);
       for (int lane = 0; lane < kLanes; ++lane) {
         peer.doorbells[lane] = fds[1 + lane];
         peer.out[lane] =
@@ -667,13 +673,10 @@ int LocalPeers::offered(int peer, std::uint64_t sequence) const {
   // The buffers were read before this word: a peer that withdrew only
   // after it was read had not left the call when the buffers were read.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  std::uint64_t word = 0;
-  const std::uint64_t address =
-      peer == rank_ ? reinterpret_cast<std::uintptr_t>(&offered_)
-                    : peers_[peer].offer_address;
-  if (const int error = read_memory(peer, address, &word, sizeof(word))) {
-    return error;
-  }
+  const std::atomic<std::uint64_t>* offer =
+      peer == rank_ ? offer_word_ : peers_[peer].offer_word;
+  if (offer == nullptr) return ESRCH;  // released
+  const std::uint64_t word = offer->load(std::memory_order_acquire);
   // The process that answered was the peer only if the peer had not ended
   // by now: after that, its id may belong to another process.
   if (exited(peer)) return ESRCH;
@@ -704,6 +707,7 @@ void LocalPeers::release() {
     for (int& fd : peer.doorbells) close_fd(fd);
     close_fd(peer.pidfd);
   }
+  offer_word_ = &unshared_offer_;
   if (segment_ != nullptr) ::munmap(segment_, segment_bytes_);
   segment_ = nullptr;
   for (Peer& peer : peers_) peer = Peer{};

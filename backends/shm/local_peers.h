@@ -38,8 +38,9 @@
 // COMM_SHM_SINGLE_COPY=0 turns it off.
 //
 // Offering. A rank whose buffers its peers may read in a collective says
-// so in a word of its memory (offer) until it leaves the call (withdraw),
-// and a reader checks that word after it read (offered): a rank that
+// so in a word of its segment (offer) until it leaves the call (withdraw),
+// and a reader checks that word after it read (offered), with a load from
+// its mapping of the segment rather than a system call: a rank that
 // fails leaves its call without waiting for its readers, and its caller
 // may then free or rewrite the buffers, so what was read from a rank that
 // no longer offers them is never taken for its data.
@@ -138,8 +139,8 @@ class LocalPeers {
   // withdraw(). Both are stores to a word that the peers read, and are
   // made before the buffers' addresses are sent and before a rank that
   // leaves the call lets anything free or rewrite them.
-  void offer(std::uint64_t sequence) { offered_.store(sequence + 1); }
-  void withdraw() { offered_.store(0); }
+  void offer(std::uint64_t sequence) { offer_word_->store(sequence + 1); }
+  void withdraw() { offer_word_->store(0); }
   // Whether `peer` offers its buffers in collective `sequence` and its
   // process lives: 0 when both hold, ECANCELED when it does not offer them
   // (any more), ESRCH when it has ended, or read_memory's error. Asked
@@ -161,7 +162,8 @@ class LocalPeers {
     std::array<int, kLanes> doorbells{-1, -1};  // the peer's, duplicated
     void* segment = nullptr;                    // the peer's, mapped
     std::size_t segment_bytes = 0;
-    std::uint64_t offer_address = 0;  // the peer's offered_ word
+    // The peer's offer word, in its segment (see offer()).
+    const std::atomic<std::uint64_t>* offer_word = nullptr;
     std::array<Ring, kLanes> out;
     std::array<Ring, kLanes> in;
   };
@@ -208,8 +210,10 @@ class LocalPeers {
   // memory; its address travels in the hello.
   std::uint64_t probe_word_ = 0;
   bool single_copy_ = false;
-  // What offer() and withdraw() store; its address travels in the hello.
-  std::atomic<std::uint64_t> offered_{0};
+  // What offer() and withdraw() store: the last line of this rank's
+  // segment, which its peers map, or `unshared_offer_` without one.
+  std::atomic<std::uint64_t> unshared_offer_{0};
+  std::atomic<std::uint64_t>* offer_word_ = &unshared_offer_;
   std::vector<std::uint8_t> scratch_;
 };
 
