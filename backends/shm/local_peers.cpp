@@ -677,8 +677,9 @@ int LocalPeers::offered(int peer, std::uint64_t sequence) const {
       peer == rank_ ? offer_word_ : peers_[peer].offer_word;
   if (offer == nullptr) return ESRCH;  // released
   const std::uint64_t word = offer->load(std::memory_order_acquire);
-  // The process that answered was the peer only if the peer had not ended
-  // by now: after that, its id may belong to another process.
+  // A peer that ended leaves its word as it was, and the reads before
+  // may have reached another process that took its id: only a peer that
+  // still lives now was the process read.
   if (exited(peer)) return ESRCH;
   return word == sequence + 1 ? 0 : ECANCELED;
 }

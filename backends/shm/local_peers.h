@@ -138,14 +138,20 @@ class LocalPeers {
   // This rank's buffers are readable in collective `sequence`, until
   // withdraw(). Both are stores to a word that the peers read, and are
   // made before the buffers' addresses are sent and before a rank that
-  // leaves the call lets anything free or rewrite them.
+  // leaves the call lets anything free or rewrite them; the fence keeps
+  // the caller's later writes to the buffers after the withdrawal on
+  // every architecture, as a reader's fence keeps its reads before its
+  // look at the word.
   void offer(std::uint64_t sequence) { offer_word_->store(sequence + 1); }
-  void withdraw() { offer_word_->store(0); }
+  void withdraw() {
+    offer_word_->store(0);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
   // Whether `peer` offers its buffers in collective `sequence` and its
   // process lives: 0 when both hold, ECANCELED when it does not offer them
-  // (any more), ESRCH when it has ended, or read_memory's error. Asked
-  // after reading, a yes means that the reads copied the peer's memory
-  // while it was still in the call.
+  // (any more), ESRCH when it has ended. Asked after reading, a yes means
+  // that the reads copied the peer's memory while it was still in the
+  // call.
   int offered(int peer, std::uint64_t sequence) const;
   // Scratch memory of `bytes` or more, kept until the next call.
   std::uint8_t* scratch(std::size_t bytes);

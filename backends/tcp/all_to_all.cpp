@@ -12,11 +12,11 @@
 //
 // Where every rank is on this host and may read the others' memory, each
 // pair of ranks decides, for each direction, on the part's size alone
-// (both ends know it): a part of direct_threshold_bytes() / n or more (n
-// such parts would reach the threshold) is read by its receiver from the
-// sender's input where it lies (single_copy.h), a smaller one travels over
-// the ring. Every rank sends every peer, in one
-// step, a Region (its part's address and size) followed by the part itself
+// (both ends know it): a part of direct_threshold_bytes() / n, rounded
+// up, or more (n such parts reach the threshold) is read by its receiver
+// from the sender's input where it lies (single_copy.h), a smaller one
+// travels over the ring. Every rank sends every peer, in one step, a
+// Region (its part's address and size) followed by the part itself
 // when it is small; the receiver checks the size it was told against the
 // one it expects, so that ranks whose splits disagree fail with
 // MismatchError (where the two ends disagree on whether the part travels,
@@ -46,8 +46,9 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
   // A part is judged as one of n equal ones: read when n parts of its
   // size would reach the threshold, as the other collectives judge their
   // whole buffers.
-  const std::size_t threshold = std::max<std::size_t>(
-      1, direct_threshold_bytes() / static_cast<std::size_t>(size));
+  const std::size_t n = static_cast<std::size_t>(size);
+  const std::size_t threshold =
+      std::max<std::size_t>(1, (direct_threshold_bytes() + n - 1) / n);
   const Offer offer(memory);
   auto read = [&](std::size_t bytes) { return bytes >= threshold; };
   // Both stay in place until the step has run.

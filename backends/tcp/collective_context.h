@@ -64,7 +64,8 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
     return mesh_.local_peers().scratch(bytes);
   }
   // Throws the error of a failed read or confirm(): `error` is
-  // read_memory's or offered()'s.
+  // read_memory's (ESRCH, EPERM, ENOSYS, EFAULT) or offered()'s (ESRCH,
+  // ECANCELED).
   [[noreturn]] void fail_reading(int peer, int error, std::size_t bytes);
   // Throws the failure a peer reported for this call, if one is recorded
   // or arrives within `grace`.

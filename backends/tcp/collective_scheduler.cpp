@@ -177,6 +177,7 @@ void CollectiveScheduler::run(CollectiveTask& task) {
     task.finish(error);
     return;
   }
+  task.drop_body();  // gone already, unless execute_ never ran it
   task.finish();
 }
 

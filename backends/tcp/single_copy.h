@@ -42,10 +42,11 @@ namespace comm::tcp::algorithms {
 // peers' memory, in the bytes each collective's file names.
 std::size_t direct_threshold_bytes();
 // COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES: the same for gather and reduce,
-// whose root takes in every byte. There the rings let each sender copy
-// its own bytes in, in parallel, while a direct root copies all of them
-// itself, with process_vm_readv's page-by-page copy (bench/README.md,
-// "Single copy").
+// which by default keep the rings. A direct gather's root copies every
+// block itself, where over the rings each sender copies its own in, in
+// parallel; the direct reduce (a reduce-scatter whose slices the root
+// then reads) adds a step to the tree's one message, and was slower at
+// world 2 at every size measured (bench/README.md, "Single copy").
 std::size_t direct_to_root_threshold_bytes();
 
 // The peers' memory when a collective of `bytes` reads it directly: every
