@@ -67,9 +67,8 @@ std::uint8_t* bytes_of(const Tensor& tensor) {
 // before sending `mine`), the peers take this rank's block from `mine`,
 // and it is copied into its place only after: a peer that reads it
 // (single copy) then reads memory this rank has not just written, which
-// costs a peer's core far less (all_gather_into of 256 KiB at world 2:
-// 26-28 us copied first, 11-12 us in place), and the copy overlaps
-// nothing the peers wait for.
+// costs a peer's core far less (bench/README.md, "Single copy"), and the
+// copy delays nothing the peers wait for.
 void all_gather_from(CollectiveContext& ctx, std::vector<void*>& blocks,
                      const void* mine, std::size_t bytes, bool apart) {
   void* own = blocks[static_cast<std::size_t>(ctx.rank())];
