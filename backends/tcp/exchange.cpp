@@ -199,7 +199,7 @@ int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts) {
   }
   // Over a ring, a reducing receive takes a quarter of the ring at a
   // time, so that the sender keeps filling the rest while this rank
-  // reduces; with a chunk of the whole ring the two took turns.
+  // reduces; with a chunk of the whole ring the two would take turns.
   std::size_t chunk = chunk_bytes();
   if (const shm::Ring* ring =
           kind == Transfer::Kind::kRecv

@@ -236,9 +236,8 @@ class Exchange final : public CollectiveStep {
   Workspace* workspace_;
   // The transfers and their parts live in arena_memory_ while they fit,
   // as those of a step of up to four transfers (two peers) do, and on the
-  // heap past it: a
-  // small step, which runs in a few microseconds, would otherwise spend a
-  // good part of them in malloc and free.
+  // heap past it: a small step, which runs in a few microseconds, would
+  // otherwise spend a good part of them in malloc and free.
   alignas(std::max_align_t) std::byte arena_memory_[2048];
   std::pmr::monotonic_buffer_resource arena_{arena_memory_,
                                              sizeof(arena_memory_)};

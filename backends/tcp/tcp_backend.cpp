@@ -71,19 +71,18 @@ std::uint8_t* bytes_of(const Tensor& tensor) {
 // copy delays nothing the peers wait for.
 void all_gather_from(CollectiveContext& ctx, std::vector<void*>& blocks,
                      const void* mine, std::size_t bytes, bool apart) {
-  void* own = blocks[static_cast<std::size_t>(ctx.rank())];
+  void*& slot = blocks[static_cast<std::size_t>(ctx.rank())];
+  void* const own = slot;
   if (bytes == 0 || own == mine) {
     alg::all_gather(ctx, blocks, bytes);
-    return;
-  }
-  if (!apart) {
+  } else if (apart) {
+    slot = const_cast<void*>(mine);
+    alg::all_gather(ctx, blocks, bytes);
+    std::memcpy(own, mine, bytes);
+  } else {
     std::memmove(own, mine, bytes);
     alg::all_gather(ctx, blocks, bytes);
-    return;
   }
-  blocks[static_cast<std::size_t>(ctx.rank())] = const_cast<void*>(mine);
-  alg::all_gather(ctx, blocks, bytes);
-  std::memcpy(own, mine, bytes);
 }
 
 }  // namespace
