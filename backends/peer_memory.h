@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace comm {
 
@@ -33,19 +34,23 @@ class PeerMemory {
 
   // Copies `bytes` at `address` in the memory of rank `peer` (not this
   // rank) into `into`. What it copied is the peer's data only once
-  // confirm(peer) has returned. Throws PeerError naming the peer when its
+  // a confirm() naming the peer has
+  // returned. Throws PeerError naming the peer when its
   // process has ended, the peer's failure report when the read fails
   // because the peer left the call (it failed), and BackendError when the
   // kernel refuses the read.
   virtual void read(int peer, std::uint64_t address, void* into,
                     std::size_t bytes) = 0;
-  // Returns when `peer` still offers its buffers and its process lives, so
-  // that every read of it made before copied its data: call it after the
-  // reads and before telling anyone they are done. Throws PeerError naming
-  // the peer when its process has ended (its id may have gone to another
-  // process), and the peer's failure report when it withdrew its offer (it
-  // failed and left the call), or PeerError naming it when none comes.
-  virtual void confirm(int peer) = 0;
+  // Returns when every rank in `peers` still offers its buffers and its
+  // process lives, so that every read of them made before copied their
+  // data: call it after the reads and before telling anyone they are done.
+  // One call for all the peers read, since it may cost a system call
+  // whatever their number. Throws, for the first peer in `peers` that
+  // fails: PeerError naming it when its process has ended (its id may have
+  // gone to another process), and its failure report when it withdrew its
+  // offer (it failed and left the call), or PeerError naming it when none
+  // comes.
+  virtual void confirm(std::span<const int> peers) = 0;
 
   // At least `bytes` of scratch memory for reading into, kept by the
   // transport from one call to the next, so that a call does not pay for

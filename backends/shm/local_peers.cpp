@@ -669,19 +669,50 @@ int LocalPeers::read_memory(int peer, std::uint64_t address, void* into,
   return 0;
 }
 
-int LocalPeers::offered(int peer, std::uint64_t sequence) const {
-  // The buffers were read before this word: a peer that withdrew only
-  // after it was read had not left the call when the buffers were read.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  const std::atomic<std::uint64_t>* offer =
-      peer == rank_ ? offer_word_ : peers_[peer].offer_word;
-  if (offer == nullptr) return ESRCH;  // released
-  const std::uint64_t word = offer->load(std::memory_order_acquire);
-  // A peer that ended leaves its word as it was, and the reads before
-  // may have reached another process that took its id: only a peer that
-  // still lives now was the process read.
-  if (exited(peer)) return ESRCH;
-  return word == sequence + 1 ? 0 : ECANCELED;
+int LocalPeers::offered(std::span<const int> peers, std::uint64_t sequence,
+                        int& failed) const {
+  // Bounded by `peers`, taken kBatch at a time so that the poll list
+  // lives on the stack.
+  constexpr std::size_t kBatch = 64;
+  for (std::size_t first = 0; first < peers.size(); first += kBatch) {
+    const std::span<const int> batch =
+        peers.subspan(first, std::min(kBatch, peers.size() - first));
+    // The buffers were read before these words: a peer that withdrew only
+    // after it was read had not left the call when its buffers were read.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    std::array<std::uint64_t, kBatch> words{};
+    std::array<pollfd, kBatch> ends{};
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const int peer = batch[i];
+      const std::atomic<std::uint64_t>* offer =
+          peer == rank_ ? offer_word_ : peers_[peer].offer_word;
+      if (offer == nullptr) {  // released
+        failed = peer;
+        return ESRCH;
+      }
+      words[i] = offer->load(std::memory_order_acquire);
+      // A negative descriptor (this rank's own) is one poll skips.
+      ends[i] = {peers_[peer].pidfd, POLLIN, 0};
+    }
+    // A peer that ended leaves its word as it was, and the reads before
+    // may have reached another process that took its id: only a peer that
+    // still lives now was the process read.
+    if (::poll(ends.data(), batch.size(), 0) > 0) {
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        if (ends[i].revents != 0) {
+          failed = batch[i];
+          return ESRCH;
+        }
+      }
+    }
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (words[i] != sequence + 1) {
+        failed = batch[i];
+        return ECANCELED;
+      }
+    }
+  }
+  return 0;
 }
 
 std::uint8_t* LocalPeers::scratch(std::size_t bytes) {

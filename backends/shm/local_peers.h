@@ -54,6 +54,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -147,12 +148,15 @@ class LocalPeers {
     offer_word_->store(0);
     std::atomic_thread_fence(std::memory_order_seq_cst);
   }
-  // Whether `peer` offers its buffers in collective `sequence` and its
-  // process lives: 0 when both hold, ECANCELED when it does not offer them
-  // (any more), ESRCH when it has ended. Asked after reading, a yes means
-  // that the reads copied the peer's memory while it was still in the
-  // call.
-  int offered(int peer, std::uint64_t sequence) const;
+  // Whether every rank in `peers` (local, or this rank) offers its
+  // buffers in collective `sequence` and its process lives: 0 when all
+  // do; otherwise ECANCELED when one does not offer them (any more) or
+  // ESRCH when one has ended, with `failed` set to the first such rank in
+  // `peers`. Asked after reading, a yes means that the reads copied the
+  // peers' memory while they were still in the call. Each word is a load;
+  // the liveness of every peer is one poll.
+  int offered(std::span<const int> peers, std::uint64_t sequence,
+              int& failed) const;
   // Scratch memory of `bytes` or more, kept until the next call.
   std::uint8_t* scratch(std::size_t bytes);
 

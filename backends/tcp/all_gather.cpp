@@ -48,7 +48,7 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
     for (int peer : others) {
       memory->read(peer, theirs[peer][0].address, blocks[peer], bytes);
     }
-    confirm(*memory, others);
+    memory->confirm(others);
     signal(ctx, others, others);
     return;
   }

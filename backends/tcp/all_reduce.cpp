@@ -267,10 +267,10 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
   for (int peer : others) inputs[peer] += begin;
   reduce_from_peers(ctx, memory, inputs, input + begin, data + begin,
                     slice.end - slice.begin, dtype, op);
-  confirm(memory, others);
+  memory.confirm(others);
   signal(ctx, others, others);  // every slice is reduced
   read_slices(memory, others, outputs, data, count, size, element);
-  confirm(memory, others);
+  memory.confirm(others);
   signal(ctx, others, others);  // nobody reads this rank's buffers any more
 }
 

@@ -86,7 +86,7 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
     memory.read(peer, told[peer].address, output + recv_offsets[peer],
                 recv_bytes[peer]);
   }
-  confirm(memory, read_from);
+  memory.confirm(read_from);
   signal(ctx, read_from, read_by);
 }
 

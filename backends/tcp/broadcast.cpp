@@ -70,7 +70,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
       const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);
       check_bytes(ctx, root, theirs[root][0], bytes);
       memory->read(root, theirs[root][0].address, data, bytes);
-      memory->confirm(root);
+      memory->confirm({&root, 1});
       signal(ctx, {root}, {});
     }
     return;

@@ -17,9 +17,10 @@ void CollectiveContext::read(int peer, std::uint64_t address, void* into,
   if (error != 0) fail_reading(peer, error, bytes);
 }
 
-void CollectiveContext::confirm(int peer) {
-  const int error = mesh_.local_peers().offered(peer, call_.sequence);
-  if (error != 0) fail_reading(peer, error, 0);
+void CollectiveContext::confirm(std::span<const int> peers) {
+  int failed = -1;
+  const int error = mesh_.local_peers().offered(peers, call_.sequence, failed);
+  if (error != 0) fail_reading(failed, error, 0);
 }
 
 void CollectiveContext::fail_reading(int peer, int error, std::size_t bytes) {

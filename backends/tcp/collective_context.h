@@ -59,7 +59,7 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
   void withdraw() override { mesh_.local_peers().withdraw(); }
   void read(int peer, std::uint64_t address, void* into,
             std::size_t bytes) override;
-  void confirm(int peer) override;
+  void confirm(std::span<const int> peers) override;
   std::uint8_t* scratch(std::size_t bytes) override {
     return mesh_.local_peers().scratch(bytes);
   }

@@ -46,7 +46,7 @@ void gather(CollectiveTransport& ctx, const void* input,
     for (int peer : others) {
       memory->read(peer, theirs[peer][0].address, outputs[peer], bytes);
     }
-    confirm(*memory, others);
+    memory->confirm(others);
     signal(ctx, others, {});
     return;
   }

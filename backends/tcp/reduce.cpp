@@ -127,14 +127,14 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
     }
     reduce_from_peers(ctx, *memory, operands, buffer + begin, buffer + begin,
                       slice.end - slice.begin, dtype, op);
-    confirm(*memory, others);
+    memory->confirm(others);
     if (ctx.rank() != root) {
       signal(ctx, {root}, {root});  // reduced; then wait for the root
       return;
     }
     signal(ctx, {}, others);
     read_slices(*memory, others, buffers, buffer, count, size, element);
-    confirm(*memory, others);
+    memory->confirm(others);
     signal(ctx, others, {});
     return;
   }

@@ -65,7 +65,7 @@ void reduce_scatter(CollectiveTransport& ctx,
     reduce_from_peers(ctx, *memory, blocks,
                       static_cast<const std::uint8_t*>(inputs[rank]),
                       static_cast<std::uint8_t*>(output), count, dtype, op);
-    confirm(*memory, others);
+    memory->confirm(others);
     signal(ctx, others, others);
     return;
   }

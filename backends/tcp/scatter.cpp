@@ -31,7 +31,7 @@ void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
       const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);
       check_bytes(ctx, root, theirs[root][0], bytes);
       memory->read(root, theirs[root][0].address, output, bytes);
-      memory->confirm(root);
+      memory->confirm({&root, 1});
       signal(ctx, {root}, {});
       return;
     }

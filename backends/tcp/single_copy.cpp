@@ -81,10 +81,6 @@ void check_bytes(const CollectiveTransport& ctx, int peer,
       "; check that the ranks' sizes agree");
 }
 
-void confirm(PeerMemory& memory, const std::vector<int>& read_from) {
-  for (int peer : read_from) memory.confirm(peer);
-}
-
 void signal(CollectiveTransport& ctx, const std::vector<int>& to,
             const std::vector<int>& from) {
   if (to.empty() && from.empty()) return;

@@ -93,9 +93,6 @@ std::vector<std::vector<Region>> trade_regions(
 void check_bytes(const CollectiveTransport& ctx, int peer,
                  const Region& offered, std::size_t expected);
 
-// PeerMemory::confirm for each peer in `read_from`.
-void confirm(PeerMemory& memory, const std::vector<int>& read_from);
-
 // One step of empty messages (headers alone): one to each peer in `to`, one
 // from each peer in `from`.
 void signal(CollectiveTransport& ctx, const std::vector<int>& to,

@@ -94,7 +94,7 @@ class Counted final : public CollectiveTransport, public PeerMemory {
     read_ += bytes;
     memory_->read(peer, address, into, bytes);
   }
-  void confirm(int peer) override { memory_->confirm(peer); }
+  void confirm(std::span<const int> peers) override { memory_->confirm(peers); }
   std::uint8_t* scratch(std::size_t bytes) override {
     return memory_->scratch(bytes);
   }
@@ -734,7 +734,8 @@ TEST_CASE("a rank that leaves a call makes its readers fail, naming it",
         const auto theirs = alg::trade_regions(t, {}, {}, {1}, 1);
         alg::signal(t, {}, {1});
         memory.read(1, theirs[1][0].address, data.data(), data.size());
-        memory.confirm(1);
+        const int read_from = 1;
+        memory.confirm({&read_from, 1});
       });
       failure = "read a withdrawn buffer without an error";
     } catch (const comm::PeerError& e) {
