@@ -14,7 +14,7 @@ namespace comm::tcp::algorithms {
 namespace {
 
 const IntParam kDirectThresholdBytes{
-    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 256 << 10, 1,
+    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 128 << 10, 1,
     std::numeric_limits<std::int64_t>::max(),
     "the smallest collective whose ranks, all on one host, read each other's "
     "buffers directly instead of through the shared-memory rings"};
