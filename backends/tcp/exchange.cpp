@@ -315,12 +315,13 @@ void Exchange::run() {
   // coming does not sleep between them, while a peer that sends nothing
   // costs one budget.
   const auto budget = spin_budget();
-  auto spin_until = detail::Clock::now() + budget;
+  const auto began = detail::Clock::now();
+  auto spin_until = began + budget;
   // When to ask the peers still owed which call they are in: kFirstQuery
   // after the last bytes moved, then at doubling intervals.
   auto query_interval = kFirstQuery;
-  auto next_query = detail::Clock::now() + query_interval;
-  auto next_descriptor_poll = detail::Clock::now() + kDescriptorPollInterval;
+  auto next_query = began + query_interval;
+  auto next_descriptor_poll = began + kDescriptorPollInterval;
   const bool oversubscribed = mesh_.local_peers().oversubscribed();
   // Bounded by the deadline: every round waits in poll until a socket is
   // ready, a doorbell rings or a peer exits (without sleeping until
@@ -388,12 +389,12 @@ void Exchange::run() {
       fds.push_back({wake_fd_, POLLIN, 0});
       owner.push_back({Watch::kWake, -1});
     }
+    const auto now = detail::Clock::now();
     if (moved) {
-      spin_until = detail::Clock::now() + budget;
+      spin_until = now + budget;
       query_interval = kFirstQuery;
       next_query = spin_until + query_interval;
     }
-    const auto now = detail::Clock::now();
     const bool spinning = moved || (budget.count() > 0 && now < spin_until);
     // A spin that waits on rings alone needs no system call to see them
     // move; the descriptors (a doorbell, a peer's exit, the alarm, the
