@@ -9,7 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <span>
 
 #include "libcomm/dtype.h"
 #include "libcomm/reduce_op.h"
@@ -41,8 +41,9 @@ class CollectiveStep {
   virtual void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
                            ReduceOp op, const void* base = nullptr) = 0;
   // Receives one message whose payload fills `parts` in order, and returns
-  // a handle for relay().
-  virtual int recv_parts(int peer, std::vector<Part> parts, DType dtype,
+  // a handle for relay(). The step copies the list: it need not outlive the
+  // call.
+  virtual int recv_parts(int peer, std::span<const Part> parts, DType dtype,
                          ReduceOp op) = 0;
   // Sends one message gathered from `parts`, of which only the first
   // `ready` bytes can go at once: byte ready + x goes once the receive
@@ -51,7 +52,7 @@ class CollectiveStep {
   // caller makes the parts past `ready` the memory that the receive fills.
   // With `ready` every byte of the parts and `source` -1 it is a plain
   // send of a message gathered from several parts.
-  virtual void relay(int peer, std::vector<Part> parts, std::size_t ready,
+  virtual void relay(int peer, std::span<const Part> parts, std::size_t ready,
                      int source) = 0;
   // Progresses every transfer until all are done; throws the call's error
   // (a comm::Error) when one fails.

@@ -75,10 +75,9 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
     if (s + 1 < size - 1) outgoing.push_back(block(rank - s - 1));
   }
   CollectiveStep& flow = ctx.step();
-  const int source =
-      flow.recv_parts((rank + size - 1) % size, std::move(incoming), DType::kU8,
-                      ReduceOp::kSum);
-  flow.relay((rank + 1) % size, std::move(outgoing), bytes, source);
+  const int source = flow.recv_parts((rank + size - 1) % size, incoming,
+                                     DType::kU8, ReduceOp::kSum);
+  flow.relay((rank + 1) % size, outgoing, bytes, source);
   flow.run();
 }
 

@@ -197,9 +197,8 @@ void ring(CollectiveTransport& ctx, const std::uint8_t* input,
     outgoing.push_back({incoming[s].data, incoming[s].bytes});
   }
   CollectiveStep& flow = ctx.step();
-  const int source =
-      flow.recv_parts(mod(rank - 1, size), std::move(incoming), dtype, op);
-  flow.relay(mod(rank + 1, size), std::move(outgoing), own.bytes, source);
+  const int source = flow.recv_parts(mod(rank - 1, size), incoming, dtype, op);
+  flow.relay(mod(rank + 1, size), outgoing, own.bytes, source);
   flow.run();
 }
 

@@ -86,7 +86,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   while (mask < size) {
     if (relative & mask) {
       const int parent = real(relative - mask);
-      source = tree.recv_parts(parent, {whole}, DType::kU8, ReduceOp::kSum);
+      source = tree.recv_parts(parent, {&whole, 1}, DType::kU8, ReduceOp::kSum);
       tree.send(parent, nullptr, 0);
       break;
     }
@@ -98,7 +98,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
     if (source < 0) {
       tree.send(child, data, bytes);
     } else {
-      tree.relay(child, {whole}, 0, source);
+      tree.relay(child, {&whole, 1}, 0, source);
     }
     tree.recv(child, nullptr, 0);
   }

@@ -239,7 +239,7 @@ void Exchange::recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
   transfers_[static_cast<std::size_t>(index)].op = op;
 }
 
-int Exchange::recv_parts(int peer, std::vector<Part> parts, DType dtype,
+int Exchange::recv_parts(int peer, std::span<const Part> parts, DType dtype,
                          ReduceOp op) {
   const int index = add(Transfer::Kind::kRecv, peer, parts);
   transfers_.back().dtype = dtype;
@@ -247,7 +247,7 @@ int Exchange::recv_parts(int peer, std::vector<Part> parts, DType dtype,
   return index;
 }
 
-void Exchange::relay(int peer, std::vector<Part> parts, std::size_t ready,
+void Exchange::relay(int peer, std::span<const Part> parts, std::size_t ready,
                      int source) {
   add(Transfer::Kind::kSend, peer, parts);
   transfers_.back().source = source;

@@ -143,7 +143,7 @@ class Exchange final : public CollectiveStep {
 
   // Receives one message whose payload fills `parts` in order, and returns
   // a handle for relay().
-  int recv_parts(int peer, std::vector<Part> parts, DType dtype,
+  int recv_parts(int peer, std::span<const Part> parts, DType dtype,
                  ReduceOp op) override;
   // Sends one message gathered from `parts`, of which only the first
   // `ready` bytes can go at once: byte ready + x goes once the receive
@@ -153,7 +153,7 @@ class Exchange final : public CollectiveStep {
   // read. This is how a ring or a tree forwards what it receives while the
   // rest is still on its way, instead of waiting for a whole step; the
   // caller makes the parts past `ready` the memory that the receive fills.
-  void relay(int peer, std::vector<Part> parts, std::size_t ready,
+  void relay(int peer, std::span<const Part> parts, std::size_t ready,
              int source) override;
 
   // Progresses every transfer until all are done. Throws PeerError when a

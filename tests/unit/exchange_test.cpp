@@ -155,11 +155,12 @@ TEST_CASE("recv_parts fills parts in order and relay forwards them",
       // Received in two parts, to show that parts fill in order.
       std::vector<std::uint8_t> received(bytes);
       const std::size_t half = bytes / 2;
-      const int source = step.recv_parts(
-          0, {{received.data(), half}, {received.data() + half, bytes - half}},
-          DType::kU8, ReduceOp::kSum);
-      step.relay(2, {{own.data(), prefix}, {received.data(), bytes}}, prefix,
-                 source);
+      const comm::CollectiveStep::Part halves[] = {
+          {received.data(), half}, {received.data() + half, bytes - half}};
+      const int source = step.recv_parts(0, halves, DType::kU8, ReduceOp::kSum);
+      const comm::CollectiveStep::Part forwarded[] = {{own.data(), prefix},
+                                                      {received.data(), bytes}};
+      step.relay(2, forwarded, prefix, source);
       step.run();
       expect(received == pattern(0, bytes), "rank 1 received other bytes");
     } else {

@@ -103,14 +103,14 @@ class CountingTransport final : public CollectiveTransport {
                      ReduceOp op, const void* base = nullptr) override {
       inner->recv_reduce(peer, data, bytes, dtype, op, base);
     }
-    int recv_parts(int peer, std::vector<Part> parts, DType dtype,
+    int recv_parts(int peer, std::span<const Part> parts, DType dtype,
                    ReduceOp op) override {
-      return inner->recv_parts(peer, std::move(parts), dtype, op);
+      return inner->recv_parts(peer, parts, dtype, op);
     }
-    void relay(int peer, std::vector<Part> parts, std::size_t ready,
+    void relay(int peer, std::span<const Part> parts, std::size_t ready,
                int source) override {
       for (const Part& part : parts) sent_[peer] += part.bytes;
-      inner->relay(peer, std::move(parts), ready, source);
+      inner->relay(peer, parts, ready, source);
     }
     void run() override { inner->run(); }
 
