@@ -127,10 +127,9 @@ std::shared_ptr<Work> Backend::reduce_scatter(
 
 std::shared_ptr<Work> Backend::all_to_all(Tensor& output, const Tensor& input,
                                           const AllToAllOptions& options) {
-  // Throws for tensors and split sizes that do not fit; the backend asks
-  // for the same layout again to run the call.
-  detail::all_to_all_layout(output, input, options.input_split_sizes,
-                            options.output_split_sizes, size_);
+  // The backend builds the blocks' layout it runs the call with.
+  detail::check_all_to_all(output, input, options.input_split_sizes,
+                           options.output_split_sizes, size_);
   return do_all_to_all(output, input, options);
 }
 

@@ -51,33 +51,32 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
       std::max<std::size_t>(1, (direct_threshold_bytes() + n - 1) / n);
   const Offer offer(memory);
   auto read = [&](std::size_t bytes) { return bytes >= threshold; };
-  // Both stay in place until the step has run.
-  std::vector<Region> offered(static_cast<std::size_t>(size));
-  std::vector<Region> told(static_cast<std::size_t>(size));
+  // What this rank tells each peer, then what each peer tells it.
+  std::vector<Region> regions(2 * static_cast<std::size_t>(size));
+  Region* const offered = regions.data();
+  Region* const told = offered + size;
   CollectiveStep& step = ctx.step();
   for (int k = 1; k < size; ++k) {
     const int to = (rank + k) % size;
     const int from = (rank - k + size) % size;
     offered[to] = region_of(input + send_offsets[to], send_bytes[to]);
-    std::vector<CollectiveStep::Part> message{
-        {reinterpret_cast<std::uint8_t*>(&offered[to]), sizeof(Region)}};
-    if (!read(send_bytes[to])) {
-      message.push_back({const_cast<std::uint8_t*>(input) + send_offsets[to],
-                         send_bytes[to]});
-    }
-    const std::size_t length =
-        sizeof(Region) + (read(send_bytes[to]) ? 0 : send_bytes[to]);
-    step.relay(to, std::move(message), length, -1);
-    std::vector<CollectiveStep::Part> into{
-        {reinterpret_cast<std::uint8_t*>(&told[from]), sizeof(Region)}};
-    if (!read(recv_bytes[from])) {
-      into.push_back({output + recv_offsets[from], recv_bytes[from]});
-    }
-    step.recv_parts(from, std::move(into), DType::kU8, ReduceOp::kSum);
+    const bool part_read = read(send_bytes[to]);
+    const CollectiveStep::Part message[] = {
+        {reinterpret_cast<std::uint8_t*>(&offered[to]), sizeof(Region)},
+        {const_cast<std::uint8_t*>(input) + send_offsets[to],
+         part_read ? 0 : send_bytes[to]}};
+    step.relay(to, message, sizeof(Region) + (part_read ? 0 : send_bytes[to]),
+               -1);
+    const CollectiveStep::Part into[] = {
+        {reinterpret_cast<std::uint8_t*>(&told[from]), sizeof(Region)},
+        {output + recv_offsets[from],
+         read(recv_bytes[from]) ? 0 : recv_bytes[from]}};
+    step.recv_parts(from, into, DType::kU8, ReduceOp::kSum);
   }
   step.run();
   std::vector<int> read_from, read_by;
-  for (int peer : peers(ctx)) {
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
     check_bytes(ctx, peer, told[peer], recv_bytes[peer]);
     if (read(recv_bytes[peer])) read_from.push_back(peer);
     if (read(send_bytes[peer])) read_by.push_back(peer);

@@ -103,8 +103,17 @@ void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
 
 namespace {
 
-Splits all_to_all_splits(const std::vector<std::int64_t>& given,
-                         const Tensor& t, int size, const char* which) {
+// The rows each rank's block of `t` has: the row counts given, or, with
+// none given, size(0) / size each.
+std::int64_t rows_of(const std::vector<std::int64_t>& given, const Tensor& t,
+                     int size, std::size_t p) {
+  return given.empty() ? t.size(0) / size : given[p];
+}
+
+// Throws unless `given` splits `t` into `size` blocks of rows (see
+// all_to_all_layout).
+void check_splits(const std::vector<std::int64_t>& given, const Tensor& t,
+                  int size, const char* which) {
   const auto n = static_cast<std::size_t>(size);
   // Without split sizes every rank gets as many rows.
   const bool even = given.empty();
@@ -114,14 +123,14 @@ Splits all_to_all_splits(const std::vector<std::int64_t>& given,
                           " rows, not divisible by the group size " +
                           std::to_string(size) + "; pass split sizes");
   }
-  auto rows = [&](std::size_t p) { return even ? t.size(0) / size : given[p]; };
   // Each count is checked against the total before it is added, so the sum
   // cannot overflow.
   bool fits = even || given.size() == n;
   std::int64_t sum = 0;
   for (std::size_t p = 0; fits && p < n; ++p) {
-    fits = rows(p) >= 0 && rows(p) <= t.size(0) - sum;
-    if (fits) sum += rows(p);
+    const std::int64_t rows = rows_of(given, t, size, p);
+    fits = rows >= 0 && rows <= t.size(0) - sum;
+    if (fits) sum += rows;
   }
   if (!fits || sum != t.size(0)) {
     throw InvalidArgument(std::string("all_to_all: ") + which +
@@ -129,6 +138,12 @@ Splits all_to_all_splits(const std::vector<std::int64_t>& given,
                           "per rank adding up to " +
                           std::to_string(t.size(0)));
   }
+}
+
+// The blocks of `t` that check_splits accepted, in elements.
+Splits splits_of(const std::vector<std::int64_t>& given, const Tensor& t,
+                 int size) {
+  const auto n = static_cast<std::size_t>(size);
   const std::size_t row = t.size(0) == 0
                               ? 0
                               : static_cast<std::size_t>(t.numel()) /
@@ -139,7 +154,8 @@ Splits all_to_all_splits(const std::vector<std::int64_t>& given,
   std::size_t at = 0;
   for (std::size_t p = 0; p < n; ++p) {
     splits.offsets.push_back(at);
-    splits.counts.push_back(static_cast<std::size_t>(rows(p)) * row);
+    splits.counts.push_back(
+        static_cast<std::size_t>(rows_of(given, t, size, p)) * row);
     at += splits.counts.back();
   }
   return splits;
@@ -147,10 +163,9 @@ Splits all_to_all_splits(const std::vector<std::int64_t>& given,
 
 }  // namespace
 
-AllToAllLayout all_to_all_layout(const Tensor& output, const Tensor& input,
-                                 const std::vector<std::int64_t>& input_rows,
-                                 const std::vector<std::int64_t>& output_rows,
-                                 int size) {
+void check_all_to_all(const Tensor& output, const Tensor& input,
+                      const std::vector<std::int64_t>& input_rows,
+                      const std::vector<std::int64_t>& output_rows, int size) {
   check_tensor(input, "all_to_all");
   check_tensor(output, "all_to_all");
   if (input.dtype() != output.dtype() || input.dim() == 0 ||
@@ -160,8 +175,17 @@ AllToAllLayout all_to_all_layout(const Tensor& output, const Tensor& input,
         output.describe() +
         " must share a dtype and have at least one dimension");
   }
-  return {all_to_all_splits(input_rows, input, size, "input"),
-          all_to_all_splits(output_rows, output, size, "output")};
+  check_splits(input_rows, input, size, "input");
+  check_splits(output_rows, output, size, "output");
+}
+
+AllToAllLayout all_to_all_layout(const Tensor& output, const Tensor& input,
+                                 const std::vector<std::int64_t>& input_rows,
+                                 const std::vector<std::int64_t>& output_rows,
+                                 int size) {
+  check_all_to_all(output, input, input_rows, output_rows, size);
+  return {splits_of(input_rows, input, size),
+          splits_of(output_rows, output, size)};
 }
 
 }  // namespace comm::detail

@@ -50,10 +50,16 @@ struct AllToAllLayout {
   Splits receives;  // blocks of the output, per source rank
 };
 
-// Checks an all_to_all's tensors (defined, contiguous, one dtype, at least
-// one dimension) and returns its blocks along dimension 0 for `size`
-// ranks: the row counts given (one per rank, adding up to size(0)), or
-// equal blocks when none are given (size(0) must then divide by `size`).
+// Throws InvalidArgument unless an all_to_all's tensors are defined,
+// contiguous, of one dtype and at least one dimension, and each is split
+// along dimension 0 into `size` blocks: by the row counts given (one per
+// rank, adding up to size(0)), or equally when none are given (size(0)
+// must then divide by `size`). Allocates nothing.
+void check_all_to_all(const Tensor& output, const Tensor& input,
+                      const std::vector<std::int64_t>& input_rows,
+                      const std::vector<std::int64_t>& output_rows, int size);
+
+// check_all_to_all, then the blocks it accepted.
 AllToAllLayout all_to_all_layout(const Tensor& output, const Tensor& input,
                                  const std::vector<std::int64_t>& input_rows,
                                  const std::vector<std::int64_t>& output_rows,
