@@ -229,21 +229,22 @@ std::shared_ptr<Work> TcpBackend::do_all_reduce_into(
   // In place or not, the same call on the wire: ranks may mix the forms.
   CallInfo call{Collective::kAllReduce, 0,          input.dtype(),
                 input.numel(),          options.op, -1};
-  return enqueue(
-      call, options.timeout,
-      [this, output, input, options](CollectiveContext& ctx) mutable {
-        const bool in_place = output.data_ptr() == input.data_ptr();
-        Tensor staged_output, staged_input;
-        const Tensor& host = on_host(output, in_place, staged_output);
-        const Tensor& host_input =
-            in_place ? host : on_host(input, true, staged_input);
-        const auto count = static_cast<std::size_t>(host.numel());
-        alg::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
-                        host.dtype(), options.op);
-        if (options.op == ReduceOp::kAvg)
-          divide_by(host.dtype(), host.data_ptr(), count, size());
-        from_host(output, host);
-      });
+  return enqueue(call, options.timeout,
+                 [this, output, input = Tensor(input),
+                  options](CollectiveContext& ctx) mutable {
+                   const bool in_place = output.data_ptr() == input.data_ptr();
+                   Tensor staged_output, staged_input;
+                   const Tensor& host =
+                       on_host(output, in_place, staged_output);
+                   const Tensor& host_input =
+                       in_place ? host : on_host(input, true, staged_input);
+                   const auto count = static_cast<std::size_t>(host.numel());
+                   alg::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(),
+                                   count, host.dtype(), options.op);
+                   if (options.op == ReduceOp::kAvg)
+                     divide_by(host.dtype(), host.data_ptr(), count, size());
+                   from_host(output, host);
+                 });
 }
 
 std::shared_ptr<Work> TcpBackend::do_all_gather(
@@ -253,7 +254,7 @@ std::shared_ptr<Work> TcpBackend::do_all_gather(
                 ReduceOp::kSum,         -1};
   return enqueue(
       call, options.timeout,
-      [this, outputs, input](CollectiveContext& ctx) mutable {
+      [this, outputs, input = Tensor(input)](CollectiveContext& ctx) mutable {
         std::vector<Tensor> hosts;
         std::vector<void*> blocks;
         hosts.reserve(outputs.size());
@@ -276,20 +277,21 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
     Tensor& output, const Tensor& input, const AllGatherOptions& options) {
   CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
                 ReduceOp::kSum,         -1};
-  return enqueue(call, options.timeout,
-                 [this, output, input](CollectiveContext& ctx) mutable {
-                   Tensor host = on_host(output, false);
-                   const std::size_t bytes = input.nbytes();
-                   std::vector<void*> blocks;
-                   blocks.reserve(static_cast<std::size_t>(size()));
-                   for (int r = 0; r < size(); ++r)
-                     blocks.push_back(bytes_of(host) + r * bytes);
-                   Tensor staged;
-                   const Tensor& mine = on_host(input, true, staged);
-                   all_gather_from(ctx, blocks, mine.data_ptr(), bytes,
-                                   !overlaps(host, mine));
-                   from_host(output, host);
-                 });
+  return enqueue(
+      call, options.timeout,
+      [this, output, input = Tensor(input)](CollectiveContext& ctx) mutable {
+        Tensor host = on_host(output, false);
+        const std::size_t bytes = input.nbytes();
+        std::vector<void*> blocks;
+        blocks.reserve(static_cast<std::size_t>(size()));
+        for (int r = 0; r < size(); ++r)
+          blocks.push_back(bytes_of(host) + r * bytes);
+        Tensor staged;
+        const Tensor& mine = on_host(input, true, staged);
+        all_gather_from(ctx, blocks, mine.data_ptr(), bytes,
+                        !overlaps(host, mine));
+        from_host(output, host);
+      });
 }
 
 std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
@@ -297,22 +299,23 @@ std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
                                             const GatherOptions& options) {
   CallInfo call{Collective::kGather, 0,           input.dtype(), input.numel(),
                 ReduceOp::kSum,      options.root};
-  return enqueue(
-      call, options.timeout,
-      [this, outputs, input, options](CollectiveContext& ctx) mutable {
-        Tensor mine = on_host(input, true);
-        std::vector<Tensor> hosts;
-        std::vector<void*> blocks;
-        hosts.reserve(outputs.size());
-        blocks.reserve(outputs.size());
-        for (Tensor& output : outputs) {
-          hosts.push_back(on_host(output, false));
-          blocks.push_back(hosts.back().data_ptr());
-        }
-        alg::gather(ctx, mine.data_ptr(), blocks, input.nbytes(), options.root);
-        for (std::size_t r = 0; r < outputs.size(); ++r)
-          from_host(outputs[r], hosts[r]);
-      });
+  return enqueue(call, options.timeout,
+                 [this, outputs, input = Tensor(input),
+                  options](CollectiveContext& ctx) mutable {
+                   Tensor mine = on_host(input, true);
+                   std::vector<Tensor> hosts;
+                   std::vector<void*> blocks;
+                   hosts.reserve(outputs.size());
+                   blocks.reserve(outputs.size());
+                   for (Tensor& output : outputs) {
+                     hosts.push_back(on_host(output, false));
+                     blocks.push_back(hosts.back().data_ptr());
+                   }
+                   alg::gather(ctx, mine.data_ptr(), blocks, input.nbytes(),
+                               options.root);
+                   for (std::size_t r = 0; r < outputs.size(); ++r)
+                     from_host(outputs[r], hosts[r]);
+                 });
 }
 
 std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
@@ -322,7 +325,8 @@ std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
                 output.dtype(),       output.numel(),
                 ReduceOp::kSum,       options.root};
   return enqueue(call, options.timeout,
-                 [output, inputs, options](CollectiveContext& ctx) mutable {
+                 [output, inputs = std::vector<Tensor>(inputs),
+                  options](CollectiveContext& ctx) mutable {
                    Tensor host = on_host(output, false);
                    std::vector<Tensor> hosts;
                    std::vector<const void*> blocks;
@@ -349,7 +353,8 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
                 -1};
   return enqueue(
       call, options.timeout,
-      [this, output, inputs, options](CollectiveContext& ctx) mutable {
+      [this, output, inputs = std::vector<Tensor>(inputs),
+       options](CollectiveContext& ctx) mutable {
         // The algorithm writes partial sums into the output before
         // it has read every input, so an output that is one of the
         // inputs (in place) gets a buffer of its own, from the call's
@@ -399,7 +404,7 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
   // allocations in every call.
   return enqueue(
       call, options.timeout,
-      [output, input, sends = std::move(layout.sends),
+      [output, input = Tensor(input), sends = std::move(layout.sends),
        receives = std::move(layout.receives)](CollectiveContext& ctx) mutable {
         const auto& send_offsets = sends.offsets;
         const auto& send_bytes = sends.counts;

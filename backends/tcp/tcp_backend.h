@@ -81,7 +81,11 @@ class COMM_API TcpBackend final : public Backend {
   // Queues a collective: stamps it with the next sequence number; `body`,
   // a callable taking tcp::CollectiveContext&, runs with the call's
   // deadline, on the worker thread or on the thread that waits for it,
-  // whichever comes first, always in issue order.
+  // whichever comes first, always in issue order. `body` is moved into the
+  // task, so a body keeps the caller's const tensors through init-captures
+  // (`input = Tensor(input)`): a plain copy-capture of a const reference
+  // makes a const member, which every move would copy (reference counts
+  // for a tensor, an allocation for a list).
   template <typename Body>
   std::shared_ptr<Work> enqueue(const tcp::CallInfo& call, OpTimeout timeout,
                                 Body body);
