@@ -62,15 +62,29 @@ std::size_t Ring::write(const iovec* iov, int count) {
   return moved;
 }
 
+std::uint64_t Ring::next_to_read(std::uint64_t head, std::uint64_t tail) const {
+  if (tail != head &&
+      control_->rewound_at.load(std::memory_order_relaxed) == head + 1) {
+    return head + (capacity_ - head % capacity_);
+  }
+  return head;
+}
+
+void Ring::free_until(std::uint64_t head) {
+  // Release: the bytes are copied out before the writer may overwrite them.
+  control_->head.store(head, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (control_->writer_waiting.load(std::memory_order_relaxed) != 0) {
+    Doorbell::ring(peer_doorbell_);
+  }
+}
+
 std::size_t Ring::read(const iovec* iov, int count) {
-  std::uint64_t head = control_->head.load(std::memory_order_relaxed);
   // Acquire: the writer's bytes, and its rewound_at, are visible up to the
   // tail read here.
   const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
-  if (tail != head &&
-      control_->rewound_at.load(std::memory_order_relaxed) == head + 1) {
-    head += capacity_ - head % capacity_;
-  }
+  const std::uint64_t head =
+      next_to_read(control_->head.load(std::memory_order_relaxed), tail);
   std::size_t there = static_cast<std::size_t>(tail - head);
   std::size_t at = static_cast<std::size_t>(head % capacity_);
   std::size_t moved = 0;
@@ -88,13 +102,27 @@ std::size_t Ring::read(const iovec* iov, int count) {
     }
   }
   if (moved == 0) return 0;
-  // Release: the bytes are copied out before the writer may overwrite them.
-  control_->head.store(head + moved, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (control_->writer_waiting.load(std::memory_order_relaxed) != 0) {
-    Doorbell::ring(peer_doorbell_);
-  }
+  free_until(head + moved);
   return moved;
+}
+
+std::span<const std::uint8_t> Ring::peek() const {
+  const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
+  const std::uint64_t head =
+      next_to_read(control_->head.load(std::memory_order_relaxed), tail);
+  const auto at = static_cast<std::size_t>(head % capacity_);
+  return {data_ + at,
+          std::min(static_cast<std::size_t>(tail - head), capacity_ - at)};
+}
+
+void Ring::consume(std::size_t bytes) {
+  if (bytes == 0) return;
+  // The ring holds unread bytes, so the writer has not rewound since
+  // peek(): the same skip applies.
+  const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
+  free_until(
+      next_to_read(control_->head.load(std::memory_order_relaxed), tail) +
+      bytes);
 }
 
 bool Ring::readable() const {

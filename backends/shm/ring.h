@@ -40,6 +40,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace comm::shm {
 
@@ -80,6 +81,14 @@ class Ring {
   // copied (0 when the ring is empty).
   std::size_t read(const iovec* iov, int count);
 
+  // Reader, without copying: the bytes that follow the next one to read
+  // contiguously in the ring (up to its end; empty when there are none),
+  // valid until consume(). consume(n) frees the first n of them, n no more
+  // than peek() returned, as read() of n bytes would. So a reader can
+  // reduce the bytes where they lie instead of copying them out first.
+  std::span<const std::uint8_t> peek() const;
+  void consume(std::size_t bytes);
+
   // Whether the reader would read something, or the writer write
   // something, now.
   bool readable() const;
@@ -99,6 +108,13 @@ class Ring {
   bool closed() const;
 
  private:
+  // Where the reader's next byte is: `head`, or past the bytes the writer
+  // skipped when it rewound (see "Rewinding" above), given the `tail` it
+  // loaded.
+  std::uint64_t next_to_read(std::uint64_t head, std::uint64_t tail) const;
+  // After the reader moved its head: store it and wake a waiting writer.
+  void free_until(std::uint64_t head);
+
   RingControl* control_ = nullptr;
   std::uint8_t* data_ = nullptr;
   std::size_t capacity_ = 0;

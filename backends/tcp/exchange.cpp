@@ -585,11 +585,24 @@ void Exchange::progress_recv(Transfer& t) {
                         MessageHeader::kWireSize - t.header_done};
     }
     // Never read past this message: the next one may belong to another
-    // call. A reduced part is read a chunk at a time into scratch.
+    // call. A reduced part is reduced where it lies in a ring, its header
+    // read alone first, or else read a chunk at a time into scratch.
     Part* part = t.part < t.parts.size() ? &t.parts[t.part] : nullptr;
+    const bool in_ring = ring != nullptr && part != nullptr && part->reduce;
     std::size_t chunk = 0;
-    if (part != nullptr && part->reduce) {
-      chunk = std::min(t.scratch_bytes, part->bytes - t.part_done);
+    if (in_ring && !header_pending && t.scratch_filled == 0) {
+      const std::size_t reduced = reduce_in_ring(t, *part, *ring, chunk);
+      if (reduced > 0) {
+        advance_part(t, reduced);
+        continue;
+      }
+    }
+    if (in_ring && header_pending) {
+      // The header alone.
+    } else if (part != nullptr && part->reduce) {
+      if (chunk == 0) {
+        chunk = std::min(t.scratch_bytes, part->bytes - t.part_done);
+      }
       parts[count++] = {t.scratch.get() + t.scratch_filled,
                         chunk - t.scratch_filled};
     } else if (part != nullptr) {
@@ -619,7 +632,8 @@ void Exchange::progress_recv(Transfer& t) {
     if (part == nullptr) continue;
     if (part->reduce) {
       t.scratch_filled += moved;
-      if (t.scratch_filled < chunk) continue;
+      // chunk 0: the header was read alone, for reduce_in_ring.
+      if (chunk == 0 || t.scratch_filled < chunk) continue;
       std::uint8_t* target = part->data + t.part_done;
       const std::uint8_t* other =
           part->base != nullptr ? part->base + t.part_done : target;
@@ -628,16 +642,47 @@ void Exchange::progress_recv(Transfer& t) {
       t.scratch_filled = 0;
       moved = chunk;
     }
-    t.part_done += moved;
-    t.payload_done += moved;
-    bool publish = t.payload_done - t.published >= chunk_bytes();
-    if (t.part_done == part->bytes) {
-      ++t.part;
-      t.part_done = 0;
-      publish = true;
-    }
-    if (publish) t.published = t.payload_done;
+    advance_part(t, moved);
   }
+}
+
+std::size_t Exchange::reduce_in_ring(Transfer& t, const Part& part,
+                                     shm::Ring& ring, std::size_t& fallback) {
+  const std::size_t element = dtype_size(t.dtype);
+  const std::span<const std::uint8_t> ready = ring.peek();
+  if (ready.empty()) return 0;
+  // The kernels read whole, aligned elements: an element that straddles
+  // the ring's end (or is still being written) is copied out, alone; a
+  // payload that lies misaligned is copied out a chunk at a time.
+  if (reinterpret_cast<std::uintptr_t>(ready.data()) % element != 0) return 0;
+  if (ready.size() < element) {
+    fallback = element;
+    return 0;
+  }
+  // At most a chunk (a quarter of the ring) before freeing it, so that the
+  // sender refills the ring while this rank reduces.
+  const std::size_t bytes =
+      std::min({ready.size(), part.bytes - t.part_done, t.scratch_bytes}) /
+      element * element;
+  std::uint8_t* target = part.data + t.part_done;
+  const std::uint8_t* other =
+      part.base != nullptr ? part.base + t.part_done : target;
+  reduce_pair_into(t.op, t.dtype, target, other, ready.data(), bytes / element);
+  ring.consume(bytes);
+  return bytes;
+}
+
+void Exchange::advance_part(Transfer& t, std::size_t moved) {
+  const Part& part = t.parts[t.part];
+  t.part_done += moved;
+  t.payload_done += moved;
+  bool publish = t.payload_done - t.published >= chunk_bytes();
+  if (t.part_done == part.bytes) {
+    ++t.part;
+    t.part_done = 0;
+    publish = true;
+  }
+  if (publish) t.published = t.payload_done;
 }
 
 void Exchange::check_header(const Transfer& t) {

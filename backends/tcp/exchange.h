@@ -210,6 +210,16 @@ class Exchange final : public CollectiveStep {
   void progress(Transfer& t);
   void progress_send(Transfer& t);
   void progress_recv(Transfer& t);
+  // A reducing receive over a ring reduces the bytes where they lie in the
+  // ring, into `part`, instead of copying them into scratch first. Returns
+  // the bytes reduced and freed; 0 when none can be (the ring is empty, or
+  // its next bytes are not a whole, aligned element), with `fallback` set
+  // to the bytes the copying path should take (0: its usual chunk).
+  std::size_t reduce_in_ring(Transfer& t, const Part& part, shm::Ring& ring,
+                             std::size_t& fallback);
+  // Counts `moved` bytes of the transfer's current part as received, and
+  // publishes them to its relays every chunk_bytes() and at the part's end.
+  void advance_part(Transfer& t, std::size_t moved);
   void check_header(const Transfer& t);
   // `peer`'s process ended (its pidfd): takes what it left in the rings,
   // then throws PeerError if this step still waits for it.

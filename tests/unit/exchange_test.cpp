@@ -137,6 +137,46 @@ TEST_CASE("recv_reduce combines what arrives into the destination",
   }
 }
 
+TEST_CASE(
+    "recv_reduce of a payload that lies misaligned in the ring, after a "
+    "message of odd length, and larger than the ring",
+    "[tcp][exchange]") {
+  // Three bytes, then a header, leave the f64 payload at an odd offset, so
+  // that it cannot be reduced where it lies; 100003 elements wrap the ring
+  // several times.
+  const std::size_t count = 100003;
+  const std::size_t bytes = count * sizeof(double);
+  auto errors = run_meshes(2, 30s, [&](Mesh& mesh) {
+    const int peer = 1 - mesh.rank();
+    const auto odd = pattern(mesh.rank(), 3);
+    std::vector<std::uint8_t> odd_in(3);
+    {
+      Exchange step(mesh, call_of(3, DType::kU8), soon(), -1);
+      step.send(peer, odd.data(), odd.size());
+      step.recv(peer, odd_in.data(), odd_in.size());
+      step.run();
+    }
+    expect(odd_in == pattern(peer, 3), "the odd message differs");
+    auto values = [](int rank, std::size_t n) {
+      std::vector<double> out(n);
+      for (std::size_t i = 0; i < n; ++i) out[i] = rank * 0.5 + double(i % 101);
+      return out;
+    };
+    const auto mine = values(mesh.rank(), count);
+    auto data = mine;
+    Exchange step(mesh, call_of(static_cast<std::int64_t>(count), DType::kF64),
+                  soon(), -1);
+    step.send(peer, mine.data(), bytes);
+    step.recv_reduce(peer, data.data(), bytes, DType::kF64, ReduceOp::kSum);
+    step.run();
+    const auto theirs = values(peer, count);
+    for (std::size_t i = 0; i < count; ++i) {
+      expect(data[i] == mine[i] + theirs[i], "element " + std::to_string(i));
+    }
+  });
+  check_all_ok(errors);
+}
+
 TEST_CASE("recv_parts fills parts in order and relay forwards them",
           "[tcp][exchange]") {
   // Rank 0 sends to rank 1, which forwards what it receives to rank 2
