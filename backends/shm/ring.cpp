@@ -17,7 +17,8 @@ Ring::Ring(void* control, std::size_t capacity, int peer_doorbell)
       capacity_(capacity),
       peer_doorbell_(peer_doorbell) {}
 
-std::size_t Ring::write(const iovec* iov, int count) {
+std::size_t Ring::write(const iovec* iov, int count,
+                        std::size_t publish_every) {
   std::uint64_t tail = control_->tail.load(std::memory_order_relaxed);
   // Acquire: the reader has finished copying out the bytes it freed.
   const std::uint64_t head = control_->head.load(std::memory_order_acquire);
@@ -37,29 +38,39 @@ std::size_t Ring::write(const iovec* iov, int count) {
     }
   }
   std::size_t room = capacity_ - static_cast<std::size_t>(tail - head);
+  const std::size_t every = publish_every > 0 ? publish_every : capacity_;
   std::size_t moved = 0;
+  std::size_t published = 0;
   for (int i = 0; i < count && room > 0; ++i) {
     const auto* from = static_cast<const std::uint8_t*>(iov[i].iov_base);
     std::size_t left = std::min(iov[i].iov_len, room);
     room -= left;
-    moved += left;
     while (left > 0) {
-      const std::size_t piece = std::min(left, capacity_ - at);
+      const std::size_t piece =
+          std::min({left, capacity_ - at, published + every - moved});
       std::memcpy(data_ + at, from, piece);
       from += piece;
       left -= piece;
+      moved += piece;
       at = at + piece == capacity_ ? 0 : at + piece;
+      if (moved - published == every && publish_every > 0) {
+        publish_until(tail + moved);
+        published = moved;
+      }
     }
   }
-  if (moved == 0) return 0;
+  if (moved > published) publish_until(tail + moved);
+  return moved;
+}
+
+void Ring::publish_until(std::uint64_t tail) {
   // Release: the bytes are in place before the reader sees the new tail.
-  control_->tail.store(tail + moved, std::memory_order_release);
+  control_->tail.store(tail, std::memory_order_release);
   // Store tail, fence, load the flag: see ring.h.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (control_->reader_waiting.load(std::memory_order_relaxed) != 0) {
     Doorbell::ring(peer_doorbell_);
   }
-  return moved;
 }
 
 std::uint64_t Ring::next_to_read(std::uint64_t head, std::uint64_t tail) const {

@@ -74,8 +74,10 @@ class Ring {
 
   // Writer: copies as many bytes of `iov[0..count)`, in order, as there is
   // room for, publishes them, wakes a reader that waits, and returns how
-  // many it copied (0 when the ring is full).
-  std::size_t write(const iovec* iov, int count);
+  // many it copied (0 when the ring is full). With `publish_every` (not 0)
+  // it also publishes each time it has copied that many more bytes, so that
+  // the reader starts on them while the rest is copied.
+  std::size_t write(const iovec* iov, int count, std::size_t publish_every = 0);
   // Reader: copies up to the bytes `iov[0..count)` has room for, in order,
   // frees their room, wakes a writer that waits, and returns how many it
   // copied (0 when the ring is empty).
@@ -114,6 +116,9 @@ class Ring {
   std::uint64_t next_to_read(std::uint64_t head, std::uint64_t tail) const;
   // After the reader moved its head: store it and wake a waiting writer.
   void free_until(std::uint64_t head);
+  // After the writer copied bytes: store its tail and wake a waiting
+  // reader.
+  void publish_until(std::uint64_t tail);
 
   RingControl* control_ = nullptr;
   std::uint8_t* data_ = nullptr;

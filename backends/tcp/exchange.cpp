@@ -139,7 +139,8 @@ int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
 }
 
 long send_some(shm::Ring& ring, const std::uint8_t* header,
-               std::size_t& header_done, const iovec* payload, int count) {
+               std::size_t& header_done, const iovec* payload, int count,
+               std::size_t publish_every) {
   if (ring.closed()) {
     errno = EPIPE;
     return -1;
@@ -147,7 +148,8 @@ long send_some(shm::Ring& ring, const std::uint8_t* header,
   iovec parts[1 + kMaxPayloadRegions];
   const std::size_t moved = ring.write(
       parts,
-      gather_header_and_payload(parts, header, header_done, payload, count));
+      gather_header_and_payload(parts, header, header_done, payload, count),
+      publish_every);
   if (moved == 0) {
     errno = EAGAIN;
     return -1;
@@ -526,6 +528,22 @@ void Exchange::progress(Transfer& t) {
   }
 }
 
+std::size_t Exchange::publish_every(const Transfer& t,
+                                    const shm::Ring& ring) const {
+  const std::size_t left =
+      MessageHeader::kWireSize - t.header_done + t.bytes - t.payload_done;
+  if (left < ring.capacity() / 2 || mesh_.local_peers().oversubscribed()) {
+    return 0;
+  }
+  for (const Transfer& other : transfers_) {
+    if (other.kind == Transfer::Kind::kRecv && other.peer == t.peer &&
+        other.bytes > 0 && !other.done()) {
+      return 0;
+    }
+  }
+  return ring.capacity() / 4;
+}
+
 void Exchange::progress_send(Transfer& t) {
   const int fd = mesh_.socket(t.peer, Channel::kCollective).fd();
   shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective, true);
@@ -547,9 +565,9 @@ void Exchange::progress_send(Transfer& t) {
       skip = 0;
     }
     const long sent =
-        ring != nullptr
-            ? send_some(*ring, t.header, t.header_done, parts, count)
-            : send_some(fd, t.header, t.header_done, parts, count);
+        ring != nullptr ? send_some(*ring, t.header, t.header_done, parts,
+                                    count, publish_every(t, *ring))
+                        : send_some(fd, t.header, t.header_done, parts, count);
     if (sent < 0) {
       if (would_block(errno)) return;
       throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +

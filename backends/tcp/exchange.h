@@ -99,9 +99,11 @@ int send_message(int fd, const std::uint8_t* header, std::size_t& header_done,
 // host), with the sockets' contracts: send_some and send_message copy what
 // fits, and fail with EPIPE once the reader closed the ring; read_some is
 // readv's: the bytes read, 0 once the writer closed the ring and it is
-// empty, -1 with EAGAIN while it is empty.
+// empty, -1 with EAGAIN while it is empty. send_some publishes every
+// `publish_every` bytes it copies, when not 0 (Ring::write).
 long send_some(shm::Ring& ring, const std::uint8_t* header,
-               std::size_t& header_done, const iovec* payload, int count);
+               std::size_t& header_done, const iovec* payload, int count,
+               std::size_t publish_every = 0);
 int send_message(shm::Ring& ring, const std::uint8_t* header,
                  std::size_t& header_done, const std::uint8_t* data,
                  std::size_t bytes, std::size_t& payload_done);
@@ -209,6 +211,14 @@ class Exchange final : public CollectiveStep {
   // Moves bytes while the socket takes or gives them, until it would block.
   void progress(Transfer& t);
   void progress_send(Transfer& t);
+  // How often a send over `ring` publishes as it copies (Ring::write): a
+  // quarter of the ring while half a ring or more of the message is left,
+  // the step receives nothing from the same peer and the host's ranks have
+  // a CPU each, so that the reader copies or reduces while the writer
+  // copies, instead of the two taking turns over whole rings; 0 (once per
+  // write) otherwise: each end of a two-way exchange is busy writing its
+  // own meanwhile, and ranks that share CPUs cannot run at once.
+  std::size_t publish_every(const Transfer& t, const shm::Ring& ring) const;
   void progress_recv(Transfer& t);
   // A reducing receive over a ring reduces the bytes where they lie in the
   // ring, into `part`, instead of copying them into scratch first. Returns

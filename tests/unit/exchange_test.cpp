@@ -137,6 +137,38 @@ TEST_CASE("recv_reduce combines what arrives into the destination",
   }
 }
 
+TEST_CASE("a one-way message larger than the ring arrives whole",
+          "[tcp][exchange]") {
+  // One way, a writer over a ring publishes as it copies (where the ranks
+  // have a CPU each), and the reader stores or reduces what it finds.
+  const std::size_t count = kLarge / sizeof(float);
+  const std::size_t bytes = count * sizeof(float);
+  for (const bool reduce : {false, true}) {
+    INFO((reduce ? "recv_reduce" : "recv"));
+    auto errors = run_meshes(2, 30s, [&](Mesh& mesh) {
+      const auto mine = floats(mesh.rank(), count);
+      auto data = mine;
+      Exchange step(mesh, call_of(static_cast<std::int64_t>(count)), soon(),
+                    -1);
+      if (mesh.rank() == 0) {
+        step.send(1, mine.data(), bytes);
+      } else if (reduce) {
+        step.recv_reduce(0, data.data(), bytes, DType::kF32, ReduceOp::kSum);
+      } else {
+        step.recv(0, data.data(), bytes);
+      }
+      step.run();
+      if (mesh.rank() == 0) return;
+      const auto theirs = floats(0, count);
+      for (std::size_t i = 0; i < count; ++i) {
+        const float expected = reduce ? mine[i] + theirs[i] : theirs[i];
+        expect(data[i] == expected, "element " + std::to_string(i));
+      }
+    });
+    check_all_ok(errors);
+  }
+}
+
 TEST_CASE(
     "recv_reduce of a payload that lies misaligned in the ring, after a "
     "message of odd length, and larger than the ring",
