@@ -7,6 +7,20 @@
 
 namespace comm::shm {
 
+namespace {
+
+// Moves an end's counter and wakes the other end if it waits: store the
+// counter (release: the bytes are in place, or copied out, before the
+// other end sees it), fence, load the other end's flag (see ring.h).
+void move_and_wake(std::atomic<std::uint64_t>& counter, std::uint64_t value,
+                   const std::atomic<std::uint32_t>& waiting, int doorbell) {
+  counter.store(value, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (waiting.load(std::memory_order_relaxed) != 0) Doorbell::ring(doorbell);
+}
+
+}  // namespace
+
 std::size_t ring_footprint(std::size_t capacity) {
   return sizeof(RingControl) + (capacity + 63) / 64 * 64;
 }
@@ -54,23 +68,17 @@ std::size_t Ring::write(const iovec* iov, int count,
       moved += piece;
       at = at + piece == capacity_ ? 0 : at + piece;
       if (moved - published == every && publish_every > 0) {
-        publish_until(tail + moved);
+        move_and_wake(control_->tail, tail + moved, control_->reader_waiting,
+                      peer_doorbell_);
         published = moved;
       }
     }
   }
-  if (moved > published) publish_until(tail + moved);
-  return moved;
-}
-
-void Ring::publish_until(std::uint64_t tail) {
-  // Release: the bytes are in place before the reader sees the new tail.
-  control_->tail.store(tail, std::memory_order_release);
-  // Store tail, fence, load the flag: see ring.h.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (control_->reader_waiting.load(std::memory_order_relaxed) != 0) {
-    Doorbell::ring(peer_doorbell_);
+  if (moved > published) {
+    move_and_wake(control_->tail, tail + moved, control_->reader_waiting,
+                  peer_doorbell_);
   }
+  return moved;
 }
 
 std::uint64_t Ring::next_to_read(std::uint64_t head, std::uint64_t tail) const {
@@ -79,15 +87,6 @@ std::uint64_t Ring::next_to_read(std::uint64_t head, std::uint64_t tail) const {
     return head + (capacity_ - head % capacity_);
   }
   return head;
-}
-
-void Ring::free_until(std::uint64_t head) {
-  // Release: the bytes are copied out before the writer may overwrite them.
-  control_->head.store(head, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (control_->writer_waiting.load(std::memory_order_relaxed) != 0) {
-    Doorbell::ring(peer_doorbell_);
-  }
 }
 
 std::size_t Ring::read(const iovec* iov, int count) {
@@ -113,7 +112,8 @@ std::size_t Ring::read(const iovec* iov, int count) {
     }
   }
   if (moved == 0) return 0;
-  free_until(head + moved);
+  move_and_wake(control_->head, head + moved, control_->writer_waiting,
+                peer_doorbell_);
   return moved;
 }
 
@@ -131,9 +131,10 @@ void Ring::consume(std::size_t bytes) {
   // The ring holds unread bytes, so the writer has not rewound since
   // peek(): the same skip applies.
   const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
-  free_until(
-      next_to_read(control_->head.load(std::memory_order_relaxed), tail) +
-      bytes);
+  const std::uint64_t head =
+      next_to_read(control_->head.load(std::memory_order_relaxed), tail);
+  move_and_wake(control_->head, head + bytes, control_->writer_waiting,
+                peer_doorbell_);
 }
 
 bool Ring::readable() const {

@@ -114,11 +114,6 @@ class Ring {
   // skipped when it rewound (see "Rewinding" above), given the `tail` it
   // loaded.
   std::uint64_t next_to_read(std::uint64_t head, std::uint64_t tail) const;
-  // After the reader moved its head: store it and wake a waiting writer.
-  void free_until(std::uint64_t head);
-  // After the writer copied bytes: store its tail and wake a waiting
-  // reader.
-  void publish_until(std::uint64_t tail);
 
   RingControl* control_ = nullptr;
   std::uint8_t* data_ = nullptr;
