@@ -51,7 +51,8 @@ class CollectiveStep {
   // forwards what it receives while the rest is still on its way; the
   // caller makes the parts past `ready` the memory that the receive fills.
   // With `ready` every byte of the parts and `source` -1 it is a plain
-  // send of a message gathered from several parts.
+  // send of a message gathered from several parts. The step copies the
+  // list, as recv_parts does.
   virtual void relay(int peer, std::span<const Part> parts, std::size_t ready,
                      int source) = 0;
   // Progresses every transfer until all are done; throws the call's error

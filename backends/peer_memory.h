@@ -33,11 +33,11 @@ class PeerMemory {
   virtual void withdraw() = 0;
 
   // Copies `bytes` at `address` in the memory of rank `peer` (not this
-  // rank) into `into`. What it copied is the peer's data only once
-  // a confirm() naming the peer has
-  // returned. Throws PeerError naming the peer when its
-  // process has ended, the peer's failure report when the read fails
-  // because the peer left the call (it failed), and BackendError when the
+  // rank) into `into`. What it copied is the peer's data only once a
+  // confirm() naming the peer has returned. Throws PeerError naming the
+  // peer when its process has ended, the peer's failure report when the
+  // read fails because the peer left the call (it failed), and
+  // BackendError when the
   // kernel refuses the read.
   virtual void read(int peer, std::uint64_t address, void* into,
                     std::size_t bytes) = 0;

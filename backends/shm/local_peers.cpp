@@ -697,18 +697,17 @@ int LocalPeers::offered(std::span<const int> peers, std::uint64_t sequence,
     // A peer that ended leaves its word as it was, and the reads before
     // may have reached another process that took its id: only a peer that
     // still lives now was the process read.
-    if (::poll(ends.data(), batch.size(), 0) > 0) {
-      for (std::size_t i = 0; i < batch.size(); ++i) {
-        if (ends[i].revents != 0) {
-          failed = batch[i];
-          return ESRCH;
-        }
-      }
-    }
+    int ended;
+    do {
+      ended = ::poll(ends.data(), batch.size(), 0);
+    } while (ended < 0 && errno == EINTR);
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      if (words[i] != sequence + 1) {
+      const int error = ended > 0 && ends[i].revents != 0 ? ESRCH
+                        : words[i] != sequence + 1        ? ECANCELED
+                                                          : 0;
+      if (error != 0) {
         failed = batch[i];
-        return ECANCELED;
+        return error;
       }
     }
   }

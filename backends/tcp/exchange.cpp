@@ -536,8 +536,8 @@ std::size_t Exchange::publish_every(const Transfer& t,
     return 0;
   }
   for (const Transfer& other : transfers_) {
-    if (other.kind == Transfer::Kind::kRecv && other.peer == t.peer &&
-        other.bytes > 0 && !other.done()) {
+    if (other.kind == Transfer::Kind::kRecv && other.bytes > 0 &&
+        !other.done()) {
       return 0;
     }
   }
@@ -669,9 +669,9 @@ std::size_t Exchange::reduce_in_ring(Transfer& t, const Part& part,
   const std::size_t element = dtype_size(t.dtype);
   const std::span<const std::uint8_t> ready = ring.peek();
   if (ready.empty()) return 0;
-  // The kernels read whole, aligned elements: an element that straddles
-  // the ring's end (or is still being written) is copied out, alone; a
-  // payload that lies misaligned is copied out a chunk at a time.
+  // The kernels read whole, aligned elements: an element only partly
+  // published is copied out, alone; a payload that lies misaligned (after
+  // a message of odd length) is copied out a chunk at a time.
   if (reinterpret_cast<std::uintptr_t>(ready.data()) % element != 0) return 0;
   if (ready.size() < element) {
     fallback = element;

@@ -213,11 +213,12 @@ class Exchange final : public CollectiveStep {
   void progress_send(Transfer& t);
   // How often a send over `ring` publishes as it copies (Ring::write): a
   // quarter of the ring while half a ring or more of the message is left,
-  // the step receives nothing from the same peer and the host's ranks have
-  // a CPU each, so that the reader copies or reduces while the writer
+  // the step has no payload still to receive and the host's ranks have a
+  // CPU each, so that the reader copies or reduces while the writer
   // copies, instead of the two taking turns over whole rings; 0 (once per
-  // write) otherwise: each end of a two-way exchange is busy writing its
-  // own meanwhile, and ranks that share CPUs cannot run at once.
+  // write) otherwise: a rank that also receives (a two-way exchange, a
+  // ring's step, a relay) is busy with that meanwhile, and ranks that
+  // share CPUs cannot run at once.
   std::size_t publish_every(const Transfer& t, const shm::Ring& ring) const;
   void progress_recv(Transfer& t);
   // A reducing receive over a ring reduces the bytes where they lie in the
