@@ -1,6 +1,7 @@
 // The shared-memory transport's pieces: comm::shm::Ring (bytes in order
-// across wrap-around, full and empty, the waiting flags that decide a
-// sleep, closing), and a Mesh whose ranks share a host (threads of this
+// across wrap-around, full and empty, read in place with peek and consume,
+// written with publications as it copies; the waiting flags that decide a
+// sleep; closing), and a Mesh whose ranks share a host (threads of this
 // process): its collective and point-to-point channels are rings, not
 // sockets, and an Exchange moves data over them.
 #include <catch2/catch.hpp>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -172,6 +174,56 @@ TEST_CASE("a ring's bytes stay in order between two threads", "[shm][ring]") {
       in[i] = static_cast<std::uint8_t>((sent + i) * 131 >> 3);
     const iovec from{in, want};
     const std::size_t wrote = ring.writer.write(&from, 1);
+    sent += wrote;
+    if (wrote == 0) sched_yield();
+  }
+  reader.join();
+  REQUIRE(got.size() == kBytes);
+  for (std::size_t i = 0; i < kBytes; ++i) {
+    if (got[i] != static_cast<std::uint8_t>(i * 131 >> 3)) FAIL("byte " << i);
+  }
+}
+
+TEST_CASE(
+    "peek and consume take the bytes read would, across rewinds and "
+    "wrap-around, from a writer that publishes as it copies",
+    "[shm][ring]") {
+  LocalRing ring(64 * 5);
+  constexpr std::size_t kBytes = 1 << 20;
+  std::vector<std::uint8_t> got;
+  got.reserve(kBytes);
+  std::thread reader([&] {
+    std::uint8_t out[97];
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (got.size() < kBytes && std::chrono::steady_clock::now() < until) {
+      std::size_t taken = 0;
+      if (got.size() % 3 == 0) {
+        const iovec into{out, 1 + got.size() % sizeof(out)};
+        taken = ring.reader.read(&into, 1);
+        got.insert(got.end(), out, out + taken);
+      } else {
+        // Some of what peek() shows, never more.
+        const std::span<const std::uint8_t> ready = ring.reader.peek();
+        taken = std::min(ready.size(), 1 + got.size() % 61);
+        got.insert(got.end(), ready.begin(), ready.begin() + taken);
+        ring.reader.consume(taken);
+      }
+      if (taken == 0) sched_yield();
+    }
+  });
+  std::size_t sent = 0;
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (sent < kBytes && std::chrono::steady_clock::now() < until) {
+    // Small writes, which rewind an empty ring, and large ones, which
+    // publish every 7 bytes.
+    std::uint8_t in[400];
+    const std::size_t want =
+        std::min(kBytes - sent, sent % 5 == 0 ? sizeof(in) : 1 + sent % 40);
+    for (std::size_t i = 0; i < want; ++i)
+      in[i] = static_cast<std::uint8_t>((sent + i) * 131 >> 3);
+    const iovec from{in, want};
+    const std::size_t wrote =
+        ring.writer.write(&from, 1, want == sizeof(in) ? 7 : 0);
     sent += wrote;
     if (wrote == 0) sched_yield();
   }
