@@ -149,89 +149,92 @@ TEST_CASE("a small write to an empty ring starts again at its first byte",
   CHECK(ring.writer.write(&all, 1) == 256);
 }
 
-TEST_CASE("a ring's bytes stay in order between two threads", "[shm][ring]") {
+namespace {
+
+// The byte at offset `i` of a stream that two threads move through a ring.
+std::uint8_t stream_byte(std::size_t i) {
+  return static_cast<std::uint8_t>(i * 131 >> 3);
+}
+
+// Moves 1 MiB of stream_byte()s through a 320-byte ring, each side for at
+// most 20 s: a reader thread calls take(ring, got), which appends what it
+// takes to `got` and returns how much; this thread calls give(ring, from,
+// sent) with the next bytes, which writes some and returns how many.
+// Every byte must arrive, in order.
+template <typename Take, typename Give>
+void stream_through_ring(Take take, Give give) {
   LocalRing ring(64 * 5);
   constexpr std::size_t kBytes = 1 << 20;
   std::vector<std::uint8_t> got;
   got.reserve(kBytes);
   std::thread reader([&] {
-    std::uint8_t out[97];
     const auto until = std::chrono::steady_clock::now() + 20s;
     while (got.size() < kBytes && std::chrono::steady_clock::now() < until) {
-      // Reads of changing sizes, so that rewinds meet partial reads.
-      const iovec into{out, 1 + got.size() % sizeof(out)};
-      const std::size_t read = ring.reader.read(&into, 1);
-      got.insert(got.end(), out, out + read);
-      if (read == 0) sched_yield();
+      if (take(ring.reader, got) == 0) sched_yield();
     }
   });
   std::size_t sent = 0;
   const auto until = std::chrono::steady_clock::now() + 20s;
   while (sent < kBytes && std::chrono::steady_clock::now() < until) {
-    std::uint8_t in[80];
-    const std::size_t want = std::min(kBytes - sent, 1 + sent % sizeof(in));
-    for (std::size_t i = 0; i < want; ++i)
-      in[i] = static_cast<std::uint8_t>((sent + i) * 131 >> 3);
-    const iovec from{in, want};
-    const std::size_t wrote = ring.writer.write(&from, 1);
+    std::uint8_t in[400];
+    const std::size_t want = std::min(kBytes - sent, sizeof(in));
+    for (std::size_t i = 0; i < want; ++i) in[i] = stream_byte(sent + i);
+    const std::size_t wrote =
+        give(ring.writer, std::span<const std::uint8_t>(in, want), sent);
     sent += wrote;
     if (wrote == 0) sched_yield();
   }
   reader.join();
   REQUIRE(got.size() == kBytes);
   for (std::size_t i = 0; i < kBytes; ++i) {
-    if (got[i] != static_cast<std::uint8_t>(i * 131 >> 3)) FAIL("byte " << i);
+    if (got[i] != stream_byte(i)) FAIL("byte " << i);
   }
+}
+
+// Reads of changing sizes, so that rewinds meet partial reads.
+std::size_t read_some_of(Ring& ring, std::vector<std::uint8_t>& got) {
+  std::uint8_t out[97];
+  const iovec into{out, 1 + got.size() % sizeof(out)};
+  const std::size_t read = ring.read(&into, 1);
+  got.insert(got.end(), out, out + read);
+  return read;
+}
+
+}  // namespace
+
+TEST_CASE("a ring's bytes stay in order between two threads", "[shm][ring]") {
+  stream_through_ring(
+      read_some_of,
+      [](Ring& ring, std::span<const std::uint8_t> next, std::size_t sent) {
+        // Writes of changing sizes, 1 to 80 bytes.
+        const iovec from{const_cast<std::uint8_t*>(next.data()),
+                         std::min(next.size(), 1 + sent % 80)};
+        return ring.write(&from, 1);
+      });
 }
 
 TEST_CASE(
     "peek and consume take the bytes read would, across rewinds and "
     "wrap-around, from a writer that publishes as it copies",
     "[shm][ring]") {
-  LocalRing ring(64 * 5);
-  constexpr std::size_t kBytes = 1 << 20;
-  std::vector<std::uint8_t> got;
-  got.reserve(kBytes);
-  std::thread reader([&] {
-    std::uint8_t out[97];
-    const auto until = std::chrono::steady_clock::now() + 20s;
-    while (got.size() < kBytes && std::chrono::steady_clock::now() < until) {
-      std::size_t taken = 0;
-      if (got.size() % 3 == 0) {
-        const iovec into{out, 1 + got.size() % sizeof(out)};
-        taken = ring.reader.read(&into, 1);
-        got.insert(got.end(), out, out + taken);
-      } else {
+  stream_through_ring(
+      [](Ring& ring, std::vector<std::uint8_t>& got) -> std::size_t {
+        if (got.size() % 3 == 0) return read_some_of(ring, got);
         // Some of what peek() shows, never more.
-        const std::span<const std::uint8_t> ready = ring.reader.peek();
-        taken = std::min(ready.size(), 1 + got.size() % 61);
+        const std::span<const std::uint8_t> ready = ring.peek();
+        const std::size_t taken = std::min(ready.size(), 1 + got.size() % 61);
         got.insert(got.end(), ready.begin(), ready.begin() + taken);
-        ring.reader.consume(taken);
-      }
-      if (taken == 0) sched_yield();
-    }
-  });
-  std::size_t sent = 0;
-  const auto until = std::chrono::steady_clock::now() + 20s;
-  while (sent < kBytes && std::chrono::steady_clock::now() < until) {
-    // Small writes, which rewind an empty ring, and large ones, which
-    // publish every 7 bytes.
-    std::uint8_t in[400];
-    const std::size_t want =
-        std::min(kBytes - sent, sent % 5 == 0 ? sizeof(in) : 1 + sent % 40);
-    for (std::size_t i = 0; i < want; ++i)
-      in[i] = static_cast<std::uint8_t>((sent + i) * 131 >> 3);
-    const iovec from{in, want};
-    const std::size_t wrote =
-        ring.writer.write(&from, 1, want == sizeof(in) ? 7 : 0);
-    sent += wrote;
-    if (wrote == 0) sched_yield();
-  }
-  reader.join();
-  REQUIRE(got.size() == kBytes);
-  for (std::size_t i = 0; i < kBytes; ++i) {
-    if (got[i] != static_cast<std::uint8_t>(i * 131 >> 3)) FAIL("byte " << i);
-  }
+        ring.consume(taken);
+        return taken;
+      },
+      [](Ring& ring, std::span<const std::uint8_t> next, std::size_t sent) {
+        // Small writes, which rewind an empty ring, and 400-byte ones,
+        // which publish every 7 bytes.
+        const bool large = sent % 5 == 0;
+        const iovec from{const_cast<std::uint8_t*>(next.data()),
+                         std::min(next.size(), large ? 400 : 1 + sent % 40)};
+        return ring.write(&from, 1, large ? 7 : 0);
+      });
 }
 
 TEST_CASE("a ring wakes the other end only when it said it waits",
