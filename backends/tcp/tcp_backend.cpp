@@ -391,8 +391,7 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
 
 std::shared_ptr<Work> TcpBackend::do_all_to_all(
     Tensor& output, const Tensor& input, const AllToAllOptions& options) {
-  // Backend::all_to_all checked the arguments, which the layout checks
-  // again as it builds the blocks; the TCP algorithm works in bytes.
+  // Checked by Backend::all_to_all; the TCP algorithm works in bytes.
   detail::AllToAllLayout layout =
       detail::all_to_all_layout(output, input, options.input_split_sizes,
                                 options.output_split_sizes, size());

@@ -59,7 +59,9 @@ void check_all_to_all(const Tensor& output, const Tensor& input,
                       const std::vector<std::int64_t>& input_rows,
                       const std::vector<std::int64_t>& output_rows, int size);
 
-// check_all_to_all, then the blocks it accepted.
+// The blocks of an all_to_all whose arguments check_all_to_all accepted,
+// as Backend::all_to_all does before any backend runs the call; it checks
+// nothing itself.
 AllToAllLayout all_to_all_layout(const Tensor& output, const Tensor& input,
                                  const std::vector<std::int64_t>& input_rows,
                                  const std::vector<std::int64_t>& output_rows,
