@@ -52,6 +52,8 @@ std::size_t Ring::write(const iovec* iov, int count,
     }
   }
   std::size_t room = capacity_ - static_cast<std::size_t>(tail - head);
+  // Without publish_every, one publication at the end: a write reaches
+  // `capacity_` bytes only with its last byte.
   const std::size_t every = publish_every > 0 ? publish_every : capacity_;
   std::size_t moved = 0;
   std::size_t published = 0;
@@ -67,7 +69,7 @@ std::size_t Ring::write(const iovec* iov, int count,
       left -= piece;
       moved += piece;
       at = at + piece == capacity_ ? 0 : at + piece;
-      if (moved - published == every && publish_every > 0) {
+      if (moved - published == every) {
         move_and_wake(control_->tail, tail + moved, control_->reader_waiting,
                       peer_doorbell_);
         published = moved;
