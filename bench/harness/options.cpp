@@ -139,6 +139,10 @@ Options parse_options(const std::string& program,
                  "else none, as mpirun)");
   app.add_option("--timeout", timeout,
                  "seconds each operation may take (default 300)");
+  app.add_flag("--fresh-inputs", options.fresh_inputs,
+               "before each timed operation, untimed, write every cache line "
+               "of the rank's inputs (the same values), as a training step "
+               "writes its gradients; needs -z 1 and host memory");
   bool print_config = false;
   app.add_flag("--print-config", print_config,
                "print every COMM_* environment variable libcomm reads, with "
@@ -226,6 +230,16 @@ Options parse_options(const std::string& program,
   if (options.device != "cpu" && options.device != "cuda") {
     throw UsageError("--device takes cpu or cuda, not '" + options.device +
                      "'");
+  }
+  if (options.fresh_inputs && !options.blocking) {
+    throw UsageError(
+        "--fresh-inputs writes the inputs between operations, so it needs "
+        "-z 1 (without it, operations in flight read them)");
+  }
+  if (options.fresh_inputs && options.device != "cpu") {
+    throw UsageError(
+        "--fresh-inputs writes host memory; it has no meaning for --device "
+        "cuda");
   }
   return options;
 }

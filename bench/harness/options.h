@@ -36,10 +36,16 @@ struct Options {
   bool all_roots = false;                     // -r all
   Average average = Average::kMean;           // -a
   bool blocking = false;                      // -z
-  std::string json_path;                      // -J
-  std::string backend = "tcp";                // --backend
-  std::string device;  // --device; empty: cuda for nccl, cpu otherwise
-  int spawn = 0;       // -np: local ranks to start; 0: see launch.h
+  // --fresh-inputs: before each timed operation (and outside its time),
+  // each rank stores to every cache line of its inputs, as a training step
+  // writes the gradients it then reduces, so that no rank finds a peer's
+  // input still in its own cache from the operation before. Host memory
+  // and -z 1 only.
+  bool fresh_inputs = false;
+  std::string json_path;        // -J
+  std::string backend = "tcp";  // --backend
+  std::string device;           // --device; empty: cuda for nccl, cpu otherwise
+  int spawn = 0;                // -np: local ranks to start; 0: see launch.h
   // --bind-to, for -np ranks: kCore pins rank r to usable CPU r mod their
   // number; kAuto does so when the ranks fit the CPUs, as mpirun does by
   // default. kCore is the default because ranks that sleep while they wait

@@ -133,6 +133,8 @@ TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
   CHECK(parse({"-d", "all"}).dtypes.size() == 8);
   CHECK(parse({"-o", "all"}).ops.size() == 5);
   CHECK(parse({"--backend", "nccl"}).device == "cuda");
+  CHECK_FALSE(d.fresh_inputs);
+  CHECK(parse({"-z", "1", "--fresh-inputs"}).fresh_inputs);
 }
 
 TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
@@ -157,6 +159,8 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
       {{"--bind-to", "socket"}, "--bind-to"},
       {{"--frobnicate"}, "frobnicate"},
       {{"-b", "2T"}, "-b"},
+      {{"--fresh-inputs"}, "needs -z 1"},
+      {{"-z", "1", "--fresh-inputs", "--device", "cuda"}, "--device cuda"},
   };
   for (const auto& [args, named] : bad) {
     std::string joined;
