@@ -6,7 +6,8 @@ that ratio over the rounds.
 
     bench/compare.py [--np 2] [--runs 5] [--collectives all_reduce,broadcast]
                      [--ours-tcp] [--skip-gloo] [--skip-mpi-default]
-                     [--skip-mpi-tcp] [--skip-iperf] [--build build]
+                     [--skip-mpi-tcp] [--skip-iperf] [--fresh-inputs]
+                     [--build build]
 
 The programs, each timing every selected collective over 1 KiB to 64 MiB
 (x4), float32, sum where it reduces, root 0:
@@ -34,6 +35,13 @@ them: one rank's buffer for all_reduce, broadcast and reduce, the whole
 buffer of n blocks for the others. Ranks are bound as all_reduce_perf binds them by
 default (rank r on CPU r mod n) and as mpirun --bind-to
 core:overload-allowed does.
+
+By default every program reuses the same inputs from one call to the
+next, as nccl-tests does, so that a rank may find what it read of a peer's
+input in its own cache at the next call. With --fresh-inputs, libcomm and
+the MPI peers store to every cache line of each rank's inputs before each
+call, outside its time, as a training step writes the gradients it then
+reduces (the Gloo peer cannot: add --skip-gloo).
 
 Rounds rotate the order of the programs, so that none always runs first or
 after the same neighbour: this machine's speed drifts from minute to
@@ -89,7 +97,7 @@ def peer_rows(output):
 IN_PLACE = {"broadcast"}
 
 
-def run_ours(build, ranks, collectives, transport):
+def run_ours(build, ranks, collectives, transport, fresh_inputs):
     """Each collective's *_perf over all sizes; the out-of-place time
     (column 5) of the nccl-tests table, or the in-place one (column 9) for
     the collectives in IN_PLACE."""
@@ -101,7 +109,8 @@ def run_ours(build, ranks, collectives, transport):
         output = run([os.path.join(build, "bench", name + "_perf"), "-np", str(ranks),
                       "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-n", "200",
                       "--iteration-bytes", str(64 << 20), "-w", "2", "-c", "0",
-                      "-z", "1", "-a", "3"], env=env)
+                      "-z", "1", "-a", "3"]
+                     + (["--fresh-inputs"] if fresh_inputs else []), env=env)
         column = 9 if name in IN_PLACE else 5
         for line in output.splitlines():
             fields = line.split()
@@ -136,17 +145,23 @@ def iperf(streams):
 
 def programs(args, collectives):
     """name -> a function that runs one round of that program."""
-    table = {"libcomm": lambda: run_ours(args.build, args.np, collectives, None)}
+    table = {"libcomm": lambda: run_ours(args.build, args.np, collectives, None,
+                                         args.fresh_inputs)}
     if args.ours_tcp:
-        table["libcomm-tcp"] = lambda: run_ours(args.build, args.np, collectives, "tcp")
+        table["libcomm-tcp"] = lambda: run_ours(args.build, args.np, collectives, "tcp",
+                                                args.fresh_inputs)
     mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe",
            "--bind-to", "core:overload-allowed", "-np", str(args.np)]
     peer = os.path.join(args.build, "bench", "mpi_collectives_peer")
+    if args.fresh_inputs:
+        peer = [peer, "--fresh-inputs"]
+    else:
+        peer = [peer]
     if not args.skip_mpi_default:
-        table["mpi-default"] = lambda: peer_rows(run(mpi + [peer] + collectives))
+        table["mpi-default"] = lambda: peer_rows(run(mpi + peer + collectives))
     if not args.skip_mpi_tcp:
         tcp = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
-        table["mpi-tcp"] = lambda: peer_rows(run(mpi + tcp + [peer] + collectives))
+        table["mpi-tcp"] = lambda: peer_rows(run(mpi + tcp + peer + collectives))
     if not args.skip_gloo:
         gloo = ["/usr/bin/python3", os.path.join(HERE, "peers", "gloo_collectives.py"),
                 str(args.np)] + collectives
@@ -195,9 +210,15 @@ def main():
     parser.add_argument("--skip-mpi-default", action="store_true")
     parser.add_argument("--skip-mpi-tcp", action="store_true")
     parser.add_argument("--skip-iperf", action="store_true")
+    parser.add_argument("--fresh-inputs", action="store_true",
+                        help="rewrite every rank's inputs before each call, untimed "
+                        "(libcomm and Open MPI; needs --skip-gloo)")
     args = parser.parse_args()
     if args.runs < 1 or args.np < 1:
         sys.exit("bench/compare.py: --runs and --np must be at least 1")
+    if args.fresh_inputs and not args.skip_gloo:
+        sys.exit("bench/compare.py: the Gloo peer cannot rewrite its inputs between "
+                 "calls; add --skip-gloo to --fresh-inputs")
 
     collectives = [c for c in args.collectives.split(",") if c]
     unknown = [c for c in collectives if c not in COLLECTIVES]
@@ -229,6 +250,7 @@ def main():
     tcp_pair = "libcomm-tcp" in names and "mpi-tcp" in names
     print("# float32, world=%d, median time_us of %d rounds in rotating order; ratio = "
           "libcomm / peer, median (min-max) over the rounds" % (args.np, args.runs)
+          + ("; inputs rewritten before each call" if args.fresh_inputs else "")
           + ("; tcp/mpi-tcp = libcomm-tcp / mpi-tcp" if tcp_pair else ""))
     for collective in collectives:
         print("\n## %s%s" % (collective, " (libcomm in place, as its peers)"

@@ -9,9 +9,12 @@
  * blocks for all_gather, reduce_scatter, alltoall, gather and scatter.
  *
  *   mpicc -O2 bench/peers/mpi_collectives.c -o mpi_collectives
- *   mpirun -np N ./mpi_collectives [COLLECTIVE...]
+ *   mpirun -np N ./mpi_collectives [--fresh-inputs] [COLLECTIVE...]
  *
- * With no argument it runs every collective, in the order of kCollectives. */
+ * With no collective it runs every one, in the order of kCollectives.
+ * --fresh-inputs stores to every cache line of each rank's input before
+ * each call, outside its time, as the *_perf binaries' --fresh-inputs
+ * does. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,13 +84,21 @@ static void run_once(int collective, float* in, float* out, long total,
   }
 }
 
+/* Stores every cache line of `bytes` at `data` back unchanged, so that the
+ * lines are this rank's alone (modified in its cache), as freshly computed
+ * data is. */
+static void rewrite(void* data, long bytes) {
+  volatile unsigned char* line = (volatile unsigned char*)data;
+  for (long at = 0; at < bytes; at += 64) line[at] = line[at];
+}
+
 /* Whether the size counts the whole buffer of n blocks (see above). */
 static int size_is_total(int collective) {
   return collective != kAllReduce && collective != kBroadcast &&
          collective != kReduce;
 }
 
-static void measure(int collective, int rank, int world) {
+static void measure(int collective, int rank, int world, int fresh_inputs) {
   for (long bytes = kMinBytes; bytes <= kMaxBytes; bytes *= 4) {
     /* One rank's elements, and a block's where the size is n blocks. */
     const long total = bytes / (long)sizeof(float);
@@ -105,14 +116,20 @@ static void measure(int collective, int rank, int world) {
     for (long i = 0; i < elements; i++) in[i] = out[i] = 1.0f;
     const int iterations = iterations_for(bytes);
     double start = 0;
+    double rewriting = 0; /* seconds in rewrite(), left out of the calls' */
     for (int i = -kWarmup; i < iterations; i++) {
       if (i == 0) {
         MPI_Barrier(MPI_COMM_WORLD);
         start = MPI_Wtime();
       }
+      if (fresh_inputs) {
+        const double began = MPI_Wtime();
+        rewrite(in, elements * (long)sizeof(float));
+        if (i >= 0) rewriting += MPI_Wtime() - began;
+      }
       run_once(collective, in, out, total, block);
     }
-    const double mean = (MPI_Wtime() - start) / iterations;
+    const double mean = (MPI_Wtime() - start - rewriting) / iterations;
     double slowest = 0;
     MPI_Reduce(&mean, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     if (rank == 0)
@@ -127,7 +144,13 @@ int main(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  for (int a = 1; a < argc; a++) {
+  int fresh_inputs = 0;
+  int first = 1;
+  if (argc > 1 && strcmp(argv[1], "--fresh-inputs") == 0) {
+    fresh_inputs = 1;
+    first = 2;
+  }
+  for (int a = first; a < argc; a++) {
     int known = 0;
     for (int c = 0; c < kCount; c++)
       known |= strcmp(argv[a], kCollectives[c]) == 0;
@@ -139,10 +162,10 @@ int main(int argc, char** argv) {
     }
   }
   for (int c = 0; c < kCount; c++) {
-    int wanted = argc == 1;
-    for (int a = 1; a < argc; a++)
+    int wanted = argc == first;
+    for (int a = first; a < argc; a++)
       wanted |= strcmp(argv[a], kCollectives[c]) == 0;
-    if (wanted) measure(c, rank, world);
+    if (wanted) measure(c, rank, world, fresh_inputs);
   }
   MPI_Finalize();
   return 0;
