@@ -15,8 +15,8 @@
 // blocks, or a ring whose messages gather H blocks each.
 //
 // Where every rank is on this host and may read the others' memory, and
-// the n blocks hold direct_threshold_bytes() or more, each rank reads every
-// peer's block from that peer's memory (single_copy.h), after a step that
+// the n blocks hold COMM_SHM_DIRECT_THRESHOLD_BYTES or more, each rank reads
+// every peer's block from that peer's memory (single_copy.h), after a step that
 // trades the blocks' addresses and before one that tells every peer it is
 // done, so that no rank returns while a peer still reads its block. A rank
 // writes only the blocks of the others, which nobody reads.
@@ -37,8 +37,8 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
     for (int r : hosts->host_order()) ordered_blocks.push_back(blocks[r]);
     return all_gather(ordered, ordered_blocks, bytes);
   }
-  if (PeerMemory* memory =
-          direct_memory(ctx, bytes * static_cast<std::size_t>(size))) {
+  if (PeerMemory* memory = direct_memory(
+          ctx, bytes * static_cast<std::size_t>(size), DirectKind::kAmongAll)) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     const std::vector<std::vector<Region>> mine(

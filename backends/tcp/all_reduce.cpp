@@ -35,7 +35,7 @@
 // hosts only copy them, so every rank ends with the same bits.
 //
 // Where every rank is on this host and may read the others' memory, a
-// message of direct_threshold_bytes() or more is read where it lies
+// message of COMM_SHM_DIRECT_THRESHOLD_BYTES or more is read where it lies
 // (single_copy.h), in three steps of small messages: the ranks trade the
 // addresses of their input and output; each rank reduces its own slice
 // (the ring's segment of its rank) from every rank's input, in rank order,
@@ -300,7 +300,7 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, source, data, count, dtype, op);
   }
-  if (PeerMemory* memory = direct_memory(ctx, bytes)) {
+  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kAmongAll)) {
     read_directly(ctx, *memory, source, data, count, dtype, op);
   } else if (small) {
     recursive_doubling(ctx, source, data, count, dtype, op);

@@ -12,7 +12,7 @@
 //
 // Where every rank is on this host and may read the others' memory, each
 // pair of ranks decides, for each direction, on the part's size alone
-// (both ends know it): a part of direct_threshold_bytes() / n, rounded
+// (both ends know it): a part of COMM_SHM_DIRECT_THRESHOLD_BYTES / n, rounded
 // up, or more (n such parts reach the threshold) is read by its receiver
 // from the sender's input where it lies (single_copy.h), a smaller one
 // travels over the ring. Every rank sends every peer, in one step, a
@@ -47,8 +47,8 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
   // size would reach the threshold, as the other collectives judge their
   // whole buffers.
   const std::size_t n = static_cast<std::size_t>(size);
-  const std::size_t threshold =
-      std::max<std::size_t>(1, (direct_threshold_bytes() + n - 1) / n);
+  const std::size_t threshold = std::max<std::size_t>(
+      1, (direct_threshold_bytes(DirectKind::kAmongAll) + n - 1) / n);
   const Offer offer(memory);
   auto read = [&](std::size_t bytes) { return bytes >= threshold; };
   // What this rank tells each peer, then what each peer tells it.

@@ -24,10 +24,10 @@
 // that name different roots still read a header that says so.
 //
 // Where every rank is on this host and may read the others' memory, and the
-// message holds direct_threshold_bytes() or more, every rank reads it from
-// the root's buffer (single_copy.h): the root sends each rank its buffer's
-// address and size, each rank reads it and tells the root it is done, and
-// the root returns once every rank is. Ranks that name different roots
+// message holds COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES or more, every rank
+// reads it from the root's buffer (single_copy.h): the root sends each rank its
+// buffer's address and size, each rank reads it and tells the root it is done,
+// and the root returns once every rank is. Ranks that name different roots
 // read, in one of the two steps, a header naming another root, or ask the
 // rank they wait for which call it is in, and fail with MismatchError.
 #include "backends/tcp/algorithms.h"
@@ -58,7 +58,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, data, bytes, root);
   }
-  if (PeerMemory* memory = direct_memory(ctx, bytes)) {
+  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kFromRoot)) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     if (ctx.rank() == root) {

@@ -11,9 +11,9 @@
 // leader first would add a hop and a copy to save messages, not bytes.
 //
 // Where every rank is on this host and may read the others' memory, and
-// the n blocks hold direct_to_root_threshold_bytes() or more, the root reads
-// every block from its rank's memory (single_copy.h): each rank sends the root
-// its input's address and size, and waits until the root says it has read
+// the n blocks hold COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES or more, the root
+// reads every block from its rank's memory (single_copy.h): each rank sends the
+// root its input's address and size, and waits until the root says it has read
 // it. A rank that names another root sends it a message whose header says
 // so, or waits for a root that answers it is in another call:
 // MismatchError.
@@ -28,7 +28,7 @@ void gather(CollectiveTransport& ctx, const void* input,
             const std::vector<void*>& outputs, std::size_t bytes, int root) {
   if (PeerMemory* memory =
           direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()),
-                        direct_to_root_threshold_bytes())) {
+                        DirectKind::kToRoot)) {
     const Offer offer(*memory);
     if (ctx.rank() != root) {
       std::vector<std::vector<Region>> mine(

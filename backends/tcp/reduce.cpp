@@ -34,8 +34,8 @@
 // changes with the tree; only the root holds the result.
 //
 // Where every rank is on this host and may read the others' memory, and
-// the message holds direct_to_root_threshold_bytes() or more, the ranks reduce
-// where the data lies (single_copy.h): they trade their buffers'
+// the message holds COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES or more, the ranks
+// reduce where the data lies (single_copy.h): they trade their buffers'
 // addresses; each rank reduces its slice (the ring all_reduce's segment of
 // its rank) from every rank's buffer, in rank order, into the same slice
 // of its own buffer, and tells the root; the root, once every rank has,
@@ -108,8 +108,7 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
   }
   const std::size_t element = dtype_size(dtype);
   const std::size_t bytes = count * element;
-  if (PeerMemory* memory =
-          direct_memory(ctx, bytes, direct_to_root_threshold_bytes())) {
+  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kToRoot)) {
     const Offer offer(*memory);
     auto* buffer = static_cast<std::uint8_t*>(data);
     const std::vector<int> others = peers(ctx);

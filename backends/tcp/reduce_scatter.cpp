@@ -16,7 +16,7 @@
 // other rank's.
 //
 // Where every rank is on this host and may read the others' memory, and the
-// n blocks of the input hold direct_threshold_bytes() or more, each rank
+// n blocks of the input hold COMM_SHM_DIRECT_THRESHOLD_BYTES or more, each rank
 // reads its block of every peer's input where it lies (single_copy.h): the
 // ranks trade the addresses of their blocks, each reduces its own, in rank
 // order, a chunk at a time, and tells every peer it is done, so that no
@@ -49,8 +49,8 @@ void reduce_scatter(CollectiveTransport& ctx,
     for (int r : hosts->host_order()) ordered_inputs.push_back(inputs[r]);
     return reduce_scatter(ordered, ordered_inputs, output, count, dtype, op);
   }
-  if (PeerMemory* memory =
-          direct_memory(ctx, bytes * static_cast<std::size_t>(size))) {
+  if (PeerMemory* memory = direct_memory(
+          ctx, bytes * static_cast<std::size_t>(size), DirectKind::kAmongAll)) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     // Peer p gets the address of its block of this rank's input.

@@ -11,9 +11,9 @@
 // through a leader would add a hop and a copy to save messages, not bytes.
 //
 // Where every rank is on this host and may read the others' memory, and
-// the n parts hold direct_threshold_bytes() or more, each rank reads its
-// part from the root's memory (single_copy.h): the root sends each rank its
-// part's address and size, and returns once every rank has said it has
+// the n parts hold COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES or more, each rank
+// reads its part from the root's memory (single_copy.h): the root sends each
+// rank its part's address and size, and returns once every rank has said it has
 // read it.
 #include <cstring>
 
@@ -25,7 +25,8 @@ namespace comm::tcp::algorithms {
 void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
              void* output, std::size_t bytes, int root) {
   if (PeerMemory* memory =
-          direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()))) {
+          direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()),
+                        DirectKind::kFromRoot)) {
     const Offer offer(*memory);
     if (ctx.rank() != root) {
       const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);

@@ -14,10 +14,16 @@ namespace comm::tcp::algorithms {
 namespace {
 
 const IntParam kDirectThresholdBytes{
-    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 128 << 10, 1,
+    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 1 << 20, 1,
     std::numeric_limits<std::int64_t>::max(),
-    "the smallest collective whose ranks, all on one host, read each other's "
-    "buffers directly instead of through the shared-memory rings"};
+    "the smallest all_reduce, all_gather, reduce_scatter or all_to_all whose "
+    "ranks, all on one host, read each other's buffers directly instead of "
+    "through the shared-memory rings"};
+const IntParam kDirectFromRootThresholdBytes{
+    "COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", 4 << 20, 1,
+    std::numeric_limits<std::int64_t>::max(),
+    "the smallest broadcast or scatter whose ranks, all on one host, read "
+    "the root's buffer directly"};
 const IntParam kDirectToRootThresholdBytes{
     "COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", std::int64_t{1} << 30, 1,
     std::numeric_limits<std::int64_t>::max(),
@@ -26,17 +32,17 @@ const IntParam kDirectToRootThresholdBytes{
 
 }  // namespace
 
-std::size_t direct_threshold_bytes() {
-  return static_cast<std::size_t>(kDirectThresholdBytes.get());
-}
-
-std::size_t direct_to_root_threshold_bytes() {
-  return static_cast<std::size_t>(kDirectToRootThresholdBytes.get());
+std::size_t direct_threshold_bytes(DirectKind kind) {
+  const IntParam& threshold =
+      kind == DirectKind::kAmongAll   ? kDirectThresholdBytes
+      : kind == DirectKind::kFromRoot ? kDirectFromRootThresholdBytes
+                                      : kDirectToRootThresholdBytes;
+  return static_cast<std::size_t>(threshold.get());
 }
 
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
-                          std::size_t threshold) {
-  if (ctx.size() < 2 || bytes < threshold) return nullptr;
+                          DirectKind kind) {
+  if (ctx.size() < 2 || bytes < direct_threshold_bytes(kind)) return nullptr;
   return ctx.peer_memory();
 }
 

@@ -38,23 +38,36 @@
 
 namespace comm::tcp::algorithms {
 
-// COMM_SHM_DIRECT_THRESHOLD_BYTES: the smallest collective that reads the
-// peers' memory, in the bytes each collective's file names.
-std::size_t direct_threshold_bytes();
-// COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES: the same for gather and reduce,
-// which by default keep the rings. A direct gather's root copies every
-// block itself, where over the rings each sender copies its own in, in
-// parallel; the direct reduce (a reduce-scatter whose slices the root
-// then reads) adds a step to the tree's one message, and was slower at
-// world 2 at every size measured (bench/README.md, "Single copy").
-std::size_t direct_to_root_threshold_bytes();
+// The direct algorithms, by the threshold each answers to.
+enum class DirectKind {
+  // all_reduce, all_gather, reduce_scatter and all_to_all, in which every
+  // rank reads from every peer: COMM_SHM_DIRECT_THRESHOLD_BYTES.
+  kAmongAll,
+  // broadcast and scatter, in which every rank reads from the root:
+  // COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES. Over the rings the root
+  // copies in while the others copy out, on all their cores at once; a
+  // direct read is one core copying lines that the root's core holds, which
+  // is slow where the root has just written them.
+  kFromRoot,
+  // gather and reduce: COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES. A direct
+  // gather's root copies every block itself, where over the rings each
+  // sender copies its own in, in parallel; the direct reduce (a
+  // reduce-scatter whose slices the root then reads) adds a step to the
+  // tree's one message, and was slower at world 2 at every size measured
+  // (bench/README.md, "Single copy").
+  kToRoot,
+};
 
-// The peers' memory when a collective of `bytes` reads it directly: every
-// rank of the group can read every other's, the group has more than one
-// rank, and `bytes` reaches `threshold`. Null otherwise. Every rank that
-// makes the same call gets the same answer.
+// The smallest collective of `kind` that reads the peers' memory, in the
+// bytes each collective's file names.
+std::size_t direct_threshold_bytes(DirectKind kind);
+
+// The peers' memory when a collective of `kind` and `bytes` reads it
+// directly: every rank of the group can read every other's, the group has
+// more than one rank, and `bytes` reaches direct_threshold_bytes(kind).
+// Null otherwise. Every rank that makes the same call gets the same answer.
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
-                          std::size_t threshold = direct_threshold_bytes());
+                          DirectKind kind);
 
 // Offers this rank's buffers (PeerMemory::offer) while it lives: made
 // before the first address is sent, it withdraws them on every way out of

@@ -171,7 +171,8 @@ bool drop_ptrace_capability() {
 // on all_reduce of `count` floats, and kills rank 1 with SIGKILL once the
 // loop runs: every other rank must fail with PeerError naming it within
 // 5 s, and nothing may be left in /dev/shm. `threshold` sets
-// COMM_SHM_DIRECT_THRESHOLD_BYTES (nullptr: the default).
+// COMM_SHM_DIRECT_THRESHOLD_BYTES and COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES
+// (nullptr: the defaults).
 void kill_during_all_reduce(const char* threshold, std::int64_t count) {
   const std::set<std::string> before = dev_shm_entries();
   const int world = 4, victim = 1;
@@ -181,6 +182,7 @@ void kill_during_all_reduce(const char* threshold, std::int64_t count) {
     setenv("COMM_TRANSPORT", "shm", 1);
     if (threshold != nullptr) {
       setenv("COMM_SHM_DIRECT_THRESHOLD_BYTES", threshold, 1);
+      setenv("COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", threshold, 1);
     }
     try {
       auto group = comm::init_process_group("tcp", url, rank, world, 30s);
@@ -255,6 +257,7 @@ TEST_CASE(
   auto ranks = comm::testing::start_ranks(world, [&](int rank) {
     setenv("COMM_TRANSPORT", "shm", 1);
     setenv("COMM_SHM_DIRECT_THRESHOLD_BYTES", "1", 1);
+    setenv("COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1", 1);
     // A process that is not dumpable may have its memory read only by a
     // process with CAP_SYS_PTRACE, which no rank keeps.
     if (!drop_ptrace_capability()) return kCannotForbid;

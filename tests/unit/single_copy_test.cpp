@@ -433,6 +433,7 @@ TEST_CASE(
     "every root",
     "[single_copy][broadcast][gather]") {
   EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"},
              {"COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", "1"}});
   for (int world : {1, 2, 3, 5, 8}) {
     std::atomic<std::size_t> read{0};
@@ -595,6 +596,53 @@ TEST_CASE("below the threshold nothing is read", "[single_copy]") {
   CHECK(read.load() == 0);
 }
 
+TEST_CASE(
+    "broadcast and scatter follow their own threshold, the collectives "
+    "among all ranks theirs",
+    "[single_copy]") {
+  const int world = 4;
+  const std::size_t bytes = 80000;
+  // Runs a broadcast of `bytes` from rank 2 and an all_gather of four
+  // blocks of bytes / 4; returns what the ranks read of each other.
+  auto run = [&]() {
+    std::atomic<std::size_t> read{0};
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank(), root = 2;
+      Bytes data = me == root ? pattern(root, 3, bytes) : Bytes(bytes, 0);
+      rank.run({Collective::kBroadcast, 0, DType::kU8,
+                static_cast<std::int64_t>(bytes), ReduceOp::kSum, root},
+               [&](CollectiveTransport& t) {
+                 alg::broadcast(t, data.data(), bytes, root);
+               });
+      expect(data == pattern(root, 3, bytes), "broadcast");
+      const std::size_t block = bytes / world;
+      std::vector<Bytes> blocks(world, Bytes(block, 0));
+      blocks[me] = pattern(me, 4, block);
+      std::vector<void*> places;
+      for (Bytes& b : blocks) places.push_back(b.data());
+      rank.run(
+          {Collective::kAllGather, 0, DType::kU8,
+           static_cast<std::int64_t>(block), ReduceOp::kSum, -1},
+          [&](CollectiveTransport& t) { alg::all_gather(t, places, block); });
+      for (int r = 0; r < world; ++r) {
+        expect(blocks[r] == pattern(r, 4, block), "all_gather");
+      }
+    });
+    check_all_ok(errors);
+    return read.load();
+  };
+  SECTION("only the collectives among all ranks reach theirs") {
+    EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+               {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1000000"}});
+    CHECK(run() == world * (world - 1) * (bytes / world));
+  }
+  SECTION("only broadcast and scatter reach theirs") {
+    EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1000000"},
+               {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"}});
+    CHECK(run() == (world - 1) * bytes);
+  }
+}
+
 TEST_CASE("gather and reduce follow their own threshold", "[single_copy]") {
   // Past COMM_SHM_DIRECT_THRESHOLD_BYTES but below the to-root one: the
   // root takes every byte over the rings, and nobody reads.
@@ -641,7 +689,8 @@ TEST_CASE(
     "ranks that disagree on a size fail with MismatchError, reading "
     "nothing",
     "[single_copy][mismatch]") {
-  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"}});
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"}});
   SECTION("all_gather blocks of two sizes in one call") {
     // The calls' headers agree; only the sizes the ranks offer differ, as
     // they would where a caller's sizes disagree with its call.

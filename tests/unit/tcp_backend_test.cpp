@@ -348,7 +348,7 @@ TEST_CASE("all_to_all where some ranks send small and others large splits",
   const int world = 4;
   auto errors = run_ranks(world, [&](ProcessGroup& group) {
     const int me = group.rank();
-    // Rank 0 sends 64 Ki int32 (256 KiB, past the direct threshold of 128 KiB)
+    // Rank 0 sends 64 Ki int32 (256 KiB, past COMM_TCP_DIRECT_THRESHOLD_BYTES)
     // to each peer; the others send 1 to each.
     auto rows = [](int from) -> std::int64_t { return from == 0 ? 65536 : 1; };
     comm::AllToAllOptions options;
