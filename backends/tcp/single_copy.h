@@ -53,8 +53,7 @@ enum class DirectKind {
   // gather's root copies every block itself, where over the rings each
   // sender copies its own in, in parallel; the direct reduce (a
   // reduce-scatter whose slices the root then reads) adds a step to the
-  // tree's one message, and was slower at world 2 at every size measured
-  // (bench/README.md, "Single copy").
+  // tree's one message (bench/README.md, "Single copy", has the figures).
   kToRoot,
 };
 

@@ -36,11 +36,11 @@ struct Options {
   bool all_roots = false;                     // -r all
   Average average = Average::kMean;           // -a
   bool blocking = false;                      // -z
-  // --fresh-inputs: before each timed operation (and outside its time),
-  // each rank stores to every cache line of its inputs, as a training step
+  // --fresh-inputs: before each operation (and outside its time), each
+  // rank stores to every cache line of its inputs, as a training step
   // writes the gradients it then reduces, so that no rank finds a peer's
-  // input still in its own cache from the operation before. Host memory
-  // and -z 1 only.
+  // input still in its own cache from the operation before, and the ranks
+  // meet in a barrier. Host memory and -z 1 only.
   bool fresh_inputs = false;
   std::string json_path;        // -J
   std::string backend = "tcp";  // --backend

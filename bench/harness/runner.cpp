@@ -101,22 +101,30 @@ void prepare_fresh(const Collective& collective, Case& c) {
 
 // Stores every cache line of `c`'s inputs back unchanged: the lines become
 // this rank's alone (modified in its cache), as freshly computed data is.
-void rewrite_inputs(const Case& c) {
+// Then waits for every rank to have done so, so that no rank's operation
+// starts, and is timed, while a peer still rewrites (a scatter's root has
+// inputs, the other ranks none).
+void rewrite_inputs(const Case& c, ProcessGroup& group) {
   constexpr std::size_t kLine = 64;
   for (const Tensor& input : c.inputs) {
+    const std::size_t size = input.nbytes();
+    if (size == 0) continue;
     auto* bytes = static_cast<volatile std::uint8_t*>(input.data_ptr());
-    for (std::size_t at = 0; at < input.nbytes(); at += kLine) {
-      bytes[at] = bytes[at];
-    }
+    // A buffer that starts inside a line ends inside one the stride skips.
+    for (std::size_t at = 0; at < size; at += kLine) bytes[at] = bytes[at];
+    bytes[size - 1] = bytes[size - 1];
   }
+  group.barrier()->wait();
 }
 
 Measurement measure(const Collective& collective, Case& c,
                     const Options& options, int iterations,
                     ProcessGroup& group) {
   prepare_fresh(collective, c);
-  for (int i = 0; i < options.warmup; ++i)
+  for (int i = 0; i < options.warmup; ++i) {
+    if (options.fresh_inputs) rewrite_inputs(c, group);
     wait_all(c, collective.start(group, c));
+  }
   group.barrier()->wait();
   const auto start = std::chrono::steady_clock::now();
   std::deque<std::shared_ptr<Work>> in_flight;
@@ -125,7 +133,7 @@ Measurement measure(const Collective& collective, Case& c,
   for (int i = 0; i < iterations; ++i) {
     if (options.fresh_inputs) {
       const auto began = std::chrono::steady_clock::now();
-      rewrite_inputs(c);
+      rewrite_inputs(c, group);
       rewriting += std::chrono::steady_clock::now() - began;
     }
     for (auto& work : collective.start(group, c)) {

@@ -12,8 +12,9 @@
  *   mpirun -np N ./mpi_collectives [--fresh-inputs] [COLLECTIVE...]
  *
  * With no collective it runs every one, in the order of kCollectives.
- * --fresh-inputs stores to every cache line of each rank's input before
- * each call, outside its time, as the *_perf binaries' --fresh-inputs
+ * --fresh-inputs stores to every cache line of what each rank's call reads
+ * of its input before each call, then meets the other ranks in a barrier,
+ * both outside the call's time, as the *_perf binaries' --fresh-inputs
  * does. */
 #include <mpi.h>
 #include <stdio.h>
@@ -89,7 +90,21 @@ static void run_once(int collective, float* in, float* out, long total,
  * data is. */
 static void rewrite(void* data, long bytes) {
   volatile unsigned char* line = (volatile unsigned char*)data;
+  if (bytes <= 0) return;
   for (long at = 0; at < bytes; at += 64) line[at] = line[at];
+  /* A buffer that starts inside a line ends inside one the stride skips. */
+  line[bytes - 1] = line[bytes - 1];
+}
+
+/* The bytes of its input that a rank's call reads: one block for a
+ * gathering call, the root's n blocks for scatter, all of it otherwise. */
+static long input_bytes(int collective, int rank, long total, long block) {
+  switch (collective) {
+    case kAllGather:
+    case kGather: return block * (long)sizeof(float);
+    case kScatter: return rank == 0 ? total * (long)sizeof(float) : 0;
+    default: return total * (long)sizeof(float);
+  }
 }
 
 /* Whether the size counts the whole buffer of n blocks (see above). */
@@ -124,7 +139,9 @@ static void measure(int collective, int rank, int world, int fresh_inputs) {
       }
       if (fresh_inputs) {
         const double began = MPI_Wtime();
-        rewrite(in, elements * (long)sizeof(float));
+        rewrite(in, input_bytes(collective, rank, total, block));
+        /* No rank's call starts while another still rewrites. */
+        MPI_Barrier(MPI_COMM_WORLD);
         if (i >= 0) rewriting += MPI_Wtime() - began;
       }
       run_once(collective, in, out, total, block);

@@ -601,21 +601,15 @@ TEST_CASE(
     "among all ranks theirs",
     "[single_copy]") {
   const int world = 4;
-  const std::size_t bytes = 80000;
-  // Runs a broadcast of `bytes` from rank 2 and an all_gather of four
-  // blocks of bytes / 4; returns what the ranks read of each other.
+  // Sizes whose reads add up differently for each kind: an all_gather of
+  // four blocks of 10000 bytes (120000 read in all where it reads
+  // directly), a broadcast of 80000 (240000) and a scatter of four parts of
+  // 30000 (90000), all below the 1000000 that turns a kind off.
+  const std::size_t block = 10000, message = 80000, part = 30000;
   auto run = [&]() {
     std::atomic<std::size_t> read{0};
     auto errors = run_ranks(world, read, [&](Rank& rank) {
       const int me = rank.rank(), root = 2;
-      Bytes data = me == root ? pattern(root, 3, bytes) : Bytes(bytes, 0);
-      rank.run({Collective::kBroadcast, 0, DType::kU8,
-                static_cast<std::int64_t>(bytes), ReduceOp::kSum, root},
-               [&](CollectiveTransport& t) {
-                 alg::broadcast(t, data.data(), bytes, root);
-               });
-      expect(data == pattern(root, 3, bytes), "broadcast");
-      const std::size_t block = bytes / world;
       std::vector<Bytes> blocks(world, Bytes(block, 0));
       blocks[me] = pattern(me, 4, block);
       std::vector<void*> places;
@@ -627,19 +621,41 @@ TEST_CASE(
       for (int r = 0; r < world; ++r) {
         expect(blocks[r] == pattern(r, 4, block), "all_gather");
       }
+      Bytes data = me == root ? pattern(root, 3, message) : Bytes(message, 0);
+      rank.run({Collective::kBroadcast, 0, DType::kU8,
+                static_cast<std::int64_t>(message), ReduceOp::kSum, root},
+               [&](CollectiveTransport& t) {
+                 alg::broadcast(t, data.data(), message, root);
+               });
+      expect(data == pattern(root, 3, message), "broadcast");
+      std::vector<Bytes> parts;
+      std::vector<const void*> inputs;
+      if (me == root) {
+        for (int r = 0; r < world; ++r) parts.push_back(pattern(r, 5, part));
+        for (const Bytes& p : parts) inputs.push_back(p.data());
+      }
+      Bytes mine(part, 0);
+      rank.run({Collective::kScatter, 0, DType::kU8,
+                static_cast<std::int64_t>(part), ReduceOp::kSum, root},
+               [&](CollectiveTransport& t) {
+                 alg::scatter(t, inputs, mine.data(), part, root);
+               });
+      expect(mine == pattern(me, 5, part), "scatter");
     });
     check_all_ok(errors);
     return read.load();
   };
+  const std::size_t among_all = world * (world - 1) * block;
+  const std::size_t from_root = (world - 1) * (message + part);
   SECTION("only the collectives among all ranks reach theirs") {
     EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
                {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1000000"}});
-    CHECK(run() == world * (world - 1) * (bytes / world));
+    CHECK(run() == among_all);
   }
   SECTION("only broadcast and scatter reach theirs") {
     EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1000000"},
                {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"}});
-    CHECK(run() == (world - 1) * bytes);
+    CHECK(run() == from_root);
   }
 }
 
@@ -689,8 +705,7 @@ TEST_CASE(
     "ranks that disagree on a size fail with MismatchError, reading "
     "nothing",
     "[single_copy][mismatch]") {
-  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
-             {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"}});
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"}});
   SECTION("all_gather blocks of two sizes in one call") {
     // The calls' headers agree; only the sizes the ranks offer differ, as
     // they would where a caller's sizes disagree with its call.
