@@ -40,8 +40,9 @@ By default every program reuses the same inputs from one call to the
 next, as nccl-tests does, so that a rank may find what it read of a peer's
 input in its own cache at the next call. With --fresh-inputs, libcomm and
 the MPI peers store to every cache line of each rank's inputs before each
-call, outside its time, as a training step writes the gradients it then
-reduces (the Gloo peer cannot: add --skip-gloo).
+call and then meet in a barrier, both outside the call's time, as a
+training step writes the gradients it then reduces and its ranks come to
+the collective together (the Gloo peer cannot: add --skip-gloo).
 
 Rounds rotate the order of the programs, so that none always runs first or
 after the same neighbour: this machine's speed drifts from minute to
@@ -152,11 +153,9 @@ def programs(args, collectives):
                                                 args.fresh_inputs)
     mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe",
            "--bind-to", "core:overload-allowed", "-np", str(args.np)]
-    peer = os.path.join(args.build, "bench", "mpi_collectives_peer")
+    peer = [os.path.join(args.build, "bench", "mpi_collectives_peer")]
     if args.fresh_inputs:
-        peer = [peer, "--fresh-inputs"]
-    else:
-        peer = [peer]
+        peer.append("--fresh-inputs")
     if not args.skip_mpi_default:
         table["mpi-default"] = lambda: peer_rows(run(mpi + peer + collectives))
     if not args.skip_mpi_tcp:
