@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "bench/harness/options.h"
+#include "bench/harness/runner.h"
 
 namespace {
 
@@ -63,12 +64,6 @@ void await(int fd) {
   if (::read(fd, &byte, 1) != 1) fail("the other process ended early");
 }
 
-// Stores to every cache line of `bytes` at `data`, leaving the values.
-void rewrite(std::uint8_t* data, std::size_t bytes) {
-  auto* line = reinterpret_cast<volatile std::uint8_t*>(data);
-  for (std::size_t at = 0; at < bytes; at += 64) line[at] = line[at];
-}
-
 void pin(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -78,7 +73,21 @@ void pin(int cpu) {
   }
 }
 
-double seconds_since(Clock::time_point start) {
+// process_vm_readv and process_vm_writev share this signature.
+using PeerCopy = ssize_t (*)(pid_t, const iovec*, unsigned long, const iovec*,
+                             unsigned long, unsigned long);
+
+// Copies `bytes` between `local` in this process and `remote` in `pid`
+// with `copy` (named `name` in an error) and returns the seconds it took.
+double timed_copy(PeerCopy copy, const char* name, pid_t pid, void* local,
+                  void* remote, std::size_t bytes) {
+  const iovec local_span{local, bytes};
+  const iovec remote_span{remote, bytes};
+  const auto start = Clock::now();
+  if (copy(pid, &local_span, 1, &remote_span, 1, 0) !=
+      static_cast<ssize_t>(bytes)) {
+    fail(std::string(name) + ": " + strerror(errno));
+  }
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -106,14 +115,8 @@ std::vector<double> measure(std::size_t bytes, int iterations, int owner_cpu,
     for (int fresh = 0; fresh < 2; ++fresh) {
       for (int i = 0; i < iterations; ++i) {
         await(to_peer[0]);
-        const iovec local{target, bytes};
-        const iovec remote{source, bytes};
-        const auto start = Clock::now();
-        if (::process_vm_readv(owner, &local, 1, &remote, 1, 0) !=
-            static_cast<ssize_t>(bytes)) {
-          fail(std::string("process_vm_readv: ") + strerror(errno));
-        }
-        got[fresh] += seconds_since(start);
+        got[fresh] += timed_copy(::process_vm_readv, "process_vm_readv", owner,
+                                 target, source, bytes);
         cue(to_owner[1]);
       }
     }
@@ -126,22 +129,16 @@ std::vector<double> measure(std::size_t bytes, int iterations, int owner_cpu,
   std::vector<double> mean(4, 0.0);
   for (int fresh = 0; fresh < 2; ++fresh) {
     for (int i = 0; i < iterations; ++i) {
-      if (fresh) rewrite(source, bytes);
+      if (fresh) comm::bench::rewrite_lines(source, bytes);
       cue(to_peer[1]);
       await(to_owner[0]);
     }
   }
   for (int fresh = 0; fresh < 2; ++fresh) {
     for (int i = 0; i < iterations; ++i) {
-      if (fresh) rewrite(source, bytes);
-      const iovec local{source, bytes};
-      const iovec remote{target, bytes};
-      const auto start = Clock::now();
-      if (::process_vm_writev(peer, &local, 1, &remote, 1, 0) !=
-          static_cast<ssize_t>(bytes)) {
-        fail(std::string("process_vm_writev: ") + strerror(errno));
-      }
-      mean[2 + fresh] += seconds_since(start);
+      if (fresh) comm::bench::rewrite_lines(source, bytes);
+      mean[2 + fresh] += timed_copy(::process_vm_writev, "process_vm_writev",
+                                    peer, source, target, bytes);
     }
   }
   cue(to_peer[1]);

@@ -140,9 +140,10 @@ Options parse_options(const std::string& program,
   app.add_option("--timeout", timeout,
                  "seconds each operation may take (default 300)");
   app.add_flag("--fresh-inputs", options.fresh_inputs,
-               "before each timed operation, untimed, write every cache line "
-               "of the rank's inputs (the same values), as a training step "
-               "writes its gradients; needs -z 1 and host memory");
+               "before each operation, warm-up included, write every cache "
+               "line of the rank's inputs (the same values), as a training "
+               "step writes its gradients, then meet the other ranks in a "
+               "barrier; neither is timed; needs -z 1 and host memory");
   bool print_config = false;
   app.add_flag("--print-config", print_config,
                "print every COMM_* environment variable libcomm reads, with "

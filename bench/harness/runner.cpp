@@ -99,20 +99,13 @@ void prepare_fresh(const Collective& collective, Case& c) {
   collective.prepare(c);
 }
 
-// Stores every cache line of `c`'s inputs back unchanged: the lines become
-// this rank's alone (modified in its cache), as freshly computed data is.
-// Then waits for every rank to have done so, so that no rank's operation
-// starts, and is timed, while a peer still rewrites (a scatter's root has
-// inputs, the other ranks none).
+// Rewrites every line of `c`'s inputs (rewrite_lines), then waits for
+// every rank to have done so, so that no rank's operation starts, and is
+// timed, while a peer still rewrites (a scatter's root has inputs, the
+// other ranks none).
 void rewrite_inputs(const Case& c, ProcessGroup& group) {
-  constexpr std::size_t kLine = 64;
   for (const Tensor& input : c.inputs) {
-    const std::size_t size = input.nbytes();
-    if (size == 0) continue;
-    auto* bytes = static_cast<volatile std::uint8_t*>(input.data_ptr());
-    // A buffer that starts inside a line ends inside one the stride skips.
-    for (std::size_t at = 0; at < size; at += kLine) bytes[at] = bytes[at];
-    bytes[size - 1] = bytes[size - 1];
+    rewrite_lines(input.data_ptr(), input.nbytes());
   }
   group.barrier()->wait();
 }
@@ -256,8 +249,9 @@ void print_header(std::FILE* out, const Collective& collective,
       average_name(options.average));
   if (options.fresh_inputs) {
     std::fprintf(out,
-                 "# fresh inputs: each rank rewrites its inputs before each "
-                 "timed operation, untimed\n");
+                 "# fresh inputs: before each operation, warm-up included, "
+                 "each rank rewrites its inputs, then the ranks meet in a "
+                 "barrier; neither is timed\n");
   }
   if (options.iteration_bytes > 0) {
     std::fprintf(out,
@@ -343,6 +337,15 @@ std::pair<double, double> bandwidths(const Collective& collective,
                                      int world) {
   const double algbw = static_cast<double>(bytes) / 1e9 / seconds;
   return {algbw, algbw * collective.bus_factor(world)};
+}
+
+void rewrite_lines(void* data, std::size_t bytes) {
+  constexpr std::size_t kLine = 64;
+  if (bytes == 0) return;
+  auto* line = static_cast<volatile std::uint8_t*>(data);
+  // A buffer that starts inside a line ends inside one the stride skips.
+  for (std::size_t at = 0; at < bytes; at += kLine) line[at] = line[at];
+  line[bytes - 1] = line[bytes - 1];
 }
 
 Report run_benchmark(const Collective& collective, const Options& options,

@@ -45,6 +45,12 @@ std::pair<double, double> bandwidths(const Collective& collective,
                                      std::int64_t bytes, double seconds,
                                      int world);
 
+// Stores every cache line of the `bytes` bytes at `data` back unchanged,
+// the last byte included: afterwards the lines are modified in this CPU's
+// cache alone, as freshly computed data is, and a peer that reads them
+// cannot find them in its own cache. `data` may be null when `bytes` is 0.
+void rewrite_lines(void* data, std::size_t bytes);
+
 // Runs every size, dtype, op and root of `options` on `group`. Every rank
 // calls it; rank 0 prints the table to `out` when it is not null. Throws
 // what the operations throw.
