@@ -23,13 +23,19 @@
 // is the short one. Each phase keeps its children's confirmations, so ranks
 // that name different roots still read a header that says so.
 //
-// Where every rank is on this host and may read the others' memory, and the
-// message holds COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES or more, every rank
-// reads it from the root's buffer (single_copy.h): the root sends each rank its
-// buffer's address and size, each rank reads it and tells the root it is done,
-// and the root returns once every rank is. Ranks that name different roots
-// read, in one of the two steps, a header naming another root, or ask the
-// rank they wait for which call it is in, and fail with MismatchError.
+// Where the group has three ranks or more, every one on this host and free
+// to read the others' memory, and the message holds
+// COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES or more, every rank reads it from
+// the root's buffer (single_copy.h): the root sends each rank its buffer's
+// address and size, each rank reads it and tells the root it is done, and the
+// root returns once every rank is. Ranks that name different roots read, in
+// one of the two steps, a header naming another root, or ask the rank they
+// wait for which call it is in, and fail with MismatchError. Two ranks keep
+// the tree: its one edge is a copy on each core at once (the root copies in
+// from lines its own cache holds, the other rank copies out), which one
+// rank's read of the root's lines cannot beat; from three ranks the root
+// copies in once per child and the readers' parallel reads win
+// (bench/README.md, "Single copy").
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
@@ -58,7 +64,9 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, data, bytes, root);
   }
-  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kFromRoot)) {
+  if (PeerMemory* memory =
+          size > 2 ? direct_memory(ctx, bytes, DirectKind::kFromRoot)
+                   : nullptr) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     if (ctx.rank() == root) {
