@@ -33,9 +33,9 @@
 // wait for which call it is in, and fail with MismatchError. Two ranks keep
 // the tree: its one edge is a copy on each core at once (the root copies in
 // from lines its own cache holds, the other rank copies out), which one
-// rank's read of the root's lines cannot beat; from three ranks the root
-// copies in once per child and the readers' parallel reads win
-// (bench/README.md, "Single copy").
+// rank's read of the root's lines did not beat at any size measured; from
+// three ranks the root copies in once per child and the readers' parallel
+// reads win (bench/README.md, "Single copy").
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"

@@ -43,11 +43,12 @@ enum class DirectKind {
   // all_reduce, all_gather, reduce_scatter and all_to_all, in which every
   // rank reads from every peer: COMM_SHM_DIRECT_THRESHOLD_BYTES.
   kAmongAll,
-  // broadcast (of three ranks or more) and scatter, in which every rank
-  // reads from the root: COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES. Over the
-  // rings the root copies in while the others copy out, on all their cores
-  // at once; a direct read is one core copying lines that the root's core
-  // holds, which is slow where the root has just written them.
+  // broadcast and scatter, in which every rank reads from the root:
+  // COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES (a broadcast of two ranks
+  // never reads; broadcast.cpp keeps it on the tree). Over the rings the
+  // root copies in while the others copy out, on all their cores at once; a
+  // direct read is one core copying lines that the root's core holds, which
+  // is slow where the root has just written them.
   kFromRoot,
   // gather and reduce: COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES. A direct
   // gather's root copies every block itself, where over the rings each
