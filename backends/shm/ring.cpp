@@ -1,9 +1,9 @@
 #include "backends/shm/ring.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "backends/shm/doorbell.h"
+#include "libcomm/detail/copy_bytes.h"
 
 namespace comm::shm {
 
@@ -64,7 +64,7 @@ std::size_t Ring::write(const iovec* iov, int count,
     while (left > 0) {
       const std::size_t piece =
           std::min({left, capacity_ - at, published + every - moved});
-      std::memcpy(data_ + at, from, piece);
+      detail::copy_bytes(data_ + at, from, piece);
       from += piece;
       left -= piece;
       moved += piece;
@@ -107,7 +107,7 @@ std::size_t Ring::read(const iovec* iov, int count) {
     moved += left;
     while (left > 0) {
       const std::size_t piece = std::min(left, capacity_ - at);
-      std::memcpy(to, data_ + at, piece);
+      detail::copy_bytes(to, data_ + at, piece);
       to += piece;
       left -= piece;
       at = at + piece == capacity_ ? 0 : at + piece;

@@ -58,13 +58,13 @@
 // call until no peer reads its buffers any more. Ranks may mix the two
 // forms: each offers its input and its output, the same address or not.
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <memory>
 
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
+#include "libcomm/detail/copy_bytes.h"
 #include "libcomm/optional_int_param.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -211,7 +211,7 @@ void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
   const auto local_count = static_cast<std::size_t>(
       hosts.ranks_of(hosts.host_of(ctx.rank())).size());
   if (bytes <= ring_threshold_bytes(ctx.size())) {
-    if (input != data) std::memcpy(data, input, bytes);
+    if (input != data) detail::copy_bytes(data, input, bytes);
     SubgroupTransport local = host_ranks(ctx, hosts);
     algorithms::reduce(local, data, count, dtype, op, 0);
     if (local.rank() == 0) {
@@ -295,7 +295,7 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
   const std::size_t bytes = count * dtype_size(dtype);
   const bool small = bytes <= ring_threshold_bytes(ctx.size()) ||
                      count < static_cast<std::size_t>(ctx.size());
-  if (source != data && ctx.size() == 1) std::memcpy(data, source, bytes);
+  if (ctx.size() == 1) detail::copy_bytes(data, source, bytes);
   if (ctx.size() == 1 || count == 0) return;
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, source, data, count, dtype, op);

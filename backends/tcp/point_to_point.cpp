@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "backends/tcp/exchange.h"
+#include "libcomm/detail/copy_bytes.h"
 #include "libcomm/error.h"
 #include "libcomm/options.h"
 
@@ -160,7 +161,7 @@ bool PointToPoint::try_match_kept(const std::shared_ptr<Operation>& receive) {
       auto misfit = check_fit(it->header, it->peer, receive->dtype,
                               receive->bytes, receive->tag);
       if (!misfit && receive->bytes > 0) {
-        std::memcpy(receive->data, it->payload.data(), receive->bytes);
+        detail::copy_bytes(receive->data, it->payload.data(), receive->bytes);
       }
       complete(receive, misfit, it->peer);
       kept_.erase(it);

@@ -13,6 +13,7 @@
 #include "backends/tcp/reported_failure.h"
 #include "backends/workspace.h"
 #include "libcomm/detail/collective_args.h"
+#include "libcomm/detail/copy_bytes.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
@@ -78,7 +79,7 @@ void all_gather_from(CollectiveContext& ctx, std::vector<void*>& blocks,
   } else if (apart) {
     slot = const_cast<void*>(mine);
     alg::all_gather(ctx, blocks, bytes);
-    std::memcpy(own, mine, bytes);
+    detail::copy_bytes(own, mine, bytes);
   } else {
     std::memmove(own, mine, bytes);
     alg::all_gather(ctx, blocks, bytes);
