@@ -20,6 +20,10 @@ T take(const std::uint8_t*& in) {
   return value;
 }
 
+// The bytes of fields that encode writes before the zeros that pad the
+// header to kWireSize; decode reads the fields and ignores the zeros.
+constexpr std::size_t kFieldBytes = 40;
+
 }  // namespace
 
 const char* collective_name(Collective collective) {
@@ -71,6 +75,7 @@ void MessageHeader::encode(std::uint8_t* out) const {
   put<std::int32_t>(out, call.root);
   put<std::uint32_t>(out, 0);
   put<std::uint64_t>(out, payload_bytes);
+  std::memset(out, 0, MessageHeader::kWireSize - kFieldBytes);
 }
 
 bool MessageHeader::decode(const std::uint8_t* in) {

@@ -38,8 +38,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
   header.encode(again.data());
   std::array<std::uint8_t, MessageHeader::kWireSize> expected{};
   std::memcpy(expected.data(), data, expected.size());
-  expected[7] = 0;                          // reserved
-  std::memset(expected.data() + 28, 0, 4);  // reserved
+  expected[7] = 0;                                             // reserved
+  std::memset(expected.data() + 28, 0, 4);                     // reserved
+  std::memset(expected.data() + 40, 0, expected.size() - 40);  // padding
   if (again != expected) std::abort();
 
   MessageHeader twice;

@@ -1,4 +1,4 @@
-// comm::tcp::MessageHeader: the 40-byte header in front of every message of
+// comm::tcp::MessageHeader: the 64-byte header in front of every message of
 // the TCP backend, and CallInfo::describe, which names a call in errors.
 #include <catch2/catch.hpp>
 
@@ -24,7 +24,9 @@ constexpr std::size_t kDTypeAt = 5;
 constexpr std::size_t kOpAt = 6;
 
 Wire encoded(const MessageHeader& header) {
-  Wire wire{};
+  // Not zeros, so that the layout test sees the zeros encode writes.
+  Wire wire;
+  wire.fill(0xa5);
   header.encode(wire.data());
   return wire;
 }
@@ -79,6 +81,13 @@ TEST_CASE("the header's layout on the wire is fixed", "[tcp][header]") {
   std::memcpy(&payload, wire.data() + 32, 8);
   CHECK(sequence == 12);
   CHECK(payload == 2048);
+  // The fields end at byte 40; zeros fill the header to one cache line, so
+  // that a payload follows its header 64 bytes later.
+  CHECK(MessageHeader::kWireSize == 64);
+  for (std::size_t i = 40; i < wire.size(); ++i) {
+    INFO("byte " << i);
+    CHECK(wire[i] == 0);
+  }
 }
 
 TEST_CASE("bytes that do not start with the magic are refused",
