@@ -211,7 +211,7 @@ void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
   const auto local_count = static_cast<std::size_t>(
       hosts.ranks_of(hosts.host_of(ctx.rank())).size());
   if (bytes <= ring_threshold_bytes(ctx.size())) {
-    if (input != data) detail::copy_bytes(data, input, bytes);
+    detail::copy_bytes(data, input, bytes);
     SubgroupTransport local = host_ranks(ctx, hosts);
     algorithms::reduce(local, data, count, dtype, op, 0);
     if (local.rank() == 0) {

@@ -20,10 +20,6 @@ T take(const std::uint8_t*& in) {
   return value;
 }
 
-// The bytes of fields that encode writes before the zeros that pad the
-// header to kWireSize; decode reads the fields and ignores the zeros.
-constexpr std::size_t kFieldBytes = 40;
-
 }  // namespace
 
 const char* collective_name(Collective collective) {
@@ -65,6 +61,7 @@ std::string CallInfo::describe() const {
 }
 
 void MessageHeader::encode(std::uint8_t* out) const {
+  std::uint8_t* const begin = out;
   put<std::uint32_t>(out, kMagic);
   put<std::uint8_t>(out, static_cast<std::uint8_t>(call.collective));
   put<std::uint8_t>(out, static_cast<std::uint8_t>(call.dtype));
@@ -75,7 +72,8 @@ void MessageHeader::encode(std::uint8_t* out) const {
   put<std::int32_t>(out, call.root);
   put<std::uint32_t>(out, 0);
   put<std::uint64_t>(out, payload_bytes);
-  std::memset(out, 0, MessageHeader::kWireSize - kFieldBytes);
+  // Zeros to the end of the cache line; decode does not read them.
+  std::memset(out, 0, kWireSize - static_cast<std::size_t>(out - begin));
 }
 
 bool MessageHeader::decode(const std::uint8_t* in) {

@@ -47,14 +47,14 @@ struct CallInfo {
 
 struct MessageHeader {
   static constexpr std::uint32_t kMagic = 0x43544d43;  // "CMTC" on the wire
-  // 40 bytes of fields, then zeros up to one 64-byte cache line. A payload
-  // thus starts 64 bytes after its header, in a stream and in a ring. Over
-  // loopback a message usually starts a fresh kernel page fragment, so its
-  // payload lies 64 bytes into a page, as does a large buffer from
-  // aligned_alloc, and 48 bytes past a malloc'd one's 16: the kernel's
-  // copies (`rep movsb`) then avoid destinations 1 to 31 bytes past their
-  // source modulo 4 KiB, which some x86 CPUs copy at a twentieth of their
-  // speed (bench/README.md, "Copy distance"; libcomm/detail/copy_bytes.h).
+  // 40 bytes of fields, then zeros to the end of one 64-byte cache line,
+  // so that a payload lies a multiple of 64 bytes from where its message
+  // starts. Over loopback a blocking message usually starts a fresh kernel
+  // page fragment, so a payload then sits at a multiple of 64 bytes from
+  // any 64-byte-aligned buffer, and the kernel's `rep movsb` copies in and
+  // out of the socket avoid destinations 1 to 31 bytes past their source
+  // modulo 4 KiB, which some x86 CPUs copy an order of magnitude slower
+  // (bench/README.md, "Copy distance"; libcomm/detail/copy_bytes.h).
   static constexpr std::size_t kWireSize = 64;
 
   CallInfo call;

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <string>
 
 #include "libcomm/detail/crypto.h"
 #include "libcomm/detail/log.h"
@@ -13,7 +14,8 @@ namespace {
 
 constexpr std::uint32_t kMagic = 0x32544d43;     // "CMT2" on the wire
 constexpr std::uint32_t kOldMagic = 0x48544d43;  // "CMTH": libcomm 0.1's
-constexpr std::uint8_t kVersion = 2;
+// 3: collective messages carry the 64-byte MessageHeader (2: 40 bytes).
+constexpr std::uint8_t kVersion = 3;
 
 constexpr std::uint8_t kRefused = 0;
 constexpr std::uint8_t kAccepted = 1;
@@ -129,8 +131,14 @@ std::optional<AcceptedPeer> accept_handshake(
           "it speaks the rank handshake of an older libcomm, which has no "
           "authentication; run the same libcomm version on every rank");
     }
-    if (hello.magic != kMagic || hello.version != kVersion) {
-      return refuse("it is not a libcomm rank of this version (bad magic)");
+    if (hello.magic != kMagic) {
+      return refuse("it is not a libcomm rank (bad magic)");
+    }
+    if (hello.version != kVersion) {
+      return refuse("it speaks version " + std::to_string(hello.version) +
+                    " of the rank protocol and this rank version " +
+                    std::to_string(kVersion) +
+                    "; run the same libcomm version on every rank");
     }
     connection.recv_all(reinterpret_cast<std::uint8_t*>(&hello) + kHeadSize,
                         sizeof(hello) - kHeadSize, deadline, who);

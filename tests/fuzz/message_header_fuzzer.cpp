@@ -1,4 +1,4 @@
-// libFuzzer target for the TCP backend's message header: the first 40
+// libFuzzer target for the TCP backend's message header: the first 64
 // bytes of the input are decoded as a MessageHeader, as a rank decodes what
 // a peer (or a stranger) sent. Properties checked besides memory safety:
 // decode accepts exactly the headers with the magic and known collective,

@@ -4,6 +4,7 @@
 // of its piece size.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -22,7 +23,8 @@ std::uint8_t pattern(std::size_t i) {
 
 TEST_CASE("copy_bytes copies exactly the bytes asked at every distance",
           "[copy_bytes]") {
-  const std::size_t sizes[] = {0, 1, 63, 1023, 1024, 1025, 2112, 4097, 70001};
+  const std::size_t sizes[] = {0,    1,    63,   1023, 1024, 1025,
+                               2048, 2112, 4096, 4097, 70001};
   std::vector<std::size_t> distances;
   for (std::size_t d = 0; d < 128; ++d) distances.push_back(d);
   for (std::size_t d = kPage - 64; d < kPage + 64; d += 3) {
@@ -76,3 +78,36 @@ TEST_CASE("copy_bytes onto its own source changes nothing", "[copy_bytes]") {
     REQUIRE(buffer[i] == pattern(i));
   }
 }
+
+#if defined(__x86_64__)
+TEST_CASE("copy_bytes splits exactly the distances rep movsb crawls at",
+          "[copy_bytes]") {
+  using comm::detail::copies_in_pieces;
+  alignas(4096) static std::uint8_t page[3 * kPage];
+  const std::uint8_t* source = page + kPage;
+  constexpr std::size_t kBytes = 64 << 10;
+  // Destination past the source by 1-31 bytes, modulo 4 KiB: in pieces.
+  for (std::size_t d : {std::size_t{1}, std::size_t{16}, std::size_t{31},
+                        kPage + 1, kPage + 31}) {
+    INFO("destination " << d << " bytes past the source");
+    CHECK(copies_in_pieces(page + kPage + d, source, kBytes));
+  }
+  // The same address modulo 4 KiB, 32 bytes and more past it, or before
+  // it: whole.
+  for (std::size_t d : {std::size_t{0}, std::size_t{32}, std::size_t{64},
+                        kPage - 1, kPage, kPage + 32}) {
+    INFO("destination " << d << " bytes past the source");
+    CHECK_FALSE(copies_in_pieces(page + kPage + d, source, kBytes));
+  }
+  CHECK_FALSE(copies_in_pieces(page + kPage - 16, source, kBytes));
+  // A copy of one piece or less, or larger than 4 MiB, is whole whatever
+  // the distance.
+  CHECK_FALSE(copies_in_pieces(page + kPage + 16, source,
+                               comm::detail::kCopyPieceBytes));
+  CHECK(copies_in_pieces(page + kPage + 16, source,
+                         comm::detail::kCopyPieceBytes + 1));
+  CHECK(copies_in_pieces(page + kPage + 16, source, std::size_t{4} << 20));
+  CHECK_FALSE(
+      copies_in_pieces(page + kPage + 16, source, (std::size_t{4} << 20) + 1));
+}
+#endif
