@@ -57,6 +57,16 @@
 // only the other slices then). The "done" step keeps every rank in the
 // call until no peer reads its buffers any more. Ranks may mix the two
 // forms: each offers its input and its output, the same address or not.
+//
+// Two ranks keep the rings at every size, as they do for reduce_scatter.
+// There the ring is one exchange of half the message each way, then one of
+// the reduced halves: the same two synchronisations as the direct
+// algorithm, and every byte is copied in user space, by its owner into a
+// ring and by its reader out of it, on both cores at once. The direct
+// algorithm moves the peer's half with process_vm_readv instead, a kernel
+// copy that pins every page it reads, and it was slower at every size
+// measured (bench/README.md, "Single copy"). From three ranks the ring
+// needs n - 1 steps per half where the direct algorithm keeps one.
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -300,7 +310,9 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, source, data, count, dtype, op);
   }
-  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kAmongAll)) {
+  if (PeerMemory* memory =
+          ctx.size() > 2 ? direct_memory(ctx, bytes, DirectKind::kAmongAll)
+                         : nullptr) {
     read_directly(ctx, *memory, source, data, count, dtype, op);
   } else if (small) {
     recursive_doubling(ctx, source, data, count, dtype, op);

@@ -22,7 +22,8 @@
 // order, a chunk at a time, and tells every peer it is done, so that no
 // rank returns while a peer still reads its input. The output may be this
 // rank's own input block (each chunk is read before it is written); no
-// other block is written.
+// other block is written. Two ranks keep the rings at every size, as
+// all_reduce.cpp explains.
 #include <cstring>
 #include <memory>
 
@@ -49,8 +50,10 @@ void reduce_scatter(CollectiveTransport& ctx,
     for (int r : hosts->host_order()) ordered_inputs.push_back(inputs[r]);
     return reduce_scatter(ordered, ordered_inputs, output, count, dtype, op);
   }
-  if (PeerMemory* memory = direct_memory(
-          ctx, bytes * static_cast<std::size_t>(size), DirectKind::kAmongAll)) {
+  if (PeerMemory* memory =
+          size > 2 ? direct_memory(ctx, bytes * static_cast<std::size_t>(size),
+                                   DirectKind::kAmongAll)
+                   : nullptr) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     // Peer p gets the address of its block of this rank's input.

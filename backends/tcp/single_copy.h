@@ -41,7 +41,9 @@ namespace comm::tcp::algorithms {
 // The direct algorithms, by the threshold each answers to.
 enum class DirectKind {
   // all_reduce, all_gather, reduce_scatter and all_to_all, in which every
-  // rank reads from every peer: COMM_SHM_DIRECT_THRESHOLD_BYTES.
+  // rank reads from every peer: COMM_SHM_DIRECT_THRESHOLD_BYTES (an
+  // all_reduce or reduce_scatter of two ranks never reads; their files keep
+  // it on the rings).
   kAmongAll,
   // broadcast and scatter, in which every rank reads from the root:
   // COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES (a broadcast of two ranks
