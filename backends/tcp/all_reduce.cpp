@@ -59,14 +59,13 @@
 // forms: each offers its input and its output, the same address or not.
 //
 // Two ranks keep the rings at every size, as they do for reduce_scatter.
-// There the ring is one exchange of half the message each way, then one of
-// the reduced halves: the same two synchronisations as the direct
-// algorithm, and every byte is copied in user space, by its owner into a
-// ring and by its reader out of it, on both cores at once. The direct
-// algorithm moves the peer's half with process_vm_readv instead, a kernel
-// copy that pins every page it reads, and it was slower at every size
-// measured (bench/README.md, "Single copy"). From three ranks the ring
-// needs n - 1 steps per half where the direct algorithm keeps one.
+// There the ring is one pipelined exchange, in which every byte is copied
+// in user space, by its owner into a ring and by its reader out of it, on
+// both cores at once, while the direct algorithm moves the peer's half
+// with process_vm_readv, a kernel copy that pins every page it reads, and
+// adds its three steps of synchronisation (bench/README.md, "Single
+// copy"). From three ranks the ring needs 2(n - 1) steps, while the
+// direct algorithm keeps its three.
 #include <cstdint>
 #include <limits>
 #include <memory>

@@ -14,7 +14,8 @@ namespace {
 
 constexpr std::uint32_t kMagic = 0x32544d43;     // "CMT2" on the wire
 constexpr std::uint32_t kOldMagic = 0x48544d43;  // "CMTH": libcomm 0.1's
-// 3: collective messages carry the 64-byte MessageHeader (2: 40 bytes).
+// Raised whenever what ranks send each other changes: a rank refuses a
+// peer of another version rather than misread its messages.
 constexpr std::uint8_t kVersion = 3;
 
 constexpr std::uint8_t kRefused = 0;
@@ -136,7 +137,7 @@ std::optional<AcceptedPeer> accept_handshake(
     }
     if (hello.version != kVersion) {
       return refuse("it speaks version " + std::to_string(hello.version) +
-                    " of the rank protocol and this rank version " +
+                    " of the rank protocol and this rank speaks version " +
                     std::to_string(kVersion) +
                     "; run the same libcomm version on every rank");
     }

@@ -22,8 +22,9 @@ inline constexpr std::size_t kCopyPieceBytes = 1024;
 // modulo 4 KiB. Where a ring's payload lies against a user's buffer is
 // chance, so those distances go in pieces below any size glibc hands to
 // `rep movsb` by default, which its vector loops copy near full speed at
-// any distance. Above kMostSplitBytes glibc copies with vector loops that
-// outrun a series of pieces, so larger copies stay whole.
+// any distance. kMostSplitBytes lies above the L2 sizes of the CPUs
+// concerned, where glibc has switched to vector loops that outrun a series
+// of pieces, so larger copies stay whole.
 inline bool copies_in_pieces(const void* destination, const void* source,
                              std::size_t bytes) {
 #if defined(__x86_64__)
