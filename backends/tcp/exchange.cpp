@@ -39,23 +39,25 @@ int remaining_ms(detail::Clock::time_point deadline) {
       std::clamp<std::int64_t>(left.count() + 1, 0, 1 << 30));
 }
 
+// A few cycles' pause of a spinning thread, which leaves the core to its
+// hyperthread sibling without the cost of a system call.
+void pause_core() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // One pause of a spinning step between two looks at its transfers: a yield
 // of the CPU where this host's ranks outnumber their CPUs (the rank waited
-// for may be the one that would run), else a few instructions' pause,
-// which leaves the core to its hyperthread sibling without the cost of a
-// system call.
+// for may be the one that would run), else a few pauses of the core.
 void relax(bool oversubscribed) {
   if (oversubscribed) {
     sched_yield();
     return;
   }
-  for (int i = 0; i < 16; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
+  for (int i = 0; i < 16; ++i) pause_core();
 }
 
 }  // namespace
@@ -401,11 +403,16 @@ void Exchange::run() {
     // A spin that waits on rings alone needs no system call to see them
     // move; the descriptors (a doorbell, a peer's exit, the alarm, the
     // wake-up) are polled once per kDescriptorPollInterval. Between two
-    // rounds it pauses the core briefly, or, where the host's ranks
-    // outnumber their CPUs, yields it to the rank it may be waiting for.
+    // rounds it watches the rings' cursors, or, where the host's ranks
+    // outnumber their CPUs, yields the CPU to the rank it may be waiting
+    // for.
     if (spinning && !ring_transfers.empty() && !on_socket &&
         now < next_descriptor_poll) {
-      relax(oversubscribed);
+      if (oversubscribed) {
+        relax(true);
+      } else {
+        watch_rings(ring_transfers);
+      }
       continue;
     }
     next_descriptor_poll = now + kDescriptorPollInterval;
@@ -491,6 +498,31 @@ void Exchange::run() {
       query_interval = kFirstQuery;
       next_query = spin_until + query_interval;
     }
+  }
+}
+
+void Exchange::watch_rings(std::span<const int> waiting) {
+  constexpr std::size_t kMostWatched = 8;
+  if (waiting.size() > kMostWatched) {
+    relax(false);
+    return;
+  }
+  shm::Ring* rings[kMostWatched];
+  bool sending[kMostWatched];
+  for (std::size_t k = 0; k < waiting.size(); ++k) {
+    const Transfer& t = transfers_[static_cast<std::size_t>(waiting[k])];
+    sending[k] = t.kind == Transfer::Kind::kSend;
+    rings[k] = mesh_.ring(t.peer, Channel::kCollective, sending[k]);
+  }
+  // Bounded: kWatchLooks looks.
+  for (int look = 0; look < kWatchLooks; ++look) {
+    for (std::size_t k = 0; k < waiting.size(); ++k) {
+      const shm::Ring& ring = *rings[k];
+      if ((sending[k] ? ring.writable() : ring.readable()) || ring.closed()) {
+        return;
+      }
+    }
+    pause_core();
   }
 }
 

@@ -39,8 +39,9 @@
 // algorithm and every check runs unchanged. Rings are progressed without a
 // system call while the step polls; a step that waits on rings alone spins
 // without system calls, polling its descriptors only every
-// kDescriptorPollInterval, and between two looks pauses the core, or
-// yields it where the host's ranks outnumber their CPUs
+// kDescriptorPollInterval, and between two rounds watches the rings'
+// cursors alone, pausing the core between looks (watch_rings), or yields
+// the CPU where the host's ranks outnumber their CPUs
 // (shm::LocalPeers::oversubscribed); before it sleeps, the step raises the
 // waiting flag of each ring it waits on and sleeps on its doorbell
 // (shm/ring.h says why no wake-up is lost), and on the pidfd of each such
@@ -221,6 +222,16 @@ class Exchange final : public CollectiveStep {
   // share CPUs cannot run at once.
   std::size_t publish_every(const Transfer& t, const shm::Ring& ring) const;
   void progress_recv(Transfer& t);
+  // Between two rounds of a step that spins on rings alone, on a host
+  // whose ranks have a CPU each: looks at the cursors of the rings that the
+  // transfers `waiting` (indices) wait on, pausing the core between looks,
+  // and returns as soon as one of them can move (bytes to read, room to
+  // write) or closed, or after kWatchLooks looks. A round reads the clock,
+  // rebuilds its lists and tries every transfer; a look loads a cursor or
+  // two per ring, so a rank sees its peer's message within a pause of its
+  // publication.
+  static constexpr int kWatchLooks = 256;
+  void watch_rings(std::span<const int> waiting);
   // A reducing receive over a ring reduces the bytes where they lie in the
   // ring, into `part`, instead of copying them into scratch first. Returns
   // the bytes reduced and freed; 0 when none can be (the ring is empty, or
