@@ -142,6 +142,25 @@ void ControlChannel::close_peer(int peer, const char* why) {
   p.outbox.clear();
   p.sent = 0;
   flushed_.notify_all();
+  // The control thread settles it at the top of its next round (see
+  // peer_closed); woken, in case another thread's send found it closed.
+  closing_ = true;
+  const std::uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void ControlChannel::settle_closed() {
+  if (!closing_) return;
+  closing_ = false;
+  for (Peer& p : peers_) {
+    if (!p.open) p.gone = true;
+  }
+  record_event();
+}
+
+bool ControlChannel::peer_closed(int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peers_[static_cast<std::size_t>(peer)].gone;
 }
 
 void ControlChannel::record_event() {
@@ -345,6 +364,9 @@ void ControlChannel::run() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
+      // The round before is over: every socket that was ready with a
+      // closing one has been read.
+      settle_closed();
       const auto now = detail::Clock::now();
       if (now >= next_beat) {
         for (int peer = 0; peer < mesh_.size(); ++peer) {

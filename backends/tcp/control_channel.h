@@ -18,9 +18,10 @@
 // queries ("which call is your collective number S?") from the calls this
 // rank has started (begin_call), and records their answers to this rank's
 // queries. A step that waits watches alarm_fd(), which becomes readable
-// when something was recorded, and then asks check() whether it fails the
-// step's call. Between those, a collective costs one uncontended lock
-// (begin_call) and one atomic load (check() when nothing was recorded).
+// when something was recorded or a peer's control connection closed, and
+// then asks check() whether it fails the step's call. Between those, a
+// collective costs one uncontended lock (begin_call) and one atomic load
+// (check() when nothing was recorded).
 //
 // Writes to a peer are queued and sent without blocking, by whichever
 // thread queues them or, when the socket is full, by the control thread,
@@ -100,6 +101,14 @@ class ControlChannel {
   // ahead and failed there) do not fail `call`. Clears the alarm.
   std::optional<Report> check(const CallInfo& call);
 
+  // Whether `peer`'s control connection has been read to its end (the
+  // peer closed it: it exited or destroyed its group) or given up on, and
+  // the control thread's round that found it so is over. By then every
+  // message the peer sent before, and every message of another peer that
+  // was waiting to be read with it, a failure report among them, has been
+  // recorded. The round's end wakes alarm_fd().
+  bool peer_closed(int peer);
+
   // Whether `peer`'s last answer said it had not started collective
   // `sequence` yet.
   bool answered_not_reached(int peer, std::uint64_t sequence);
@@ -115,6 +124,7 @@ class ControlChannel {
 
   struct Peer {
     bool open = false;
+    bool gone = false;  // closed, in a round that is over (peer_closed)
     detail::Clock::time_point last_heard;
     std::vector<std::uint8_t> input;  // bytes of a message not yet whole
     std::deque<std::vector<std::uint8_t>> outbox;
@@ -127,6 +137,9 @@ class ControlChannel {
   void queue(int peer, std::vector<std::uint8_t> bytes);
   void flush(int peer);
   void close_peer(int peer, const char* why);
+  // At the top of the control thread's round: marks the peers closed in
+  // the round before as gone, and raises the alarm.
+  void settle_closed();
   void record_event();
   void dispatch(int peer, ControlMessage message);
   ControlMessage answer_for(const CallInfo& asked) const;
@@ -137,14 +150,17 @@ class ControlChannel {
   const std::chrono::milliseconds timeout_;
   const std::chrono::milliseconds interval_;
   int alarm_fd_ = -1;
-  int wake_fd_ = -1;  // wakes the control thread: stop, or a queue to send
+  // Wakes the control thread: stop, a queue to send, a peer closed.
+  int wake_fd_ = -1;
   std::thread thread_;
-  // Nonzero once anything that may fail a call was recorded.
+  // Nonzero once anything that may fail a call was recorded, or a peer's
+  // control connection closed.
   std::atomic<std::uint64_t> events_{0};
 
   std::mutex mutex_;
   std::condition_variable flushed_;
   bool stopping_ = false;
+  bool closing_ = false;  // a peer closed in this round (settle_closed)
   std::vector<Peer> peers_;
   std::vector<Report> reports_;
   int silent_peer_ = -1;

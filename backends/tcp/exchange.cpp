@@ -538,7 +538,7 @@ void Exchange::peer_exited(int peer) {
                               call_.describe() + " (killed, or crashed?)");
     // As for a broken socket (progress): a report on the control channel
     // names the first cause better than this rank can.
-    read_pending_control(std::chrono::milliseconds(50));
+    read_last_words(peer);
     throw error;
   }
 }
@@ -553,9 +553,9 @@ void Exchange::progress(Transfer& t) {
   } catch (const PeerError&) {
     // A peer that failed first reports why on the control channel before
     // it exits; its report names the real cause (the rank that died
-    // first), where our broken connection names only the messenger. Give
-    // the report a moment to arrive.
-    read_pending_control(std::chrono::milliseconds(50));
+    // first, the call that did not match), where our broken connection
+    // names only the messenger.
+    read_last_words(t.peer);
     throw;
   }
 }
@@ -760,10 +760,21 @@ void Exchange::check_header(const Transfer& t) {
   }
 }
 
-void Exchange::read_pending_control(std::chrono::milliseconds grace) {
+void Exchange::read_last_words(int peer) {
   if (control_ == nullptr) return;
-  pollfd alarm{control_->alarm_fd(), POLLIN, 0};
-  if (::poll(&alarm, 1, static_cast<int>(grace.count())) > 0) read_control();
+  const auto at_least = detail::deadline_after(kLastWordsFloor);
+  const auto at_most = detail::deadline_after(kLastWordsWait);
+  // Bounded by at_most: each round sleeps until the alarm or a deadline.
+  while (true) {
+    // Closed first: a report that arrived before the peer closed is
+    // recorded by then, and read_control() below sees it.
+    const bool closed = control_->peer_closed(peer);
+    read_control();
+    const auto now = detail::Clock::now();
+    if (now >= at_most || (closed && now >= at_least)) return;
+    pollfd alarm{control_->alarm_fd(), POLLIN, 0};
+    (void)::poll(&alarm, 1, remaining_ms(closed ? at_least : at_most));
+  }
 }
 
 void Exchange::read_control() {

@@ -256,9 +256,17 @@ class Exchange final : public CollectiveStep {
   // and throws TimeoutError naming the ranks nobody heard from, as a
   // Reported<TimeoutError>.
   [[noreturn]] void time_out(std::vector<Report> reports);
-  // Reads any report already recorded (or arriving within `grace`) by the
-  // control channel; throws the first one.
-  void read_pending_control(std::chrono::milliseconds grace);
+  // `peer`'s connection or ring broke: throws a report that fails this
+  // call, if one comes. Waits until the control channel has read the
+  // peer's control connection to its end (a peer that exits or destroys
+  // its group closes it after the report it sent before), and at least
+  // kLastWordsFloor, for a report of another rank, but at most
+  // kLastWordsWait (a peer whose control connection stays open). So the
+  // error names the first cause rather than the messenger, however late
+  // the control thread runs.
+  void read_last_words(int peer);
+  static constexpr std::chrono::milliseconds kLastWordsFloor{50};
+  static constexpr std::chrono::milliseconds kLastWordsWait{500};
 
   Mesh& mesh_;
   CallInfo call_;
