@@ -37,8 +37,9 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
     for (int r : hosts->host_order()) ordered_blocks.push_back(blocks[r]);
     return all_gather(ordered, ordered_blocks, bytes);
   }
-  if (PeerMemory* memory = direct_memory(
-          ctx, bytes * static_cast<std::size_t>(size), DirectKind::kAmongAll)) {
+  if (PeerMemory* memory =
+          direct_memory(ctx, bytes * static_cast<std::size_t>(size),
+                        DirectKind::kAmongAll, AtTwoRanks::kReadDirectly)) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     const std::vector<std::vector<Region>> mine(

@@ -309,9 +309,8 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, source, data, count, dtype, op);
   }
-  if (PeerMemory* memory =
-          ctx.size() > 2 ? direct_memory(ctx, bytes, DirectKind::kAmongAll)
-                         : nullptr) {
+  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kAmongAll,
+                                         AtTwoRanks::kKeepRings)) {
     read_directly(ctx, *memory, source, data, count, dtype, op);
   } else if (small) {
     recursive_doubling(ctx, source, data, count, dtype, op);

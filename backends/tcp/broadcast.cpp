@@ -64,9 +64,8 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, data, bytes, root);
   }
-  if (PeerMemory* memory =
-          size > 2 ? direct_memory(ctx, bytes, DirectKind::kFromRoot)
-                   : nullptr) {
+  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kFromRoot,
+                                         AtTwoRanks::kKeepRings)) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     if (ctx.rank() == root) {

@@ -28,7 +28,7 @@ void gather(CollectiveTransport& ctx, const void* input,
             const std::vector<void*>& outputs, std::size_t bytes, int root) {
   if (PeerMemory* memory =
           direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()),
-                        DirectKind::kToRoot)) {
+                        DirectKind::kToRoot, AtTwoRanks::kReadDirectly)) {
     const Offer offer(*memory);
     if (ctx.rank() != root) {
       std::vector<std::vector<Region>> mine(

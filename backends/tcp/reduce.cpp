@@ -108,7 +108,8 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
   }
   const std::size_t element = dtype_size(dtype);
   const std::size_t bytes = count * element;
-  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kToRoot)) {
+  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kToRoot,
+                                         AtTwoRanks::kReadDirectly)) {
     const Offer offer(*memory);
     auto* buffer = static_cast<std::uint8_t*>(data);
     const std::vector<int> others = peers(ctx);

@@ -51,9 +51,8 @@ void reduce_scatter(CollectiveTransport& ctx,
     return reduce_scatter(ordered, ordered_inputs, output, count, dtype, op);
   }
   if (PeerMemory* memory =
-          size > 2 ? direct_memory(ctx, bytes * static_cast<std::size_t>(size),
-                                   DirectKind::kAmongAll)
-                   : nullptr) {
+          direct_memory(ctx, bytes * static_cast<std::size_t>(size),
+                        DirectKind::kAmongAll, AtTwoRanks::kKeepRings)) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     // Peer p gets the address of its block of this rank's input.

@@ -26,7 +26,7 @@ void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
              void* output, std::size_t bytes, int root) {
   if (PeerMemory* memory =
           direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()),
-                        DirectKind::kFromRoot)) {
+                        DirectKind::kFromRoot, AtTwoRanks::kReadDirectly)) {
     const Offer offer(*memory);
     if (ctx.rank() != root) {
       const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);

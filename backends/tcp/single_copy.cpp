@@ -41,8 +41,11 @@ std::size_t direct_threshold_bytes(DirectKind kind) {
 }
 
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
-                          DirectKind kind) {
-  if (ctx.size() < 2 || bytes < direct_threshold_bytes(kind)) return nullptr;
+                          DirectKind kind, AtTwoRanks at_two_ranks) {
+  const int fewest = at_two_ranks == AtTwoRanks::kKeepRings ? 3 : 2;
+  if (ctx.size() < fewest || bytes < direct_threshold_bytes(kind)) {
+    return nullptr;
+  }
   return ctx.peer_memory();
 }
 

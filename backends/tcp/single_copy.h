@@ -41,14 +41,11 @@ namespace comm::tcp::algorithms {
 // The direct algorithms, by the threshold each answers to.
 enum class DirectKind {
   // all_reduce, all_gather, reduce_scatter and all_to_all, in which every
-  // rank reads from every peer: COMM_SHM_DIRECT_THRESHOLD_BYTES (an
-  // all_reduce or reduce_scatter of two ranks never reads; their files keep
-  // it on the rings).
+  // rank reads from every peer: COMM_SHM_DIRECT_THRESHOLD_BYTES.
   kAmongAll,
   // broadcast and scatter, in which every rank reads from the root:
-  // COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES (a broadcast of two ranks
-  // never reads; broadcast.cpp keeps it on the tree). Over the rings the
-  // root copies in while the others copy out, on all their cores at once; a
+  // COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES. Over the rings the root
+  // copies in while the others copy out, on all their cores at once; a
   // direct read is one core copying lines that the root's core holds, which
   // is slow where the root has just written them.
   kFromRoot,
@@ -60,16 +57,26 @@ enum class DirectKind {
   kToRoot,
 };
 
+// Whether a collective reads directly at all when its group has two
+// ranks. Where two ranks' rings take as few steps as the direct algorithm
+// (broadcast's tree: one message; all_reduce's and reduce_scatter's ring:
+// one exchange each way per half), the ring copies on both cores at once,
+// while a direct read adds the kernel's copy, which pins every page it
+// reads, and the algorithm's synchronisation steps; those collectives keep
+// the rings at two ranks (bench/README.md, "Single copy").
+enum class AtTwoRanks { kReadDirectly, kKeepRings };
+
 // The smallest collective of `kind` that reads the peers' memory, in the
 // bytes each collective's file names.
 std::size_t direct_threshold_bytes(DirectKind kind);
 
 // The peers' memory when a collective of `kind` and `bytes` reads it
 // directly: every rank of the group can read every other's, the group has
-// more than one rank, and `bytes` reaches direct_threshold_bytes(kind).
-// Null otherwise. Every rank that makes the same call gets the same answer.
+// more than one rank (more than two with AtTwoRanks::kKeepRings), and
+// `bytes` reaches direct_threshold_bytes(kind). Null otherwise. Every rank
+// that makes the same call gets the same answer.
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
-                          DirectKind kind);
+                          DirectKind kind, AtTwoRanks at_two_ranks);
 
 // Offers this rank's buffers (PeerMemory::offer) while it lives: made
 // before the first address is sent, it withdraws them on every way out of
