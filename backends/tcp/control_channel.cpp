@@ -97,7 +97,9 @@ void ControlChannel::stop() {
 
 void ControlChannel::queue(int peer, std::vector<std::uint8_t> bytes) {
   Peer& p = peers_[static_cast<std::size_t>(peer)];
-  if (!p.open || stopping_ || p.outbox.size() >= kMaxQueued) return;
+  if (!p.open || !p.sending || stopping_ || p.outbox.size() >= kMaxQueued) {
+    return;
+  }
   p.outbox.push_back(std::move(bytes));
   flush(peer);
   if (!p.outbox.empty()) {
@@ -111,15 +113,23 @@ void ControlChannel::flush(int peer) {
   Peer& p = peers_[static_cast<std::size_t>(peer)];
   const int fd = mesh_.socket(peer, Channel::kControl).fd();
   // Bounded: every round sends bytes or returns.
-  while (p.open && !p.outbox.empty()) {
+  while (p.open && p.sending && !p.outbox.empty()) {
     const std::vector<std::uint8_t>& front = p.outbox.front();
     const ssize_t n = ::send(fd, front.data() + p.sent, front.size() - p.sent,
                              MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      close_peer(peer, "sending failed");
-      return;
+      // What the peer sent before it went is still read: its failure
+      // report may be there (peer_closed).
+      COMM_LOG_DEBUG(
+          "TCP backend: sending to {} on its control connection "
+          "failed: {}",
+          mesh_.peer_name(peer), std::system_category().message(errno));
+      p.sending = false;
+      p.outbox.clear();
+      p.sent = 0;
+      break;
     }
     p.sent += static_cast<std::size_t>(n);
     if (p.sent == front.size()) {
@@ -142,8 +152,9 @@ void ControlChannel::close_peer(int peer, const char* why) {
   p.outbox.clear();
   p.sent = 0;
   flushed_.notify_all();
-  // The control thread settles it at the top of its next round (see
-  // peer_closed); woken, in case another thread's send found it closed.
+  // Settled once the control thread's next poll round has read every
+  // other socket ready with it (peer_closed); the wake-up makes that round
+  // come at once.
   closing_ = true;
   const std::uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
@@ -364,9 +375,6 @@ void ControlChannel::run() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
-      // The round before is over: every socket that was ready with a
-      // closing one has been read.
-      settle_closed();
       const auto now = detail::Clock::now();
       if (now >= next_beat) {
         for (int peer = 0; peer < mesh_.size(); ++peer) {
@@ -440,6 +448,9 @@ void ControlChannel::run() {
       }
       if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) read_from(owners[k]);
     }
+    // Every socket that this poll found ready with a closing one is read.
+    std::lock_guard<std::mutex> lock(mutex_);
+    settle_closed();
   }
 }
 

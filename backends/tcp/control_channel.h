@@ -102,11 +102,12 @@ class ControlChannel {
   std::optional<Report> check(const CallInfo& call);
 
   // Whether `peer`'s control connection has been read to its end (the
-  // peer closed it: it exited or destroyed its group) or given up on, and
-  // the control thread's round that found it so is over. By then every
-  // message the peer sent before, and every message of another peer that
-  // was waiting to be read with it, a failure report among them, has been
-  // recorded. The round's end wakes alarm_fd().
+  // peer closed it: it exited or destroyed its group), or reading it
+  // failed, and a poll round of the control thread has read every other
+  // connection that was ready with it. By then every message the peer sent
+  // before, and those of other peers that arrived before its end, a
+  // failure report among them, are recorded. Becoming true wakes
+  // alarm_fd(). A failed send to the peer stops sending, not reading.
   bool peer_closed(int peer);
 
   // Whether `peer`'s last answer said it had not started collective
@@ -124,7 +125,8 @@ class ControlChannel {
 
   struct Peer {
     bool open = false;
-    bool gone = false;  // closed, in a round that is over (peer_closed)
+    bool sending = true;  // false once a send failed; reading goes on
+    bool gone = false;    // closed, in a round that is over (peer_closed)
     detail::Clock::time_point last_heard;
     std::vector<std::uint8_t> input;  // bytes of a message not yet whole
     std::deque<std::vector<std::uint8_t>> outbox;
@@ -137,7 +139,7 @@ class ControlChannel {
   void queue(int peer, std::vector<std::uint8_t> bytes);
   void flush(int peer);
   void close_peer(int peer, const char* why);
-  // At the top of the control thread's round: marks the peers closed in
+  // After the control thread's poll round: marks the peers closed since
   // the round before as gone, and raises the alarm.
   void settle_closed();
   void record_event();

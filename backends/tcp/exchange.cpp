@@ -353,7 +353,10 @@ void Exchange::run() {
         if (t.header_done + t.payload_done + t.scratch_filled != before) {
           moved = true;
         }
-        if (t.done()) continue;
+        // Done, or a relay that sent all it has: its source is watched.
+        if (t.done() || (sending && t.bytes > 0 && sendable(t) == 0)) {
+          continue;
+        }
         ring_transfers.push_back(static_cast<int>(i));
         if (std::find(ring_peers.begin(), ring_peers.end(), t.peer) ==
             ring_peers.end()) {
@@ -411,7 +414,7 @@ void Exchange::run() {
       if (oversubscribed) {
         relax(true);
       } else {
-        watch_rings(ring_transfers);
+        watch_rings(ring_transfers, next_descriptor_poll);
       }
       continue;
     }
@@ -501,8 +504,8 @@ void Exchange::run() {
   }
 }
 
-void Exchange::watch_rings(std::span<const int> waiting) {
-  constexpr std::size_t kMostWatched = 8;
+void Exchange::watch_rings(std::span<const int> waiting,
+                           detail::Clock::time_point until) {
   if (waiting.size() > kMostWatched) {
     relax(false);
     return;
@@ -514,13 +517,16 @@ void Exchange::watch_rings(std::span<const int> waiting) {
     sending[k] = t.kind == Transfer::Kind::kSend;
     rings[k] = mesh_.ring(t.peer, Channel::kCollective, sending[k]);
   }
-  // Bounded: kWatchLooks looks.
-  for (int look = 0; look < kWatchLooks; ++look) {
+  // Bounded: kWatchLooks looks, and `until`.
+  for (int look = 1; look <= kWatchLooks; ++look) {
     for (std::size_t k = 0; k < waiting.size(); ++k) {
       const shm::Ring& ring = *rings[k];
       if ((sending[k] ? ring.writable() : ring.readable()) || ring.closed()) {
         return;
       }
+    }
+    if (look % kLooksPerClockRead == 0 && detail::Clock::now() >= until) {
+      return;
     }
     pause_core();
   }
@@ -763,17 +769,26 @@ void Exchange::check_header(const Transfer& t) {
 void Exchange::read_last_words(int peer) {
   if (control_ == nullptr) return;
   const auto at_least = detail::deadline_after(kLastWordsFloor);
-  const auto at_most = detail::deadline_after(kLastWordsWait);
-  // Bounded by at_most: each round sleeps until the alarm or a deadline.
+  const auto at_most =
+      std::min(detail::deadline_after(kLastWordsWait), deadline_);
+  // Bounded by at_most: each round sleeps until the alarm, the wake-up or
+  // a deadline.
   while (true) {
     // Closed first: a report that arrived before the peer closed is
     // recorded by then, and read_control() below sees it.
     const bool closed = control_->peer_closed(peer);
     read_control();
+    // Closed in between: the alarm it raised may be the one read_control()
+    // just drained, so look again rather than sleep.
+    if (!closed && control_->peer_closed(peer)) continue;
     const auto now = detail::Clock::now();
     if (now >= at_most || (closed && now >= at_least)) return;
-    pollfd alarm{control_->alarm_fd(), POLLIN, 0};
-    (void)::poll(&alarm, 1, remaining_ms(closed ? at_least : at_most));
+    pollfd watched[2] = {{control_->alarm_fd(), POLLIN, 0},
+                         {wake_fd_, POLLIN, 0}};
+    const int ready =
+        ::poll(watched, 2, remaining_ms(closed ? at_least : at_most));
+    // Shutting down: the caller's own error stands.
+    if (ready > 0 && watched[1].revents != 0) return;
   }
 }
 

@@ -226,12 +226,20 @@ class Exchange final : public CollectiveStep {
   // whose ranks have a CPU each: looks at the cursors of the rings that the
   // transfers `waiting` (indices) wait on, pausing the core between looks,
   // and returns as soon as one of them can move (bytes to read, room to
-  // write) or closed, or after kWatchLooks looks. A round reads the clock,
-  // rebuilds its lists and tries every transfer; a look loads a cursor or
-  // two per ring, so a rank sees its peer's message within a pause of its
-  // publication.
+  // write) or is closed, after kWatchLooks looks, or once `until` (the next
+  // poll of the step's descriptors) has passed, which it checks every
+  // kLooksPerClockRead looks: a pause lasts a few cycles on one processor
+  // and over a hundred on another. A round reads the clock, rebuilds its
+  // lists and tries every transfer; a look loads a cursor or two per ring,
+  // so a rank sees its peer's message within a pause of its publication.
+  // A step that waits on more than kMostWatched rings (an all_to_all of
+  // many local ranks) only pauses and returns, as before a round, so that
+  // the list of rings fits on the stack.
   static constexpr int kWatchLooks = 256;
-  void watch_rings(std::span<const int> waiting);
+  static constexpr int kLooksPerClockRead = 32;
+  static constexpr std::size_t kMostWatched = 8;
+  void watch_rings(std::span<const int> waiting,
+                   detail::Clock::time_point until);
   // A reducing receive over a ring reduces the bytes where they lie in the
   // ring, into `part`, instead of copying them into scratch first. Returns
   // the bytes reduced and freed; 0 when none can be (the ring is empty, or
@@ -258,12 +266,14 @@ class Exchange final : public CollectiveStep {
   [[noreturn]] void time_out(std::vector<Report> reports);
   // `peer`'s connection or ring broke: throws a report that fails this
   // call, if one comes. Waits until the control channel has read the
-  // peer's control connection to its end (a peer that exits or destroys
-  // its group closes it after the report it sent before), and at least
-  // kLastWordsFloor, for a report of another rank, but at most
-  // kLastWordsWait (a peer whose control connection stays open). So the
-  // error names the first cause rather than the messenger, however late
-  // the control thread runs.
+  // peer's control connection to its end (ControlChannel::peer_closed),
+  // and at least kLastWordsFloor, for a report of another rank, but at
+  // most kLastWordsWait or until the call's deadline or the backend's
+  // shutdown. A peer that fails, then exits or destroys its group, sends
+  // its report (when its socket takes it within the report's budget)
+  // before it closes that connection, so the error names the first cause
+  // rather than the messenger unless this rank's control thread is more
+  // than kLastWordsWait late.
   void read_last_words(int peer);
   static constexpr std::chrono::milliseconds kLastWordsFloor{50};
   static constexpr std::chrono::milliseconds kLastWordsWait{500};
