@@ -14,7 +14,7 @@ namespace comm::tcp::algorithms {
 namespace {
 
 const IntParam kDirectThresholdBytes{
-    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 1 << 20, 1,
+    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 4 << 20, 1,
     std::numeric_limits<std::int64_t>::max(),
     "the smallest all_gather or all_to_all, or all_reduce or reduce_scatter "
     "of three ranks or more, whose ranks, all on one host, read each other's "
