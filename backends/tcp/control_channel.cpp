@@ -152,20 +152,13 @@ void ControlChannel::close_peer(int peer, const char* why) {
   p.outbox.clear();
   p.sent = 0;
   flushed_.notify_all();
-  // Settled once the control thread's next poll round has read every
-  // other socket ready with it (peer_closed); the wake-up makes that round
-  // come at once.
-  closing_ = true;
-  const std::uint64_t one = 1;
-  (void)!write(wake_fd_, &one, sizeof(one));
+  // Settled after the control thread's next poll round (run).
+  p.closing = true;
 }
 
-void ControlChannel::settle_closed() {
-  if (!closing_) return;
-  closing_ = false;
-  for (Peer& p : peers_) {
-    if (!p.open) p.gone = true;
-  }
+void ControlChannel::settle_closed(const std::vector<int>& peers) {
+  if (peers.empty()) return;
+  for (int peer : peers) peers_[static_cast<std::size_t>(peer)].gone = true;
   record_event();
 }
 
@@ -365,6 +358,7 @@ void ControlChannel::run() {
   }();
   std::vector<pollfd> fds;
   std::vector<int> owners;
+  std::vector<int> settling;
   // Runs until stop(); each round sleeps in poll until a message arrives, a
   // queue can move, the next beat is due or a peer's silence runs out.
   while (true) {
@@ -426,16 +420,30 @@ void ControlChannel::run() {
       }
       continue;  // the next round computes when to wake
     }
+    // The peers whose connection closed before this poll are settled after
+    // it, once every socket that was ready with them is read (peer_closed);
+    // the poll then does not sleep.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      settling.clear();
+      for (int peer = 0; peer < mesh_.size(); ++peer) {
+        Peer& p = peers_[static_cast<std::size_t>(peer)];
+        if (p.closing) {
+          p.closing = false;
+          settling.push_back(peer);
+        }
+      }
+    }
     fds.push_back({wake_fd_, POLLIN, 0});
     owners.push_back(-1);
-    const int ready = ::poll(fds.data(), fds.size(), ms_until(wake_at));
+    const int ready = ::poll(fds.data(), fds.size(),
+                             settling.empty() ? ms_until(wake_at) : 0);
     if (ready < 0 && errno != EINTR) {
       COMM_LOG_ERROR("TCP backend: the control thread's poll failed: {}",
                      std::system_category().message(errno));
       return;
     }
-    if (ready <= 0) continue;
-    for (std::size_t k = 0; k < fds.size(); ++k) {
+    for (std::size_t k = 0; ready > 0 && k < fds.size(); ++k) {
       if (fds[k].revents == 0) continue;
       if (owners[k] < 0) {
         std::uint64_t drained;
@@ -448,9 +456,8 @@ void ControlChannel::run() {
       }
       if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) read_from(owners[k]);
     }
-    // Every socket that this poll found ready with a closing one is read.
     std::lock_guard<std::mutex> lock(mutex_);
-    settle_closed();
+    settle_closed(settling);
   }
 }
 

@@ -125,8 +125,9 @@ class ControlChannel {
 
   struct Peer {
     bool open = false;
-    bool sending = true;  // false once a send failed; reading goes on
-    bool gone = false;    // closed, in a round that is over (peer_closed)
+    bool sending = true;   // false once a send failed; reading goes on
+    bool closing = false;  // closed, not yet settled (settle_closed)
+    bool gone = false;     // closed and settled (peer_closed)
     detail::Clock::time_point last_heard;
     std::vector<std::uint8_t> input;  // bytes of a message not yet whole
     std::deque<std::vector<std::uint8_t>> outbox;
@@ -139,9 +140,9 @@ class ControlChannel {
   void queue(int peer, std::vector<std::uint8_t> bytes);
   void flush(int peer);
   void close_peer(int peer, const char* why);
-  // After the control thread's poll round: marks the peers closed since
-  // the round before as gone, and raises the alarm.
-  void settle_closed();
+  // After a poll round of the control thread: marks `peers`, which closed
+  // before that poll, as gone, and raises the alarm.
+  void settle_closed(const std::vector<int>& peers);
   void record_event();
   void dispatch(int peer, ControlMessage message);
   ControlMessage answer_for(const CallInfo& asked) const;
@@ -152,8 +153,7 @@ class ControlChannel {
   const std::chrono::milliseconds timeout_;
   const std::chrono::milliseconds interval_;
   int alarm_fd_ = -1;
-  // Wakes the control thread: stop, a queue to send, a peer closed.
-  int wake_fd_ = -1;
+  int wake_fd_ = -1;  // wakes the control thread: stop, or a queue to send
   std::thread thread_;
   // Nonzero once anything that may fail a call was recorded, or a peer's
   // control connection closed.
@@ -162,7 +162,6 @@ class ControlChannel {
   std::mutex mutex_;
   std::condition_variable flushed_;
   bool stopping_ = false;
-  bool closing_ = false;  // a peer closed in this round (settle_closed)
   std::vector<Peer> peers_;
   std::vector<Report> reports_;
   int silent_peer_ = -1;

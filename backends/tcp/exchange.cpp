@@ -786,7 +786,8 @@ void Exchange::read_last_words(int peer) {
     pollfd watched[2] = {{control_->alarm_fd(), POLLIN, 0},
                          {wake_fd_, POLLIN, 0}};
     const int ready =
-        ::poll(watched, 2, remaining_ms(closed ? at_least : at_most));
+        ::poll(watched, 2,
+               remaining_ms(closed ? std::min(at_least, at_most) : at_most));
     // Shutting down: the caller's own error stands.
     if (ready > 0 && watched[1].revents != 0) return;
   }

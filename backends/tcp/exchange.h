@@ -228,13 +228,13 @@ class Exchange final : public CollectiveStep {
   // and returns as soon as one of them can move (bytes to read, room to
   // write) or is closed, after kWatchLooks looks, or once `until` (the next
   // poll of the step's descriptors) has passed, which it checks every
-  // kLooksPerClockRead looks: a pause lasts a few cycles on one processor
-  // and over a hundred on another. A round reads the clock, rebuilds its
+  // kLooksPerClockRead looks, since how long a pause lasts differs widely
+  // between processors. A round reads the clock, rebuilds its
   // lists and tries every transfer; a look loads a cursor or two per ring,
   // so a rank sees its peer's message within a pause of its publication.
   // A step that waits on more than kMostWatched rings (an all_to_all of
-  // many local ranks) only pauses and returns, as before a round, so that
-  // the list of rings fits on the stack.
+  // many local ranks) only pauses the core a few times and returns, so
+  // that the list of rings fits on the stack.
   static constexpr int kWatchLooks = 256;
   static constexpr int kLooksPerClockRead = 32;
   static constexpr std::size_t kMostWatched = 8;
