@@ -1,8 +1,38 @@
 #include "libcomm/work.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <ctime>
+
 #include "libcomm/error.h"
 
 namespace comm {
+namespace {
+
+std::uint32_t* futex_word(std::atomic<std::uint32_t>& word) {
+  static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+  return reinterpret_cast<std::uint32_t*>(&word);
+}
+
+// Sleeps while `word` holds `expected`, at most `timeout` (none: null), or
+// until woken; returns at once if it holds another value. Spurious returns
+// are the caller's to handle.
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                const timespec* timeout) {
+  syscall(SYS_futex, futex_word(word), FUTEX_WAIT_PRIVATE, expected, timeout,
+          nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<std::uint32_t>& word) {
+  syscall(SYS_futex, futex_word(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+          nullptr, 0);
+}
+
+}  // namespace
 
 Work::Work(std::string description)
     : description_(std::move(description)), described_(true) {}
@@ -11,7 +41,7 @@ Work::~Work() = default;
 std::string Work::describe() const { return "operation"; }
 
 const std::string& Work::description() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(description_mutex_);
   if (!described_) {
     description_ = describe();
     described_ = true;
@@ -19,20 +49,41 @@ const std::string& Work::description() const {
   return description_;
 }
 
+bool Work::sleep_until_completed(Duration timeout) const {
+  using Clock = std::chrono::steady_clock;
+  const bool bounded = timeout != kNoTimeout;
+  const Clock::time_point deadline =
+      bounded ? Clock::now() + timeout : Clock::time_point::max();
+  // Counted before state_ is read again: finish() stores kDone, then reads
+  // sleepers_ (both sequentially consistent), so either it sees this
+  // sleeper and wakes it, or this thread sees kDone, or the futex finds
+  // state_ changed and returns at once.
+  sleepers_.fetch_add(1);
+  // Bounded by the deadline: every round sleeps until woken, state_
+  // changes, or the time left has passed.
+  std::uint32_t state;
+  while ((state = state_.load()) != kDone) {
+    if (!bounded) {
+      futex_wait(state_, state, nullptr);
+      continue;
+    }
+    const auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) break;
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(left);
+    const timespec relative{
+        static_cast<time_t>(seconds.count()),
+        static_cast<long>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(left - seconds)
+                .count())};
+    futex_wait(state_, state, &relative);
+  }
+  sleepers_.fetch_sub(1);
+  return state == kDone;
+}
+
 bool Work::wait(Duration timeout) {
   if (timeout == kNoTimeout && !is_completed()) progress();
-  if (is_completed()) {
-    if (error_) std::rethrow_exception(error_);
-    return true;
-  }
-  std::unique_lock<std::mutex> lock(mutex_);
-  const auto completed = [&] {
-    return completed_.load(std::memory_order_relaxed);
-  };
-  if (timeout == kNoTimeout) {
-    done_.wait(lock, completed);
-  } else if (!done_.wait_for(lock, timeout, completed)) {
-    lock.unlock();
+  if (!is_completed() && !sleep_until_completed(timeout)) {
     throw TimeoutError(description() + " did not complete within " +
                        format_duration(timeout) + " of wait()");
   }
@@ -41,7 +92,7 @@ bool Work::wait(Duration timeout) {
 }
 
 bool Work::is_completed() const {
-  return completed_.load(std::memory_order_acquire);
+  return state_.load(std::memory_order_acquire) == kDone;
 }
 
 bool Work::is_success() const { return is_completed() && !error_; }
@@ -53,14 +104,15 @@ std::exception_ptr Work::exception() const {
 int Work::source_rank() const { return is_completed() ? source_rank_ : -1; }
 
 void Work::finish(std::exception_ptr error, int source_rank) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (completed_.load(std::memory_order_relaxed)) return;
-    error_ = std::move(error);
-    source_rank_ = source_rank;
-    completed_.store(true, std::memory_order_release);
+  std::uint32_t running = kRunning;
+  if (!state_.compare_exchange_strong(running, kFinishing,
+                                      std::memory_order_acquire)) {
+    return;
   }
-  done_.notify_all();
+  error_ = std::move(error);
+  source_rank_ = source_rank;
+  state_.store(kDone);
+  if (sleepers_.load() != 0) futex_wake_all(state_);
 }
 
 }  // namespace comm

@@ -7,7 +7,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -53,8 +53,9 @@ class COMM_API Work {
   // operations lazily, as describe() gives it the first time it is asked.
   const std::string& description() const;
 
-  // Called by the backend exactly once: completes the operation, with an
-  // error or without, and wakes every waiter.
+  // Completes the operation, with an error or without, and wakes every
+  // waiter. Only the first call counts; later ones do nothing. Safe to call
+  // from any thread, concurrently with the Work's other members.
   void finish(std::exception_ptr error = nullptr, int source_rank = -1);
 
  protected:
@@ -63,7 +64,7 @@ class COMM_API Work {
   // cost a good part of a small collective.
   Work() = default;
   // The name description() returns; called at most once, with the Work's
-  // mutex held, so it must not call the Work's other members.
+  // description mutex held, so it must not call description().
   virtual std::string describe() const;
 
   // Called by wait() without a timeout, on the waiting thread, before it
@@ -74,14 +75,25 @@ class COMM_API Work {
   virtual void progress() {}
 
  private:
-  mutable std::mutex mutex_;
-  mutable std::string description_;  // under mutex_
-  mutable bool described_ = false;   // under mutex_
-  std::condition_variable done_;
-  // Set, under mutex_, after error_ and source_rank_, which never change
-  // again: a reader that sees it set (acquire) reads them without the
-  // mutex, so that the checks a waited call makes cost no lock.
-  std::atomic<bool> completed_{false};
+  // Whether `timeout` passed before the operation completed; sleeps on
+  // state_ (a futex) meanwhile.
+  bool sleep_until_completed(Duration timeout) const;
+
+  // Guards only the lazily made description: completing and waiting take
+  // no lock, as a small blocking call would spend a good part of its time
+  // in them.
+  mutable std::mutex description_mutex_;
+  mutable std::string description_;  // under description_mutex_
+  mutable bool described_ = false;   // under description_mutex_
+  // kRunning, then kFinishing while the one finish() that claimed it
+  // writes error_ and source_rank_, then kDone, after which they never
+  // change: a reader that sees kDone (acquire) reads them without a lock.
+  // A 32-bit word, as the futex waiters sleep on it.
+  enum : std::uint32_t { kRunning, kFinishing, kDone };
+  mutable std::atomic<std::uint32_t> state_{kRunning};
+  // Threads asleep, or about to sleep, on state_: finish() makes the wake
+  // system call only when there are some.
+  mutable std::atomic<std::uint32_t> sleepers_{0};
   std::exception_ptr error_;
   int source_rank_ = -1;
 };

@@ -103,3 +103,54 @@ TEST_CASE("a thread that sees the operation completed sees its outcome") {
   for (auto& reader : readers) reader.join();
   CHECK(wrong.load() == 0);
 }
+
+TEST_CASE("one completion wakes every sleeping waiter, bounded or not") {
+  Work work("all_gather #9");
+  std::atomic<int> woken{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 4; ++i) {
+    waiters.emplace_back([&, i] {
+      // Half wait without a bound (the operation has no progress hook, so
+      // they sleep), half with one far longer than the test.
+      const bool ok =
+          i % 2 == 0 ? work.wait() : work.wait(std::chrono::hours(1));
+      if (ok && work.source_rank() == 5) ++woken;
+    });
+  }
+  // Give them time to fall asleep; the outcome does not depend on it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  work.finish(nullptr, 5);
+  for (auto& waiter : waiters) waiter.join();
+  CHECK(woken.load() == 4);
+}
+
+TEST_CASE("a wait that timed out leaves the operation to complete later") {
+  Work work("reduce #2");
+  CHECK_THROWS_AS(work.wait(std::chrono::milliseconds(5)), comm::TimeoutError);
+  std::thread finisher([&] { work.finish(nullptr, 0); });
+  CHECK(work.wait(std::chrono::seconds(10)));
+  finisher.join();
+  CHECK(work.is_success());
+}
+
+TEST_CASE("of finishers racing on other threads, exactly one stands") {
+  // Each round races two finishers with different outcomes; every waiter
+  // must see one of them whole, never the error of one with the source of
+  // the other.
+  for (int round = 0; round < 200; ++round) {
+    Work work("send #" + std::to_string(round));
+    std::thread failing([&] {
+      work.finish(std::make_exception_ptr(std::runtime_error("lost")), 1);
+    });
+    std::thread succeeding([&] { work.finish(nullptr, 2); });
+    bool succeeded = false;
+    try {
+      succeeded = work.wait(std::chrono::seconds(10));
+    } catch (const std::runtime_error&) {
+    }
+    failing.join();
+    succeeding.join();
+    REQUIRE(work.source_rank() == (succeeded ? 2 : 1));
+    REQUIRE(work.is_success() == succeeded);
+  }
+}
