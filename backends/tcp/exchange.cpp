@@ -290,6 +290,12 @@ void Exchange::run() {
   for (std::size_t i = 0; i < transfers_.size(); ++i) {
     if (transfers_[i].kind == Transfer::Kind::kRecv) advance(i);
   }
+  const auto began = detail::Clock::now();
+  const bool oversubscribed = mesh_.local_peers().oversubscribed();
+  if (!oversubscribed && spin_budget().count() > 0 &&
+      watch_rings_first(began + kDescriptorPollInterval)) {
+    return;
+  }
   // What each pollfd stands for.
   enum class Watch { kTransfer, kAlarm, kWake, kDoorbell, kPeerExit };
   struct Watched {
@@ -319,14 +325,12 @@ void Exchange::run() {
   // coming does not sleep between them, while a peer that sends nothing
   // costs one budget.
   const auto budget = spin_budget();
-  const auto began = detail::Clock::now();
   auto spin_until = began + budget;
   // When to ask the peers still owed which call they are in: kFirstQuery
   // after the last bytes moved, then at doubling intervals.
   auto query_interval = kFirstQuery;
   auto next_query = began + query_interval;
   auto next_descriptor_poll = began + kDescriptorPollInterval;
-  const bool oversubscribed = mesh_.local_peers().oversubscribed();
   // Bounded by the deadline: every round waits in poll until a socket is
   // ready, a doorbell rings or a peer exits (without sleeping until
   // spin_until), then moves what it can.
@@ -500,6 +504,33 @@ void Exchange::run() {
     if (socket_moved) {
       query_interval = kFirstQuery;
       next_query = spin_until + query_interval;
+    }
+  }
+}
+
+bool Exchange::watch_rings_first(detail::Clock::time_point until) {
+  int waiting[kMostWatched];
+  // Bounded: each round is kWatchLooks looks at most, and the rounds end
+  // at `until`.
+  for (bool first = true;; first = false) {
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      const Transfer& t = transfers_[i];
+      if (t.done()) continue;
+      const bool sending = t.kind == Transfer::Kind::kSend;
+      // A relay waiting for its source, a socket, or more rings than fit:
+      // the general rounds handle those.
+      if ((sending && t.source >= 0) || count == kMostWatched ||
+          mesh_.ring(t.peer, Channel::kCollective, sending) == nullptr) {
+        return false;
+      }
+      waiting[count++] = static_cast<int>(i);
+    }
+    if (count == 0) return true;
+    if (!first && detail::Clock::now() >= until) return false;
+    watch_rings({waiting, count}, until);
+    for (std::size_t k = 0; k < count; ++k) {
+      advance(static_cast<std::size_t>(waiting[k]));
     }
   }
 }
