@@ -189,10 +189,9 @@ void refill_output(Case& c) {
   c.outputs[0].copy_(c.source);
 }
 
-std::vector<std::shared_ptr<Work>> uses_output(Case& c,
-                                               std::shared_ptr<Work> work) {
+std::shared_ptr<Work> uses_output(Case& c, std::shared_ptr<Work> work) {
   if (c.source.defined()) c.output_user = work;
-  return {std::move(work)};
+  return work;
 }
 
 std::int64_t count_wrong(const Collective& collective, const Case& c) {

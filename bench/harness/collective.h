@@ -70,9 +70,11 @@ class Collective {
   // Issues the operation once. Out of place with c.source set, first copies
   // c.source into the output (the copy, and the wait for the operation
   // before it to release the output, are part of what a caller pays).
-  // Returns every Work it started; the run is over when all complete.
-  virtual std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                                   Case& c) const = 0;
+  // Appends every Work it started to `started`; the run is over when all
+  // complete. The caller reuses one list, so that issuing costs no
+  // allocation of the harness's own beside the library's.
+  virtual void start(ProcessGroup& group, Case& c,
+                     std::vector<std::shared_ptr<Work>>& started) const = 0;
   // The value output element `index` (over the outputs laid end to end)
   // must hold after one run on freshly prepared buffers, or NaN when this
   // rank's outputs are not checked (reduce's non-roots).
@@ -119,10 +121,8 @@ void prepare_in_place_api(Case& c,
 // nothing. The caller stores the operation it then starts with
 // uses_output().
 void refill_output(Case& c);
-// Records `work` as the operation that uses c's output, and returns it as
-// the list start() returns.
-std::vector<std::shared_ptr<Work>> uses_output(Case& c,
-                                               std::shared_ptr<Work> work);
+// Records `work` as the operation that uses c's output, and returns it.
+std::shared_ptr<Work> uses_output(Case& c, std::shared_ptr<Work> work);
 
 // Counts the elements of c.outputs that differ from expected(): exactly for
 // integers, within two units in the last place for floating types.

@@ -60,8 +60,11 @@ void settle(const Case& c) {
   if (c.device.is_cuda()) synchronize_cuda_stream(c.device.index);
 }
 
-void wait_all(const Case& c, const std::vector<std::shared_ptr<Work>>& works) {
-  for (const auto& work : works) work->wait();
+// Runs `collective` once and waits for it.
+void run_once(const Collective& collective, ProcessGroup& group, Case& c) {
+  std::vector<std::shared_ptr<Work>> started;
+  collective.start(group, c, started);
+  for (const auto& work : started) work->wait();
   settle(c);
 }
 
@@ -116,11 +119,12 @@ Measurement measure(const Collective& collective, Case& c,
   prepare_fresh(collective, c);
   for (int i = 0; i < options.warmup; ++i) {
     if (options.fresh_inputs) rewrite_inputs(c, group);
-    wait_all(c, collective.start(group, c));
+    run_once(collective, group, c);
   }
   group.barrier()->wait();
   const auto start = std::chrono::steady_clock::now();
   std::deque<std::shared_ptr<Work>> in_flight;
+  std::vector<std::shared_ptr<Work>> started;
   // The time spent in rewrite_inputs, left out of the operations'.
   std::chrono::steady_clock::duration rewriting{};
   for (int i = 0; i < iterations; ++i) {
@@ -129,7 +133,9 @@ Measurement measure(const Collective& collective, Case& c,
       rewrite_inputs(c, group);
       rewriting += std::chrono::steady_clock::now() - began;
     }
-    for (auto& work : collective.start(group, c)) {
+    started.clear();
+    collective.start(group, c, started);
+    for (auto& work : started) {
       if (options.blocking) {
         work->wait();
         settle(c);
@@ -164,7 +170,7 @@ Measurement measure(const Collective& collective, Case& c,
     std::int64_t wrong = 0;
     for (int i = 0; i < options.check; ++i) {
       prepare_fresh(collective, c);
-      wait_all(c, collective.start(group, c));
+      run_once(collective, group, c);
       wrong += count_wrong(collective, c);
     }
     m.wrong = sum_over_ranks(group, wrong);

@@ -60,17 +60,17 @@ class CorruptedAllReduce final : public comm::bench::Collective {
   bool uses_op() const override { return true; }
   double bus_factor(int world) const override { return real.bus_factor(world); }
   void prepare(comm::bench::Case& c) const override { real.prepare(c); }
-  std::vector<std::shared_ptr<comm::Work>> start(
-      comm::ProcessGroup& group, comm::bench::Case& c) const override {
-    auto works = real.start(group, c);
-    for (auto& w : works) w->wait();
+  void start(comm::ProcessGroup& group, comm::bench::Case& c,
+             std::vector<std::shared_ptr<comm::Work>>& started) const override {
+    const std::size_t first = started.size();
+    real.start(group, c, started);
+    for (std::size_t i = first; i < started.size(); ++i) started[i]->wait();
     if (c.rank == 1 && c.count > 0) {
       comm::bench::fill(c.outputs[0], [&](std::size_t i) {
         const double good = real.expected(c, i);
         return i == 0 ? good + 1 : good;
       });
     }
-    return works;
   }
   double expected(const comm::bench::Case& c, std::size_t i) const override {
     return real.expected(c, i);

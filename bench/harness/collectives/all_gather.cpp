@@ -23,9 +23,9 @@ class AllGather final : public Collective {
     c.inputs = {input};
     c.outputs = {output};
   }
-  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                           Case& c) const override {
-    return {group.all_gather_into(c.outputs[0], c.inputs[0])};
+  void start(ProcessGroup& group, Case& c,
+             std::vector<std::shared_ptr<Work>>& started) const override {
+    started.push_back(group.all_gather_into(c.outputs[0], c.inputs[0]));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, static_cast<int>(index / c.count),

@@ -18,12 +18,14 @@ class AllReduce final : public Collective {
       return input_value(c.dtype, c.op, c.rank, i);
     });
   }
-  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                           Case& c) const override {
+  void start(ProcessGroup& group, Case& c,
+             std::vector<std::shared_ptr<Work>>& started) const override {
     if (c.source.defined()) {
-      return {group.all_reduce_into(c.outputs[0], c.source, {.op = c.op})};
+      started.push_back(
+          group.all_reduce_into(c.outputs[0], c.source, {.op = c.op}));
+      return;
     }
-    return {group.all_reduce(c.outputs[0], {.op = c.op})};
+    started.push_back(group.all_reduce(c.outputs[0], {.op = c.op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return reduced_value(c.dtype, c.op, c.world, index);

@@ -19,10 +19,11 @@ class Broadcast final : public Collective {
       return c.rank == c.root ? input_value(c.dtype, c.op, c.root, i) : 0.0;
     });
   }
-  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                           Case& c) const override {
+  void start(ProcessGroup& group, Case& c,
+             std::vector<std::shared_ptr<Work>>& started) const override {
     refill_output(c);
-    return uses_output(c, group.broadcast(c.outputs[0], {.root = c.root}));
+    started.push_back(
+        uses_output(c, group.broadcast(c.outputs[0], {.root = c.root})));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, c.root, index);

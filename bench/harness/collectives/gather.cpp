@@ -30,9 +30,9 @@ class Gather final : public Collective {
          [&](std::size_t i) { return input_value(c.dtype, c.op, c.rank, i); });
     c.inputs = {input};
   }
-  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                           Case& c) const override {
-    return {group.gather(c.outputs, c.inputs[0], {.root = c.root})};
+  void start(ProcessGroup& group, Case& c,
+             std::vector<std::shared_ptr<Work>>& started) const override {
+    started.push_back(group.gather(c.outputs, c.inputs[0], {.root = c.root}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, static_cast<int>(index / c.count),

@@ -19,11 +19,11 @@ class Reduce final : public Collective {
       return input_value(c.dtype, c.op, c.rank, i);
     });
   }
-  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                           Case& c) const override {
+  void start(ProcessGroup& group, Case& c,
+             std::vector<std::shared_ptr<Work>>& started) const override {
     refill_output(c);
-    return uses_output(
-        c, group.reduce(c.outputs[0], {.root = c.root, .op = c.op}));
+    started.push_back(uses_output(
+        c, group.reduce(c.outputs[0], {.root = c.root, .op = c.op})));
   }
   double expected(const Case& c, std::size_t index) const override {
     if (c.rank != c.root) return std::numeric_limits<double>::quiet_NaN();

@@ -24,9 +24,10 @@ class ReduceScatter final : public Collective {
     c.outputs = {c.in_place ? c.inputs[c.rank]
                             : Tensor::zeros({count}, c.dtype, c.device)};
   }
-  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                           Case& c) const override {
-    return {group.reduce_scatter(c.outputs[0], c.inputs, {.op = c.op})};
+  void start(ProcessGroup& group, Case& c,
+             std::vector<std::shared_ptr<Work>>& started) const override {
+    started.push_back(
+        group.reduce_scatter(c.outputs[0], c.inputs, {.op = c.op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return reduced_value(c.dtype, c.op, c.world,

@@ -31,9 +31,9 @@ class Scatter final : public Collective {
     if (!output.defined()) output = Tensor::zeros({count}, c.dtype, c.device);
     c.outputs = {output};
   }
-  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                           Case& c) const override {
-    return {group.scatter(c.outputs[0], c.inputs, {.root = c.root})};
+  void start(ProcessGroup& group, Case& c,
+             std::vector<std::shared_ptr<Work>>& started) const override {
+    started.push_back(group.scatter(c.outputs[0], c.inputs, {.root = c.root}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, c.rank, index);

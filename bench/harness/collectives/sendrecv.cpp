@@ -19,11 +19,11 @@ class SendRecv final : public Collective {
     })};
     c.outputs = {Tensor::zeros(c.inputs[0].shape(), c.dtype, c.device)};
   }
-  std::vector<std::shared_ptr<Work>> start(ProcessGroup& group,
-                                           Case& c) const override {
+  void start(ProcessGroup& group, Case& c,
+             std::vector<std::shared_ptr<Work>>& started) const override {
     if (c.world == 1) {
       c.outputs[0].copy_(c.inputs[0]);
-      return {};
+      return;
     }
     const int next = (c.rank + 1) % c.world;
     const int previous = (c.rank + c.world - 1) % c.world;
@@ -31,11 +31,12 @@ class SendRecv final : public Collective {
     // whose sends and receives each wait for their match (NCCL's, issued
     // one by one) cannot deadlock around the ring.
     if (c.rank % 2 == 0) {
-      auto sent = group.isend(c.inputs[0], next);
-      return {sent, group.irecv(c.outputs[0], previous)};
+      started.push_back(group.isend(c.inputs[0], next));
+      started.push_back(group.irecv(c.outputs[0], previous));
+      return;
     }
-    auto received = group.irecv(c.outputs[0], previous);
-    return {received, group.isend(c.inputs[0], next)};
+    started.push_back(group.irecv(c.outputs[0], previous));
+    started.push_back(group.isend(c.inputs[0], next));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, (c.rank + c.world - 1) % c.world, index);
