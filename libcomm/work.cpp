@@ -51,9 +51,12 @@ const std::string& Work::description() const {
 
 bool Work::sleep_until_completed(Duration timeout) const {
   using Clock = std::chrono::steady_clock;
-  const bool bounded = timeout != kNoTimeout;
+  const Clock::time_point now = Clock::now();
+  // A timeout past the clock's range waits as long as no timeout does.
+  const bool bounded = timeout < std::chrono::duration_cast<Duration>(
+                                     Clock::time_point::max() - now);
   const Clock::time_point deadline =
-      bounded ? Clock::now() + timeout : Clock::time_point::max();
+      bounded ? now + timeout : Clock::time_point::max();
   // Counted before state_ is read again: finish() stores kDone, then reads
   // sleepers_ (both sequentially consistent), so either it sees this
   // sleeper and wakes it, or this thread sees kDone, or the futex finds
@@ -78,7 +81,8 @@ bool Work::sleep_until_completed(Duration timeout) const {
     futex_wait(state_, state, &relative);
   }
   sleepers_.fetch_sub(1);
-  return state == kDone;
+  // Completed as the time ran out still counts as completed.
+  return state_.load(std::memory_order_acquire) == kDone;
 }
 
 bool Work::wait(Duration timeout) {

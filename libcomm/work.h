@@ -54,8 +54,11 @@ class COMM_API Work {
   const std::string& description() const;
 
   // Completes the operation, with an error or without, and wakes every
-  // waiter. Only the first call counts; later ones do nothing. Safe to call
-  // from any thread, concurrently with the Work's other members.
+  // waiter. Only the first call counts: a later one returns at once, maybe
+  // before the first has published the outcome. Safe to call from any
+  // thread, concurrently with the Work's other members; the caller keeps
+  // the Work alive until the call returns, as waking the waiters follows
+  // the completion they may see.
   void finish(std::exception_ptr error = nullptr, int source_rank = -1);
 
  protected:

@@ -290,10 +290,14 @@ void Exchange::run() {
   for (std::size_t i = 0; i < transfers_.size(); ++i) {
     if (transfers_[i].kind == Transfer::Kind::kRecv) advance(i);
   }
+  const auto budget = spin_budget();
   const auto began = detail::Clock::now();
   const bool oversubscribed = mesh_.local_peers().oversubscribed();
-  if (!oversubscribed && spin_budget().count() > 0 &&
-      watch_rings_first(began + kDescriptorPollInterval)) {
+  bool moved_first = false;
+  if (!oversubscribed && budget.count() > 0 &&
+      watch_rings_first(began + std::min<detail::Clock::duration>(
+                                    budget, kDescriptorPollInterval),
+                        moved_first)) {
     return;
   }
   // What each pollfd stands for.
@@ -324,12 +328,13 @@ void Exchange::run() {
   // moved bytes through a ring, so that a long transfer whose bytes keep
   // coming does not sleep between them, while a peer that sends nothing
   // costs one budget.
-  const auto budget = spin_budget();
-  auto spin_until = began + budget;
+  // As after any round that moved bytes, the spin goes on for a budget
+  // from the last movement.
+  auto spin_until = (moved_first ? detail::Clock::now() : began) + budget;
   // When to ask the peers still owed which call they are in: kFirstQuery
   // after the last bytes moved, then at doubling intervals.
   auto query_interval = kFirstQuery;
-  auto next_query = began + query_interval;
+  auto next_query = (moved_first ? spin_until : began) + query_interval;
   auto next_descriptor_poll = began + kDescriptorPollInterval;
   // Bounded by the deadline: every round waits in poll until a socket is
   // ready, a doorbell rings or a peer exits (without sleeping until
@@ -508,7 +513,7 @@ void Exchange::run() {
   }
 }
 
-bool Exchange::watch_rings_first(detail::Clock::time_point until) {
+bool Exchange::watch_rings_first(detail::Clock::time_point until, bool& moved) {
   int waiting[kMostWatched];
   // Bounded: each round is kWatchLooks looks at most, and the rounds end
   // at `until`.
@@ -530,7 +535,13 @@ bool Exchange::watch_rings_first(detail::Clock::time_point until) {
     if (!first && detail::Clock::now() >= until) return false;
     watch_rings({waiting, count}, until);
     for (std::size_t k = 0; k < count; ++k) {
+      const Transfer& t = transfers_[static_cast<std::size_t>(waiting[k])];
+      const std::size_t before =
+          t.header_done + t.payload_done + t.scratch_filled;
       advance(static_cast<std::size_t>(waiting[k]));
+      if (t.header_done + t.payload_done + t.scratch_filled != before) {
+        moved = true;
+      }
     }
   }
 }

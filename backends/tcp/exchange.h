@@ -242,13 +242,13 @@ class Exchange final : public CollectiveStep {
                    detail::Clock::time_point until);
   // Run first, on a host whose ranks have a CPU each, when the first sends
   // and receives left transfers waiting: while every one of them waits on
-  // a ring (no socket, no relay waiting for its source, at most
-  // kMostWatched), watches their cursors and moves them, without the
-  // lists, descriptors and clock reads of a whole round. Returns true once
-  // the step is done; false at `until`, when the rounds poll the
-  // descriptors, or when a transfer needs a round (the rounds then take
-  // over from where it stopped).
-  bool watch_rings_first(detail::Clock::time_point until);
+  // a ring (no socket, no relay, at most kMostWatched), watches their
+  // cursors and moves them, without the lists, descriptors and clock reads
+  // of a whole round. Returns true once the step is done; false at
+  // `until` (no later than the first descriptor poll and the end of the
+  // spin budget), or when a transfer needs a round (the rounds then take
+  // over from where it stopped). Sets `moved` when it moved bytes.
+  bool watch_rings_first(detail::Clock::time_point until, bool& moved);
   // A reducing receive over a ring reduces the bytes where they lie in the
   // ring, into `part`, instead of copying them into scratch first. Returns
   // the bytes reduced and freed; 0 when none can be (the ring is empty, or

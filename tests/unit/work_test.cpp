@@ -154,3 +154,14 @@ TEST_CASE("of finishers racing on other threads, exactly one stands") {
     REQUIRE(work.is_success() == succeeded);
   }
 }
+
+TEST_CASE("a bound past the clock's range waits as no bound does") {
+  Work work("barrier #1");
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    work.finish(nullptr, 0);
+  });
+  // As the C API's comm_work_wait passes a caller's huge millisecond count.
+  CHECK(work.wait(Work::kNoTimeout - std::chrono::milliseconds(1)));
+  finisher.join();
+}
