@@ -182,7 +182,7 @@ TEST_CASE("broadcast and reduce from every root", "[tcp][broadcast][reduce]") {
 }
 
 TEST_CASE("all_gather, gather and scatter", "[tcp][gather]") {
-  for (int world : {1, 2, 3, 4, 7}) {
+  for (int world : {1, 2, 3, 4, 7, 8}) {
     auto errors = run_ranks(world, [&](ProcessGroup& group) {
       const int me = group.rank();
       for (std::int64_t count : {0, 1, 13, 1003, 100000}) {
