@@ -1,7 +1,16 @@
-// reduce_scatter: small blocks go directly: each rank sends every peer its
-// block of the input and receives every peer's contribution to its own in
-// one step, then reduces them in rank order, so the result does not depend
-// on the order of arrival. Larger ones run the reduce-scatter half of the
+// reduce_scatter: small blocks among a power of two of ranks (four or
+// more) halve: in step k each rank keeps the half of the blocks it is
+// still reducing that holds its own, and trades the other half with the
+// rank whose number differs in bit log2 n - k - 1, which keeps the other;
+// each adds what it receives to its half. log2 n steps of one message
+// each way leave every rank its own block, reduced in a tree fixed by the
+// ranks' numbers, so the result does not depend on the order of arrival.
+// Each message costs its receiver a wake-up, and log2 n of them cost less
+// than the n - 1 of the direct step (all_gather.cpp says the same of
+// recursive doubling). Other small ones go directly: each rank sends
+// every peer its block of the input and receives every peer's
+// contribution to its own in one step, then reduces them in rank order.
+// Larger ones run the reduce-scatter half of the
 // ring all-reduce: in step s each rank receives the running reduction of
 // one block from its left, adds its own contribution, and passes it on;
 // after n - 1 steps rank r holds block r reduced over all ranks. The inputs
@@ -33,6 +42,63 @@
 #include "libcomm/reduce_kernels.h"
 
 namespace comm::tcp::algorithms {
+namespace {
+
+// The inputs are read in the first step only, which leaves the output
+// free to be this rank's input block: each step sends the partner's half
+// of what this rank reduces so far (its inputs, then `sums`) and reduces
+// the partner's contribution to its own half into `sums`, the last step
+// into `output`.
+void recursive_halving(CollectiveTransport& ctx,
+                       const std::vector<const void*>& inputs, void* output,
+                       std::size_t bytes, DType dtype, ReduceOp op) {
+  const int rank = ctx.rank();
+  const int size = ctx.size();
+  // After the first step this rank reduces only the half of the blocks
+  // from `origin` on, and sums[b - origin] holds block b's sum so far.
+  const int origin = rank & ~(size / 2 - 1);
+  const WorkspaceBuffer sums(ctx.workspace(),
+                             bytes * static_cast<std::size_t>(size / 2));
+  auto sum = [&](int block) {
+    return sums.get() + bytes * static_cast<std::size_t>(block - origin);
+  };
+  std::vector<CollectiveStep::Part> outgoing;
+  std::vector<CollectiveStep::Part> incoming;
+  outgoing.reserve(static_cast<std::size_t>(size / 2));
+  incoming.reserve(static_cast<std::size_t>(size / 2));
+  for (int span = size / 2; span >= 1; span /= 2) {
+    const bool first = span == size / 2;
+    const int partner = rank ^ span;
+    const int kept = rank & ~(span - 1);
+    const int given = partner & ~(span - 1);
+    outgoing.clear();
+    incoming.clear();
+    for (int b = given; b < given + span; ++b) {
+      auto* block =
+          first ? static_cast<std::uint8_t*>(const_cast<void*>(inputs[b]))
+                : sum(b);
+      if (!outgoing.empty() &&
+          outgoing.back().data + outgoing.back().bytes == block) {
+        outgoing.back().bytes += bytes;
+      } else {
+        outgoing.push_back({block, bytes});
+      }
+    }
+    for (int b = kept; b < kept + span; ++b) {
+      std::uint8_t* into =
+          span == 1 ? static_cast<std::uint8_t*>(output) : sum(b);
+      const std::uint8_t* base =
+          first ? static_cast<const std::uint8_t*>(inputs[b]) : sum(b);
+      incoming.push_back({into, bytes, true, base});
+    }
+    CollectiveStep& step = ctx.step();
+    step.relay(partner, outgoing, bytes * static_cast<std::size_t>(span), -1);
+    step.recv_parts(partner, incoming, dtype, op);
+    step.run();
+  }
+}
+
+}  // namespace
 
 void reduce_scatter(CollectiveTransport& ctx,
                     const std::vector<const void*>& inputs, void* output,
@@ -72,6 +138,9 @@ void reduce_scatter(CollectiveTransport& ctx,
     return;
   }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
+    if (size >= 4 && (size & (size - 1)) == 0 && bytes > 0) {
+      return recursive_halving(ctx, inputs, output, bytes, dtype, op);
+    }
     const WorkspaceBuffer received(ctx.workspace(), bytes * (size - 1));
     // Peer r's contribution lands in slot r, rank order less this rank.
     auto slot = [&](int r) {

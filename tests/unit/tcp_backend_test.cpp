@@ -256,7 +256,7 @@ TEST_CASE("all_gather, gather and scatter", "[tcp][gather]") {
 
 TEST_CASE("reduce_scatter, out of place and in place",
           "[tcp][reduce_scatter]") {
-  for (int world : {1, 2, 3, 4, 6}) {
+  for (int world : {1, 2, 3, 4, 6, 8}) {
     auto errors = run_ranks(world, [&](ProcessGroup& group) {
       const int me = group.rank();
       for (std::int64_t count : {0, 1, 13, 1003, 100000}) {
