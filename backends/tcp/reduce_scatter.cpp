@@ -4,7 +4,9 @@
 // rank whose number differs in bit log2 n - k - 1, which keeps the other;
 // each adds what it receives to its half. log2 n steps of one message
 // each way leave every rank its own block, reduced in a tree fixed by the
-// ranks' numbers, so the result does not depend on the order of arrival.
+// ranks' numbers, so the result does not depend on the order of arrival
+// (a floating-point sum may round differently from the rank order of the
+// other paths; which path runs depends on the world and message sizes).
 // Each message costs its receiver a wake-up, and log2 n of them cost less
 // than the n - 1 of the direct step (all_gather.cpp says the same of
 // recursive doubling). Other small ones go directly: each rank sends
@@ -138,7 +140,7 @@ void reduce_scatter(CollectiveTransport& ctx,
     return;
   }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
-    if (size >= 4 && (size & (size - 1)) == 0 && bytes > 0) {
+    if (size >= 4 && (size & (size - 1)) == 0) {
       return recursive_halving(ctx, inputs, output, bytes, dtype, op);
     }
     const WorkspaceBuffer received(ctx.workspace(), bytes * (size - 1));
