@@ -71,4 +71,16 @@ void ring_reduce_scatter(CollectiveTransport& ctx, void* data,
 // ranks both are the same single step; this says no.
 bool exchange_directly(const CollectiveTransport& ctx, std::size_t bytes_sent);
 
+// Whether a small all_gather or reduce_scatter that exchange_directly()
+// lets go in one step runs log2 n steps of exchanges between pairs instead
+// (recursive doubling, recursive halving): among a power of two of ranks,
+// four or more, each rank then receives log2 n messages instead of n - 1,
+// and each message costs its receiver a wake-up.
+bool exchange_in_pairs(const CollectiveTransport& ctx);
+
+// Appends the `bytes` at `data` to `parts`, joined to the last part where
+// they follow it in memory, so that adjacent blocks travel as one part.
+void append_part(std::vector<CollectiveStep::Part>& parts, std::uint8_t* data,
+                 std::size_t bytes);
+
 }  // namespace comm::tcp::algorithms

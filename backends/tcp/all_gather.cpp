@@ -34,20 +34,15 @@
 namespace comm::tcp::algorithms {
 namespace {
 
-// The parts of blocks[first, first + count), each `bytes` long, with
-// blocks that follow one another in memory joined into one part.
+// The parts of blocks[first, first + count), each `bytes` long.
 void add_blocks(std::vector<CollectiveStep::Part>& parts,
                 const std::vector<void*>& blocks, int first, int count,
                 std::size_t bytes) {
   parts.clear();
   for (int r = first; r < first + count; ++r) {
-    auto* block =
-        static_cast<std::uint8_t*>(blocks[static_cast<std::size_t>(r)]);
-    if (!parts.empty() && parts.back().data + parts.back().bytes == block) {
-      parts.back().bytes += bytes;
-    } else {
-      parts.push_back({block, bytes});
-    }
+    append_part(parts,
+                static_cast<std::uint8_t*>(blocks[static_cast<std::size_t>(r)]),
+                bytes);
   }
 }
 
@@ -103,7 +98,7 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
     return;
   }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
-    if (size >= 4 && (size & (size - 1)) == 0) {
+    if (exchange_in_pairs(ctx)) {
       return recursive_doubling(ctx, blocks, bytes);
     }
     CollectiveStep& step = ctx.step();

@@ -76,15 +76,11 @@ void recursive_halving(CollectiveTransport& ctx,
     outgoing.clear();
     incoming.clear();
     for (int b = given; b < given + span; ++b) {
-      auto* block =
-          first ? static_cast<std::uint8_t*>(const_cast<void*>(inputs[b]))
-                : sum(b);
-      if (!outgoing.empty() &&
-          outgoing.back().data + outgoing.back().bytes == block) {
-        outgoing.back().bytes += bytes;
-      } else {
-        outgoing.push_back({block, bytes});
-      }
+      append_part(outgoing,
+                  first
+                      ? static_cast<std::uint8_t*>(const_cast<void*>(inputs[b]))
+                      : sum(b),
+                  bytes);
     }
     for (int b = kept; b < kept + span; ++b) {
       std::uint8_t* into =
@@ -140,7 +136,7 @@ void reduce_scatter(CollectiveTransport& ctx,
     return;
   }
   if (exchange_directly(ctx, bytes * static_cast<std::size_t>(size - 1))) {
-    if (size >= 4 && (size & (size - 1)) == 0) {
+    if (exchange_in_pairs(ctx)) {
       return recursive_halving(ctx, inputs, output, bytes, dtype, op);
     }
     const WorkspaceBuffer received(ctx.workspace(), bytes * (size - 1));
