@@ -96,6 +96,12 @@ class SubgroupTransport final : public CollectiveTransport {
                int source) override {
       inner->relay(members_[peer], parts, ready, source);
     }
+    void send_confirmation(int peer) override {
+      inner->send_confirmation(members_[peer]);
+    }
+    void expect_confirmation(int peer) override {
+      inner->expect_confirmation(members_[peer]);
+    }
     void run() override { inner->run(); }
 
     CollectiveStep* inner = nullptr;

@@ -45,7 +45,7 @@ std::size_t Ring::write(const iovec* iov, int count,
   if (head == tail && at != 0) {
     std::size_t total = 0;
     for (int i = 0; i < count; ++i) total += iov[i].iov_len;
-    if (total > 0 && total <= at) {
+    if (total > 0 && total + rewind_room() <= at) {
       control_->rewound_at.store(tail + 1, std::memory_order_relaxed);
       tail += capacity_ - at;
       at = 0;

@@ -16,7 +16,12 @@
 // first byte: it records where it skipped (`rewound_at`, beside `tail`) and
 // counts the skipped bytes as written. A reader whose head is that offset
 // skips them too. Small messages so keep landing on the same few lines, as
-// they would in a pool of recycled buffers.
+// they would in a pool of recycled buffers. Until the reader reaches the
+// skipped bytes the ring holds only as much as lay before that offset, so
+// a write rewinds only where at least rewind_room() bytes stay free after
+// it: messages a reader leaves unread for a while (the confirmations that
+// tcp::Exchange reads a few calls late) must not fill the ring, or a
+// writer would wait for a reader that waits for it in turn.
 //
 // Waking. Each end owns a doorbell (an eventfd, see doorbell.h) that it
 // polls together with its sockets. An end that must wait raises its
@@ -37,6 +42,7 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -71,6 +77,11 @@ class Ring {
 
   bool valid() const { return control_ != nullptr; }
   std::size_t capacity() const { return capacity_; }
+  // The bytes a rewinding write leaves free: 2 KiB, or a quarter of a
+  // smaller ring.
+  std::size_t rewind_room() const {
+    return std::min<std::size_t>(2048, capacity_ / 4);
+  }
 
   // Writer: copies as many bytes of `iov[0..count)`, in order, as there is
   // room for, publishes them, wakes a reader that waits, and returns how

@@ -3,14 +3,14 @@
 // arrive, so a large message crosses the log2(n) levels at once instead of
 // one level after another.
 //
-// Each child also sends its parent an empty message (a header alone) when
-// it starts, and a parent finishes only once it has its children's: a
-// confirmation that they are in the same call. Without it two ranks that
-// both name themselves the root would only send, and both return success
-// with different data; with it each reads the other's message, whose
-// header names another root, and fails with MismatchError. It costs the
-// root, and each rank with children, the wait for its children to arrive
-// (one small-message latency when they are there).
+// Each child also sends its parent a confirmation (a header alone) when it
+// starts, that it is in the same call. Without it two ranks that both
+// name themselves the root would only send, and both return success with
+// different data; with it each reads the other's message, whose header
+// names another root, and fails with MismatchError. A parent reads its
+// children's confirmations a few calls later (CollectiveStep::
+// expect_confirmation), so it does not wait for its children to arrive,
+// and fails one of its next calls when they disagree.
 //
 // Over a group spanning hosts (hierarchy.h), two phases: the same tree
 // among one leader per host (the root on its host, the lowest rank on the
@@ -94,7 +94,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
     if (relative & mask) {
       const int parent = real(relative - mask);
       source = tree.recv_parts(parent, {&whole, 1}, DType::kU8, ReduceOp::kSum);
-      tree.send(parent, nullptr, 0);
+      tree.send_confirmation(parent);
       break;
     }
     mask <<= 1;
@@ -107,7 +107,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
     } else {
       tree.relay(child, {&whole, 1}, 0, source);
     }
-    tree.recv(child, nullptr, 0);
+    tree.expect_confirmation(child);
   }
   tree.run();
 }

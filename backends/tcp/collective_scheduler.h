@@ -83,6 +83,9 @@ class CollectiveScheduler final
   // Throws BackendError once shut down.
   void check_open() const;
 
+  // Whether a task has failed (or was interrupted by shutdown()).
+  bool broken() const { return is_broken_.load(std::memory_order_acquire); }
+
   // Becomes readable when shutdown begins, so that a running task that
   // watches it stops waiting for its peers.
   int interrupt_fd() const { return interrupt_fd_; }

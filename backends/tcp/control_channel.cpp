@@ -461,6 +461,28 @@ void ControlChannel::run() {
   }
 }
 
+void report_failure(ControlChannel& control, const CallInfo& call, int rank) {
+  ControlMessage abort;
+  abort.call = call;
+  abort.blamed = rank;
+  abort.text = "unknown error";
+  try {
+    throw;
+  } catch (const PeerError& e) {
+    abort.error = e.kind();
+    abort.blamed = e.peer_rank();
+    abort.text = e.what();
+  } catch (const Error& e) {
+    abort.error = e.kind();
+    abort.text = e.what();
+  } catch (const std::exception& e) {
+    abort.text = e.what();
+  } catch (...) {
+  }
+  COMM_LOG_ERROR("{} failed: {}", call.describe(), abort.text);
+  control.broadcast(abort, std::chrono::milliseconds(200));
+}
+
 void raise_report(const CallInfo& call, const ControlChannel::Report& report) {
   const std::string text = call.describe() + " failed: rank " +
                            std::to_string(report.from) +

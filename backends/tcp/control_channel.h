@@ -171,6 +171,12 @@ class ControlChannel {
   std::uint64_t started_ = 0;  // the number of collectives started
 };
 
+// Called in a catch block, for this rank's own failure of `call` (not a
+// ReportedFailure): logs it and tells the other ranks why, so that they
+// fail now rather than at their timeouts. Best effort: a dead peer just
+// misses it.
+void report_failure(ControlChannel& control, const CallInfo& call, int rank);
+
 // Throws a peer's failure report as the error of `call`, a Reported<E>.
 [[noreturn]] void raise_report(const CallInfo& call,
                                const ControlChannel::Report& report);

@@ -229,6 +229,13 @@ void Exchange::send(int peer, const void* data, std::size_t bytes) {
   add(Transfer::Kind::kSend, peer, {&part, 1});
 }
 
+void Exchange::send_confirmation(int peer) {
+  add(Transfer::Kind::kSend, peer, {});
+  transfers_.back().confirmation = true;
+}
+
+void Exchange::expect_confirmation(int peer) { expected_.push_back(peer); }
+
 void Exchange::recv(int peer, void* data, std::size_t bytes) {
   const Part part{static_cast<std::uint8_t*>(data), bytes};
   add(Transfer::Kind::kRecv, peer, {&part, 1});
@@ -280,6 +287,97 @@ void Exchange::advance(std::size_t index) {
 }
 
 void Exchange::run() {
+  if (reads_confirmations_) read_due_confirmations();
+  run_transfers();
+  for (int peer : expected_) mesh_.unread_confirmations(peer).push_back(call_);
+}
+
+void Exchange::read_due_confirmations() {
+  bool any = false;
+  for (int peer = 0; peer < mesh_.size() && !any; ++peer) {
+    any = !mesh_.unread_confirmations(peer).empty();
+  }
+  if (!any) return;
+  auto due = [this](int peer, const CallInfo& call) {
+    if (call.sequence + kConfirmationWindow <= call_.sequence) return true;
+    return std::any_of(
+        transfers_.begin(), transfers_.end(), [peer](const Transfer& t) {
+          return t.kind == Transfer::Kind::kRecv && t.peer == peer;
+        });
+  };
+  read_confirmations(mesh_, control_, deadline_, wake_fd_, due);
+  if (control_ != nullptr) read_control();
+}
+
+void Exchange::read_every_confirmation(Mesh& mesh, ControlChannel* control,
+                                       detail::Clock::time_point deadline) {
+  // Without the control channel: a peer that has not confirmed yet is
+  // late, not failed, and is told nothing; only a mismatch is reported.
+  try {
+    read_confirmations(mesh, nullptr, deadline, -1,
+                       [](int, const CallInfo&) { return true; });
+  } catch (const MismatchError&) {
+    if (control != nullptr) {
+      std::optional<CallInfo> failed;  // still unread, as it failed
+      for (int peer = 0; peer < mesh.size(); ++peer) {
+        const auto& unread = mesh.unread_confirmations(peer);
+        if (!unread.empty() &&
+            (!failed || unread.front().sequence < failed->sequence)) {
+          failed = unread.front();
+        }
+      }
+      if (failed) report_failure(*control, *failed, mesh.rank());
+    }
+    throw;
+  }
+}
+
+template <typename Due>
+void Exchange::read_confirmations(Mesh& mesh, ControlChannel* control,
+                                  detail::Clock::time_point deadline,
+                                  int wake_fd, Due due) {
+  // Bounded: each round reads at least one confirmation, and the peers owe
+  // a finite number.
+  while (true) {
+    std::optional<CallInfo> oldest;
+    for (int peer = 0; peer < mesh.size(); ++peer) {
+      const auto& unread = mesh.unread_confirmations(peer);
+      if (unread.empty() || !due(peer, unread.front())) continue;
+      if (!oldest || unread.front().sequence < oldest->sequence) {
+        oldest = unread.front();
+      }
+    }
+    if (!oldest) return;
+    // A step of the call confirmed, so that its header check, its queries
+    // and its errors name that call.
+    Exchange reading(mesh, *oldest, deadline, wake_fd, control);
+    reading.reads_confirmations_ = false;
+    for (int peer = 0; peer < mesh.size(); ++peer) {
+      const auto& unread = mesh.unread_confirmations(peer);
+      if (!unread.empty() && unread.front().sequence == oldest->sequence &&
+          due(peer, unread.front())) {
+        reading.recv(peer, nullptr, 0);
+      }
+    }
+    try {
+      reading.run_transfers();
+    } catch (const ReportedFailure&) {
+      throw;
+    } catch (...) {
+      // Reported as the failure of the call confirmed, which every peer
+      // still in it or past it takes for its own, where the failure of a
+      // later call would not fail a peer still waiting in this one. The
+      // backend reports it again as the failure of the call now running.
+      if (control != nullptr) report_failure(*control, *oldest, mesh.rank());
+      throw;
+    }
+    for (const Transfer& t : reading.transfers_) {
+      mesh.unread_confirmations(t.peer).pop_front();
+    }
+  }
+}
+
+void Exchange::run_transfers() {
   // Small steps usually finish here: the send fits in the socket buffer and
   // the peer's message is often already in ours. Polling first would cost
   // a system call, and often a sleep, for nothing.
@@ -650,6 +748,10 @@ void Exchange::progress_send(Transfer& t) {
                         : send_some(fd, t.header, t.header_done, parts, count);
     if (sent < 0) {
       if (would_block(errno)) return;
+      if (t.confirmation && (errno == EPIPE || errno == ECONNRESET)) {
+        t.header_done = MessageHeader::kWireSize;  // see send_confirmation()
+        return;
+      }
       throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
                                   " failed while sending " + call_.describe() +
                                   ": " + std::system_category().message(errno) +
@@ -792,12 +894,24 @@ void Exchange::check_header(const Transfer& t) {
                         call_.describe());
   }
   if (!(header.call == call_)) {
-    throw MismatchError(
+    const MismatchError error(
         "rank " + std::to_string(mesh_.rank()) + " called " + call_.describe() +
         " but rank " + std::to_string(t.peer) + " called " +
         header.call.describe() +
         "; every rank must issue the same collectives in the same "
         "order with the same dtype, count, op and root");
+    if (control_ != nullptr && header.call.sequence < call_.sequence) {
+      // The message belongs to a call this rank has finished (a
+      // confirmation it did not wait for), in which other peers may still
+      // wait: a failure of this later call would not fail them, so it is
+      // reported as a failure of that call too.
+      try {
+        throw error;
+      } catch (...) {
+        report_failure(*control_, header.call, mesh_.rank());
+      }
+    }
+    throw error;
   }
   if (header.payload_bytes != t.bytes) {
     throw MismatchError(

@@ -159,6 +159,32 @@ class Exchange final : public CollectiveStep {
   void relay(int peer, std::span<const Part> parts, std::size_t ready,
              int source) override;
 
+  // A header alone, sent when the step starts; EPIPE and ECONNRESET
+  // (`peer` has left) count as sent.
+  void send_confirmation(int peer) override;
+  // Recorded in the Mesh once run() has succeeded, and read by a later
+  // step: before it receives anything else from `peer`, or at the start of
+  // the first step of the call kConfirmationWindow calls later, whichever
+  // comes first, or by read_every_confirmation(). Until then a peer's
+  // confirmation waits in its socket or ring, where it costs this rank
+  // nothing; a rank that reads it a few calls late finds it there without
+  // waiting, where reading it in the call would make every rooted call
+  // wait for the slowest of its receivers. The window bounds how many calls
+  // a rank may finish before it learns that a peer disagreed with one of
+  // them.
+  void expect_confirmation(int peer) override;
+  static constexpr std::uint64_t kConfirmationWindow = 4;
+
+  // Reads every confirmation the peers still owe this rank on `mesh`,
+  // oldest first, waiting until `deadline` at most: the backend calls it as
+  // it shuts down, so that it closes no socket with a confirmation unread
+  // (a close with unread bytes resets the connection, under a peer that
+  // may still be reading what this rank sent). Throws as run() does, but
+  // tells the peers (on `control`) only of a confirmation that names
+  // another call: a peer that has yet to confirm is late, not failed.
+  static void read_every_confirmation(Mesh& mesh, ControlChannel* control,
+                                      detail::Clock::time_point deadline);
+
   // Progresses every transfer until all are done. Throws PeerError when a
   // peer closes or resets its connection or the control channel found a
   // peer silent, MismatchError when a peer's message belongs to another
@@ -196,12 +222,26 @@ class Exchange final : public CollectiveStep {
     // A relay's gate (see relay()); source -1: everything is ready.
     int source = -1;
     std::size_t ready = 0;
+    bool confirmation = false;  // a send_confirmation()
     bool done() const {
       return header_done == MessageHeader::kWireSize && payload_done == bytes;
     }
   };
 
   int add(Transfer::Kind kind, int peer, std::span<const Part> parts);
+  // The whole step, once the confirmations due were read.
+  void run_transfers();
+  // Reads the confirmations due before this step (see
+  // expect_confirmation()), then raises what the control channel recorded
+  // meanwhile: the steps that read them watch it for their own, older
+  // call.
+  void read_due_confirmations();
+  // Reads, oldest first and one call's at a time, each confirmation that
+  // `due(peer, call)` says must be read now, in a step of that call.
+  template <typename Due>
+  static void read_confirmations(Mesh& mesh, ControlChannel* control,
+                                 detail::Clock::time_point deadline,
+                                 int wake_fd, Due due);
   // The bytes of `t` that may be sent now.
   std::size_t sendable(const Transfer& t) const;
   // Progresses transfer `index` until its socket would block; then, for a
@@ -301,6 +341,10 @@ class Exchange final : public CollectiveStep {
   std::pmr::monotonic_buffer_resource arena_{arena_memory_,
                                              sizeof(arena_memory_)};
   std::pmr::vector<Transfer> transfers_{&arena_};
+  // The peers whose confirmation this step expects.
+  std::pmr::vector<int> expected_{&arena_};
+  // False in the steps that read confirmations, which read none first.
+  bool reads_confirmations_ = true;
 };
 
 }  // namespace comm::tcp

@@ -1,10 +1,11 @@
 // gather: every rank sends straight to the root, which receives from all
-// at once. The root sends each rank an empty message (a header alone) as
-// it starts, and a rank finishes only once it has it: a confirmation that
-// the root is in the same call. Without it ranks that name different roots
-// could all only send and return success; with it each reads a header
-// naming another root and fails with MismatchError. It costs a rank that
-// arrives before the root the wait for the root.
+// at once. The root sends each rank a confirmation (a header alone) as it
+// starts, that it is in the same call, which the rank reads a few calls
+// later (CollectiveStep::expect_confirmation). Without it ranks that name
+// different roots could all only send and return success; with it each
+// reads a header naming another root and fails with MismatchError, in this
+// call or one of the next few, while a rank that arrives before the root
+// does not wait for it.
 //
 // A group spanning hosts runs the same: each block travels once, straight
 // to the root over its sender's own link; gathering a host's blocks at a
@@ -53,7 +54,7 @@ void gather(CollectiveTransport& ctx, const void* input,
   if (ctx.rank() != root) {
     CollectiveStep& to_root = ctx.step();
     to_root.send(root, input, bytes);
-    to_root.recv(root, nullptr, 0);
+    to_root.expect_confirmation(root);
     to_root.run();
     return;
   }
@@ -63,7 +64,7 @@ void gather(CollectiveTransport& ctx, const void* input,
   for (int peer = 0; peer < ctx.size(); ++peer) {
     if (peer == root) continue;
     from_all.recv(peer, outputs[peer], bytes);
-    from_all.send(peer, nullptr, 0);
+    from_all.send_confirmation(peer);
   }
   from_all.run();
 }

@@ -25,11 +25,13 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backends/shm/local_peers.h"
+#include "backends/tcp/message_header.h"
 #include "libcomm/detail/socket.h"
 #include "store/store.h"
 
@@ -69,6 +71,14 @@ class Mesh {
   // on this host, over shared memory)" for a local one, for messages.
   const std::string& peer_name(int peer) const { return peer_names_[peer]; }
 
+  // The calls whose confirmation (CollectiveStep::expect_confirmation)
+  // `peer` still owes this rank on the collective channel, oldest first.
+  // The channel's messages arrive in order, so these are read before
+  // anything else `peer` sent (Exchange::run).
+  std::deque<CallInfo>& unread_confirmations(int peer) {
+    return unread_confirmations_[static_cast<std::size_t>(peer)];
+  }
+
   // Shuts every socket down (both directions) and closes every ring, so
   // that threads blocked on them wake up, without closing the descriptors
   // or unmapping the memory under them.
@@ -86,6 +96,7 @@ class Mesh {
   std::unique_ptr<shm::LocalPeers> local_;
   std::vector<std::array<detail::Socket, kChannels>> sockets_;
   std::vector<std::string> peer_names_;
+  std::vector<std::deque<CallInfo>> unread_confirmations_;
 };
 
 // The address this rank listens on: COMM_TCP_ADDR if set, 127.0.0.1 when

@@ -1,12 +1,12 @@
 // reduce: a binomial tree towards `root`, each rank reducing its children's
 // data into its own buffer (in chunks, with O(chunk) scratch) before
-// sending the result to its parent. A parent sends each child an empty
-// message (a header alone) in the step that receives from it, and the
-// child finishes only once it has it: a confirmation that the parent is in
-// the same call, so that ranks that name different roots read a header
-// naming another root and fail with MismatchError instead of only sending
-// and returning success (see gather.cpp). It costs a child that is ready
-// before its parent the wait for the parent.
+// sending the result to its parent. A parent sends each child a
+// confirmation (a header alone) in the step that receives from it, that it
+// is in the same call, which the child reads a few calls later, so that
+// ranks that name different roots read a header naming another root and
+// fail with MismatchError instead of only sending and returning success
+// (see broadcast.cpp), while a child that is ready before its parent does
+// not wait for it.
 //
 // From 1 MiB at four ranks or more, two steps instead of the tree: the
 // ring all_reduce's reduce-scatter half, which leaves each rank r with
@@ -149,7 +149,7 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
       CollectiveStep& to_parent = ctx.step();
       const int parent = real(relative & ~mask);
       to_parent.send(parent, data, bytes);
-      to_parent.recv(parent, nullptr, 0);
+      to_parent.expect_confirmation(parent);
       to_parent.run();
       return;
     }
@@ -157,7 +157,7 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
       CollectiveStep& from_child = ctx.step();
       const int child = real(relative + mask);
       from_child.recv_reduce(child, data, bytes, dtype, op);
-      from_child.send(child, nullptr, 0);
+      from_child.send_confirmation(child);
       from_child.run();
     }
   }

@@ -1,10 +1,8 @@
 // scatter: the root sends each rank its part directly, to all at once.
-// Each rank confirms with an empty message (a header alone) that it is in
-// the same call, and the root finishes once it has them all: ranks that
-// name different roots then read a header naming another root and fail
-// with MismatchError, instead of some only sending and returning success
-// (see broadcast.cpp). It costs the root the wait for the last rank to
-// arrive.
+// Each rank confirms with a header alone that it is in the same call,
+// which the root reads a few calls later: ranks that name different roots
+// then read a header naming another root and fail with MismatchError,
+// instead of some only sending and returning success (see broadcast.cpp).
 //
 // A group spanning hosts runs the same: each block travels once, straight
 // from the root over its receiver's own link; relaying a host's blocks
@@ -48,7 +46,7 @@ void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
   if (ctx.rank() != root) {
     CollectiveStep& from_root = ctx.step();
     from_root.recv(root, output, bytes);
-    from_root.send(root, nullptr, 0);
+    from_root.send_confirmation(root);
     from_root.run();
     return;
   }
@@ -58,7 +56,7 @@ void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
   for (int peer = 0; peer < ctx.size(); ++peer) {
     if (peer == root) continue;
     to_all.send(peer, inputs[peer], bytes);
-    to_all.recv(peer, nullptr, 0);
+    to_all.expect_confirmation(peer);
   }
   to_all.run();
 }

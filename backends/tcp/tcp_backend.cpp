@@ -8,6 +8,7 @@
 #include "backends/tcp/collective_scheduler.h"
 #include "backends/tcp/control_channel.h"
 #include "backends/tcp/control_message.h"
+#include "backends/tcp/exchange.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/point_to_point.h"
 #include "backends/tcp/reported_failure.h"
@@ -116,6 +117,25 @@ TcpBackend::~TcpBackend() { shutdown(); }
 
 void TcpBackend::shutdown() {
   if (!scheduler_->shutdown()) return;
+  // The peers' confirmations of the last rooted calls may still be on
+  // their way (tcp::Exchange::expect_confirmation); closing with them
+  // unread would reset connections under peers that may still be reading
+  // this rank's data. After a failure the channels are abandoned as they
+  // are. A confirmation that names another call fails no call of this
+  // rank any more, but is reported to the peers all the same.
+  if (!scheduler_->broken()) {
+    try {
+      tcp::Exchange::read_every_confirmation(
+          *mesh_, control_.get(),
+          detail::deadline_after(std::min<std::chrono::milliseconds>(
+              timeout_, kConfirmationLinger)));
+    } catch (const std::exception& e) {
+      COMM_LOG_DEBUG(
+          "rank {} shut down without its peers' last "
+          "confirmations: {}",
+          rank(), e.what());
+    }
+  }
   p2p_->stop(std::make_exception_ptr(BackendError(
       "the process group was shut down with this operation pending")));
   control_->stop();
@@ -156,28 +176,7 @@ void TcpBackend::execute(tcp::CollectiveTask& task) {
     // exchange told them about.
     throw;
   } catch (...) {
-    // This rank's own failure: tell the others why, so that they fail now
-    // rather than at their timeouts. Best effort: a dead peer just misses
-    // it.
-    tcp::ControlMessage abort;
-    abort.call = call;
-    abort.blamed = rank();
-    abort.text = "unknown error";
-    try {
-      throw;
-    } catch (const PeerError& e) {
-      abort.error = e.kind();
-      abort.blamed = e.peer_rank();
-      abort.text = e.what();
-    } catch (const Error& e) {
-      abort.error = e.kind();
-      abort.text = e.what();
-    } catch (const std::exception& e) {
-      abort.text = e.what();
-    } catch (...) {
-    }
-    COMM_LOG_ERROR("{} failed: {}", call.describe(), abort.text);
-    control_->broadcast(abort, std::chrono::milliseconds(200));
+    tcp::report_failure(*control_, call, rank());
     throw;
   }
 }

@@ -101,6 +101,11 @@ class COMM_API TcpBackend final : public Backend {
   void check_open() const;
   std::chrono::milliseconds resolve(OpTimeout timeout) const;
 
+  // How long shutdown() waits at most for the peers' confirmations of the
+  // last rooted calls (tcp::Exchange::read_every_confirmation), where the
+  // timeout is longer.
+  static constexpr std::chrono::milliseconds kConfirmationLinger{1000};
+
   std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Mesh> mesh_;
   std::unique_ptr<tcp::ControlChannel> control_;

@@ -112,6 +112,12 @@ class CountingTransport final : public CollectiveTransport {
       for (const Part& part : parts) sent_[peer] += part.bytes;
       inner->relay(peer, parts, ready, source);
     }
+    void send_confirmation(int peer) override {
+      inner->send_confirmation(peer);
+    }
+    void expect_confirmation(int peer) override {
+      inner->expect_confirmation(peer);
+    }
     void run() override { inner->run(); }
 
     CollectiveStep* inner = nullptr;
