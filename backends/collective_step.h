@@ -55,20 +55,23 @@ class CollectiveStep {
   // list, as recv_parts does.
   virtual void relay(int peer, std::span<const Part> parts, std::size_t ready,
                      int source) = 0;
-  // A confirmation is a header alone that tells `peer` this rank is in the
-  // same call, so that a rank that only sends in a call (the root of a
-  // broadcast or scatter, a child of a reduce or gather) finds out when the
-  // ranks it sends to called something else (see broadcast.cpp). It is
-  // sent when the step starts. Unlike send(), it succeeds when `peer` has
-  // left the group already: a peer that finished this call and shut down
-  // needs it no more.
+  // A confirmation tells `peer` that this rank is in the same call, so
+  // that a rank that only sends in a call (the root of a broadcast or
+  // scatter, a child of a reduce or gather) finds out when the ranks it
+  // sends to called something else (see broadcast.cpp). The step must
+  // also receive from `peer`: the transport sends the confirmation once
+  // that receive is complete, possibly several calls later and together
+  // with others (the TCP backend's kConfirmationBatch). Unlike send(), it
+  // succeeds when `peer` has left the group already: a peer that finished
+  // this call and shut down needs it no more.
   virtual void send_confirmation(int peer) = 0;
   // Expects `peer`'s confirmation of this call without waiting for it: the
   // transport reads it before anything else `peer` sends this rank, and no
   // later than a few calls on (the TCP backend's kConfirmationWindow) or
   // when the group shuts down, so that a rank that only sends flows from
   // call to call as MPI's eager sends do. A confirmation that names another
-  // call fails the collective that reads it with MismatchError.
+  // call fails the collective that reads it with MismatchError (read as
+  // the group shuts down, it is logged and reported to the peers instead).
   virtual void expect_confirmation(int peer) = 0;
   // Progresses every transfer until all are done; throws the call's error
   // (a comm::Error) when one fails.

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -229,12 +230,24 @@ void Exchange::send(int peer, const void* data, std::size_t bytes) {
   add(Transfer::Kind::kSend, peer, {&part, 1});
 }
 
-void Exchange::send_confirmation(int peer) {
-  add(Transfer::Kind::kSend, peer, {});
-  transfers_.back().confirmation = true;
-}
+void Exchange::send_confirmation(int peer) { confirming_.push_back(peer); }
 
 void Exchange::expect_confirmation(int peer) { expected_.push_back(peer); }
+
+int Exchange::add_confirmation(Transfer::Kind kind, int peer,
+                               const CallInfo& last, std::uint8_t* count) {
+  const Part part{count, kConfirmationBytes};
+  const int index = add(kind, peer, {&part, 1});
+  Transfer& t = transfers_[static_cast<std::size_t>(index)];
+  t.confirmation = true;
+  if (kind == Transfer::Kind::kSend) {
+    MessageHeader header;
+    header.call = last;
+    header.payload_bytes = kConfirmationBytes;
+    header.encode(t.header);
+  }
+  return index;
+}
 
 void Exchange::recv(int peer, void* data, std::size_t bytes) {
   const Part part{static_cast<std::uint8_t*>(data), bytes};
@@ -287,35 +300,72 @@ void Exchange::advance(std::size_t index) {
 }
 
 void Exchange::run() {
-  if (reads_confirmations_) read_due_confirmations();
+  if (settles_confirmations_) settle_confirmations();
   run_transfers();
   for (int peer : expected_) mesh_.unread_confirmations(peer).push_back(call_);
+  for (int peer : confirming_)
+    mesh_.unsent_confirmations(peer).push_back(call_);
+  if (settles_confirmations_) {
+    // After the step, not before it: every byte this step receives has
+    // arrived, so that a confirmation that reaches a peer that has shut
+    // down (over TCP, a reset) cannot cost this rank data still on its way.
+    send_confirmations(
+        mesh_, control_, deadline_, wake_fd_, [&](int, const CallInfo& oldest) {
+          return oldest.sequence + kConfirmationBatch <= call_.sequence;
+        });
+  }
 }
 
-void Exchange::read_due_confirmations() {
+namespace {
+
+// A confirmation's payload: how many calls it confirms, little-endian.
+void put_count(std::uint8_t* out, std::uint64_t count) {
+  for (int i = 0; i < 8; ++i)
+    out[i] = static_cast<std::uint8_t>(count >> (8 * i));
+}
+
+std::uint64_t take_count(const std::uint8_t* in) {
+  std::uint64_t count = 0;
+  for (int i = 0; i < 8; ++i) count |= std::uint64_t{in[i]} << (8 * i);
+  return count;
+}
+
+}  // namespace
+
+void Exchange::settle_confirmations() {
   bool any = false;
   for (int peer = 0; peer < mesh_.size() && !any; ++peer) {
-    any = !mesh_.unread_confirmations(peer).empty();
+    any = !mesh_.unread_confirmations(peer).empty() ||
+          !mesh_.unsent_confirmations(peer).empty();
   }
   if (!any) return;
-  auto due = [this](int peer, const CallInfo& call) {
-    if (call.sequence + kConfirmationWindow <= call_.sequence) return true;
+  auto step_has = [this](Transfer::Kind kind, int peer) {
     return std::any_of(
-        transfers_.begin(), transfers_.end(), [peer](const Transfer& t) {
-          return t.kind == Transfer::Kind::kRecv && t.peer == peer;
-        });
+        transfers_.begin(), transfers_.end(),
+        [&](const Transfer& t) { return t.kind == kind && t.peer == peer; });
   };
-  read_confirmations(mesh_, control_, deadline_, wake_fd_, due);
+  // A peer this step sends to reads what this rank owes it first.
+  send_confirmations(mesh_, control_, deadline_, wake_fd_,
+                     [&](int peer, const CallInfo&) {
+                       return step_has(Transfer::Kind::kSend, peer);
+                     });
+  read_confirmations(mesh_, control_, deadline_, wake_fd_,
+                     [&](int peer, const CallInfo& oldest) {
+                       return oldest.sequence + kConfirmationWindow <=
+                                  call_.sequence ||
+                              step_has(Transfer::Kind::kRecv, peer);
+                     });
   if (control_ != nullptr) read_control();
 }
 
-void Exchange::read_every_confirmation(Mesh& mesh, ControlChannel* control,
-                                       detail::Clock::time_point deadline) {
+void Exchange::finish_confirmations(Mesh& mesh, ControlChannel* control,
+                                    detail::Clock::time_point deadline) {
   // Without the control channel: a peer that has not confirmed yet is
   // late, not failed, and is told nothing; only a mismatch is reported.
+  auto every = [](int, const CallInfo&) { return true; };
+  send_confirmations(mesh, nullptr, deadline, -1, every);
   try {
-    read_confirmations(mesh, nullptr, deadline, -1,
-                       [](int, const CallInfo&) { return true; });
+    read_confirmations(mesh, nullptr, deadline, -1, every);
   } catch (const MismatchError&) {
     if (control != nullptr) {
       std::optional<CallInfo> failed;  // still unread, as it failed
@@ -333,9 +383,36 @@ void Exchange::read_every_confirmation(Mesh& mesh, ControlChannel* control,
 }
 
 template <typename Due>
+void Exchange::send_confirmations(Mesh& mesh, ControlChannel* control,
+                                  detail::Clock::time_point deadline,
+                                  int wake_fd, Due due) {
+  std::optional<Exchange> sending;
+  std::vector<std::array<std::uint8_t, kConfirmationBytes>> counts;
+  for (int peer = 0; peer < mesh.size(); ++peer) {
+    const auto& unsent = mesh.unsent_confirmations(peer);
+    if (unsent.empty() || !due(peer, unsent.front())) continue;
+    if (!sending) {
+      sending.emplace(mesh, unsent.back(), deadline, wake_fd, control);
+      sending->settles_confirmations_ = false;
+      counts.reserve(static_cast<std::size_t>(mesh.size()));
+    }
+    put_count(counts.emplace_back().data(), unsent.size());
+    sending->add_confirmation(Transfer::Kind::kSend, peer, unsent.back(),
+                              counts.back().data());
+  }
+  if (!sending) return;
+  sending->run_transfers();
+  for (const Transfer& t : sending->transfers_) {
+    mesh.unsent_confirmations(t.peer).clear();
+  }
+}
+
+template <typename Due>
 void Exchange::read_confirmations(Mesh& mesh, ControlChannel* control,
                                   detail::Clock::time_point deadline,
                                   int wake_fd, Due due) {
+  std::vector<std::array<std::uint8_t, kConfirmationBytes>> counts;
+  counts.reserve(static_cast<std::size_t>(mesh.size()));
   // Bounded: each round reads at least one confirmation, and the peers owe
   // a finite number.
   while (true) {
@@ -348,19 +425,25 @@ void Exchange::read_confirmations(Mesh& mesh, ControlChannel* control,
       }
     }
     if (!oldest) return;
-    // A step of the call confirmed, so that its header check, its queries
-    // and its errors name that call.
+    // A step of the oldest call to confirm, so that its queries and its
+    // errors name that call; each confirmation's header is checked
+    // against the calls its sender still owes (check_header).
     Exchange reading(mesh, *oldest, deadline, wake_fd, control);
-    reading.reads_confirmations_ = false;
+    reading.settles_confirmations_ = false;
+    counts.clear();
     for (int peer = 0; peer < mesh.size(); ++peer) {
       const auto& unread = mesh.unread_confirmations(peer);
-      if (!unread.empty() && unread.front().sequence == oldest->sequence &&
-          due(peer, unread.front())) {
-        reading.recv(peer, nullptr, 0);
+      if (!unread.empty() && due(peer, unread.front())) {
+        reading.add_confirmation(Transfer::Kind::kRecv, peer, unread.front(),
+                                 counts.emplace_back().data());
       }
     }
     try {
       reading.run_transfers();
+      for (std::size_t i = 0; i < reading.transfers_.size(); ++i) {
+        reading.take_confirmation(reading.transfers_[i],
+                                  take_count(counts[i].data()));
+      }
     } catch (const ReportedFailure&) {
       throw;
     } catch (...) {
@@ -371,10 +454,25 @@ void Exchange::read_confirmations(Mesh& mesh, ControlChannel* control,
       if (control != nullptr) report_failure(*control, *oldest, mesh.rank());
       throw;
     }
-    for (const Transfer& t : reading.transfers_) {
-      mesh.unread_confirmations(t.peer).pop_front();
-    }
   }
+}
+
+void Exchange::take_confirmation(const Transfer& t, std::uint64_t count) {
+  MessageHeader header;
+  header.decode(t.header);  // checked as it arrived
+  auto& unread = mesh_.unread_confirmations(t.peer);
+  const auto last = std::find(unread.begin(), unread.end(), header.call);
+  const auto expected = static_cast<std::uint64_t>(last - unread.begin()) + 1;
+  if (count != expected) {
+    throw MismatchError(
+        "rank " + std::to_string(t.peer) + " confirmed " +
+        std::to_string(count) + " calls up to " + header.call.describe() +
+        " to rank " + std::to_string(mesh_.rank()) + ", which expected " +
+        std::to_string(expected) + " (from " + unread.front().describe() +
+        "); every rank must issue the same collectives in the same order "
+        "with the same dtype, count, op and root");
+  }
+  unread.erase(unread.begin(), last + 1);
 }
 
 void Exchange::run_transfers() {
@@ -749,7 +847,9 @@ void Exchange::progress_send(Transfer& t) {
     if (sent < 0) {
       if (would_block(errno)) return;
       if (t.confirmation && (errno == EPIPE || errno == ECONNRESET)) {
-        t.header_done = MessageHeader::kWireSize;  // see send_confirmation()
+        // See send_confirmation(): the peer has left.
+        t.header_done = MessageHeader::kWireSize;
+        t.payload_done = t.bytes;
         return;
       }
       throw PeerError(t.peer, "connection to " + mesh_.peer_name(t.peer) +
@@ -892,6 +992,23 @@ void Exchange::check_header(const Transfer& t) {
                     mesh_.peer_name(t.peer) +
                         " sent bytes that are not a libcomm message during " +
                         call_.describe());
+  }
+  if (t.confirmation) {
+    // One of the calls the peer still owes this rank a confirmation of,
+    // the last of those it confirms (take_confirmation() counts them).
+    const auto& unread = mesh_.unread_confirmations(t.peer);
+    if (header.payload_bytes != kConfirmationBytes ||
+        std::find(unread.begin(), unread.end(), header.call) == unread.end()) {
+      throw MismatchError(
+          "rank " + std::to_string(mesh_.rank()) + " called " +
+          unread.front().describe() + " but rank " + std::to_string(t.peer) +
+          " called " + header.call.describe() + " (found as rank " +
+          std::to_string(mesh_.rank()) +
+          " read its confirmations); every rank must issue the same "
+          "collectives in the same order with the same dtype, count, op "
+          "and root");
+    }
+    return;
   }
   if (!(header.call == call_)) {
     const MismatchError error(

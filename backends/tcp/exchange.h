@@ -159,31 +159,43 @@ class Exchange final : public CollectiveStep {
   void relay(int peer, std::span<const Part> parts, std::size_t ready,
              int source) override;
 
-  // A header alone, sent when the step starts; EPIPE and ECONNRESET
-  // (`peer` has left) count as sent.
+  // Confirmations travel in batches. A confirmation is recorded in the
+  // Mesh once run() has succeeded, and sent, together with the others this
+  // rank owes the same peer, before the first step that sends `peer`
+  // anything else, after the first step that ends kConfirmationBatch calls
+  // or more after the oldest of them, or by finish_confirmations(): one
+  // message, whose header names the last call it confirms and whose
+  // payload says how many calls it confirms. So a confirmation leaves only
+  // once this rank has received all it receives from `peer` in that call.
+  // EPIPE and ECONNRESET (`peer` has left) count as sent.
   void send_confirmation(int peer) override;
   // Recorded in the Mesh once run() has succeeded, and read by a later
   // step: before it receives anything else from `peer`, or at the start of
   // the first step of the call kConfirmationWindow calls later, whichever
-  // comes first, or by read_every_confirmation(). Until then a peer's
+  // comes first, or by finish_confirmations(). Until then a peer's
   // confirmation waits in its socket or ring, where it costs this rank
   // nothing; a rank that reads it a few calls late finds it there without
   // waiting, where reading it in the call would make every rooted call
-  // wait for the slowest of its receivers. The window bounds how many calls
-  // a rank may finish before it learns that a peer disagreed with one of
-  // them.
+  // wait for the slowest of its receivers, and one message for several
+  // calls costs one system call on each side instead of several. The
+  // window bounds how many calls a rank may finish before it learns that
+  // a peer disagreed with one of them; the batch is smaller, so that a
+  // peer that keeps calling has sent a confirmation before it is due.
   void expect_confirmation(int peer) override;
-  static constexpr std::uint64_t kConfirmationWindow = 4;
+  static constexpr std::uint64_t kConfirmationWindow = 8;
+  static constexpr std::uint64_t kConfirmationBatch = 4;
+  static constexpr std::size_t kConfirmationBytes = 8;
 
-  // Reads every confirmation the peers still owe this rank on `mesh`,
-  // oldest first, waiting until `deadline` at most: the backend calls it as
-  // it shuts down, so that it closes no socket with a confirmation unread
-  // (a close with unread bytes resets the connection, under a peer that
-  // may still be reading what this rank sent). Throws as run() does, but
-  // tells the peers (on `control`) only of a confirmation that names
+  // Sends every confirmation this rank still owes, then reads every one
+  // the peers owe it, oldest first, waiting until `deadline` at most: the
+  // backend calls it as it shuts down, so that its peers need not wait for
+  // what it owes, and so that it closes no socket with a confirmation
+  // unread (a close with unread bytes resets the connection, under a peer
+  // that may still be reading what this rank sent). Throws as run() does,
+  // but tells the peers (on `control`) only of a confirmation that names
   // another call: a peer that has yet to confirm is late, not failed.
-  static void read_every_confirmation(Mesh& mesh, ControlChannel* control,
-                                      detail::Clock::time_point deadline);
+  static void finish_confirmations(Mesh& mesh, ControlChannel* control,
+                                   detail::Clock::time_point deadline);
 
   // Progresses every transfer until all are done. Throws PeerError when a
   // peer closes or resets its connection or the control channel found a
@@ -222,26 +234,40 @@ class Exchange final : public CollectiveStep {
     // A relay's gate (see relay()); source -1: everything is ready.
     int source = -1;
     std::size_t ready = 0;
-    bool confirmation = false;  // a send_confirmation()
+    bool confirmation = false;  // see add_confirmation()
     bool done() const {
       return header_done == MessageHeader::kWireSize && payload_done == bytes;
     }
   };
 
   int add(Transfer::Kind kind, int peer, std::span<const Part> parts);
-  // The whole step, once the confirmations due were read.
+  // A confirmation to or from `peer`: a header naming `last` (for a
+  // send) and the count of calls confirmed in `count` (8 bytes).
+  int add_confirmation(Transfer::Kind kind, int peer, const CallInfo& last,
+                       std::uint8_t* count);
+  // The whole step, once the confirmations due were sent and read.
   void run_transfers();
-  // Reads the confirmations due before this step (see
-  // expect_confirmation()), then raises what the control channel recorded
-  // meanwhile: the steps that read them watch it for their own, older
-  // call.
-  void read_due_confirmations();
-  // Reads, oldest first and one call's at a time, each confirmation that
-  // `due(peer, call)` says must be read now, in a step of that call.
+  // Sends and reads the confirmations due before this step (see
+  // send_confirmation() and expect_confirmation()), then raises what the
+  // control channel recorded meanwhile: the steps that read them watch it
+  // for their own, older call.
+  void settle_confirmations();
+  // Sends, in one step, the confirmations this rank owes each peer for
+  // which `due(peer, oldest call owed)` holds.
+  template <typename Due>
+  static void send_confirmations(Mesh& mesh, ControlChannel* control,
+                                 detail::Clock::time_point deadline,
+                                 int wake_fd, Due due);
+  // Reads, one message per peer and round, the confirmations of each peer
+  // for which `due(peer, oldest call unread)` holds, until none is due.
   template <typename Due>
   static void read_confirmations(Mesh& mesh, ControlChannel* control,
                                  detail::Clock::time_point deadline,
                                  int wake_fd, Due due);
+  // Takes the calls that the confirmation `t` received confirms off its
+  // peer's unread ones; throws MismatchError when `count` is not how many
+  // this rank expected up to the call its header names.
+  void take_confirmation(const Transfer& t, std::uint64_t count);
   // The bytes of `t` that may be sent now.
   std::size_t sendable(const Transfer& t) const;
   // Progresses transfer `index` until its socket would block; then, for a
@@ -341,10 +367,12 @@ class Exchange final : public CollectiveStep {
   std::pmr::monotonic_buffer_resource arena_{arena_memory_,
                                              sizeof(arena_memory_)};
   std::pmr::vector<Transfer> transfers_{&arena_};
-  // The peers whose confirmation this step expects.
+  // The peers whose confirmation this step expects, and those it confirms
+  // to.
   std::pmr::vector<int> expected_{&arena_};
-  // False in the steps that read confirmations, which read none first.
-  bool reads_confirmations_ = true;
+  std::pmr::vector<int> confirming_{&arena_};
+  // False in the steps that send or read confirmations.
+  bool settles_confirmations_ = true;
 };
 
 }  // namespace comm::tcp

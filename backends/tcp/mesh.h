@@ -78,6 +78,11 @@ class Mesh {
   std::deque<CallInfo>& unread_confirmations(int peer) {
     return unread_confirmations_[static_cast<std::size_t>(peer)];
   }
+  // The calls whose confirmation this rank owes `peer` and has not sent
+  // yet, oldest first (CollectiveStep::send_confirmation).
+  std::deque<CallInfo>& unsent_confirmations(int peer) {
+    return unsent_confirmations_[static_cast<std::size_t>(peer)];
+  }
 
   // Shuts every socket down (both directions) and closes every ring, so
   // that threads blocked on them wake up, without closing the descriptors
@@ -97,6 +102,7 @@ class Mesh {
   std::vector<std::array<detail::Socket, kChannels>> sockets_;
   std::vector<std::string> peer_names_;
   std::vector<std::deque<CallInfo>> unread_confirmations_;
+  std::vector<std::deque<CallInfo>> unsent_confirmations_;
 };
 
 // The address this rank listens on: COMM_TCP_ADDR if set, 127.0.0.1 when

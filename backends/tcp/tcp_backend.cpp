@@ -117,15 +117,17 @@ TcpBackend::~TcpBackend() { shutdown(); }
 
 void TcpBackend::shutdown() {
   if (!scheduler_->shutdown()) return;
-  // The peers' confirmations of the last rooted calls may still be on
-  // their way (tcp::Exchange::expect_confirmation); closing with them
-  // unread would reset connections under peers that may still be reading
-  // this rank's data. After a failure the channels are abandoned as they
-  // are. A confirmation that names another call fails no call of this
-  // rank any more, but is reported to the peers all the same.
+  // Confirmations of the last rooted calls may still be owed, either way
+  // (tcp::Exchange::send_confirmation): this rank sends what it owes, so
+  // that its peers need not wait for it, and reads what it is owed, as
+  // closing with a confirmation unread would reset connections under peers
+  // that may still be reading this rank's data. After a failure the
+  // channels are abandoned as they are. A confirmation that names another
+  // call fails no call of this rank any more, but is reported to the peers
+  // all the same.
   if (!scheduler_->broken()) {
     try {
-      tcp::Exchange::read_every_confirmation(
+      tcp::Exchange::finish_confirmations(
           *mesh_, control_.get(),
           detail::deadline_after(std::min<std::chrono::milliseconds>(
               timeout_, kConfirmationLinger)));

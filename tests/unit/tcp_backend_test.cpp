@@ -609,6 +609,49 @@ TEST_CASE("rooted calls just before the group shuts down all succeed",
   }
 }
 
+// The same with messages larger than what loopback delivers at once, so
+// that part of a message is still in its sender's socket when the sender
+// shuts down: a confirmation that reached the departed sender before the
+// receiver had read all of it would reset the connection and lose the
+// rest. Once the root is late (gather), once a receiver (broadcast), each
+// by more than the backend waits for confirmations as it shuts down.
+TEST_CASE(
+    "a rank that is late to a large rooted call before shutdown gets "
+    "all its data",
+    "[tcp][shutdown]") {
+  // 400 KiB fits in a local connection's send buffer (256 KiB, doubled by
+  // the kernel) and a fresh receive window; 8 MiB does not.
+  for (std::int64_t kCount : {100 << 10, 2 << 20})
+    for (bool late_root : {false, true}) {
+      auto errors = run_ranks(2, [&](ProcessGroup& group) {
+        const int me = group.rank();
+        const bool late = late_root ? me == 0 : me == 1;
+        if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        if (late_root) {
+          std::vector<Tensor> gathered;
+          if (me == 0) {
+            gathered = {Tensor::zeros({kCount}, DType::kF32),
+                        Tensor::zeros({kCount}, DType::kF32)};
+          }
+          group
+              .gather(gathered, Tensor::full({kCount}, me + 1, DType::kF32),
+                      {0})
+              ->wait();
+          if (me == 0) {
+            expect(gathered[1].data<float>()[kCount - 1] == 2, "gather's tail");
+          }
+        } else {
+          Tensor b = Tensor::full({kCount}, me == 0 ? 7 : 0, DType::kF32);
+          group.broadcast(b, {0})->wait();
+          expect(b.data<float>()[kCount - 1] == 7, "broadcast's tail");
+        }
+      });
+      INFO((late_root ? "gather, root late" : "broadcast, receiver late")
+           << ", " << kCount << " floats");
+      check_all_ok(errors);
+    }
+}
+
 TEST_CASE("bad arguments are InvalidArgument before anything is sent",
           "[tcp]") {
   auto errors = run_ranks(2, [&](ProcessGroup& group) {
