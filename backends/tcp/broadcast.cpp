@@ -3,12 +3,12 @@
 // arrive, so a large message crosses the log2(n) levels at once instead of
 // one level after another.
 //
-// Each child also sends its parent a confirmation (a header alone) when it
-// starts, that it is in the same call. Without it two ranks that both
-// name themselves the root would only send, and both return success with
-// different data; with it each reads the other's message, whose header
-// names another root, and fails with MismatchError. A parent reads its
-// children's confirmations a few calls later (CollectiveStep::
+// Each child also confirms to its parent that it is in the same call
+// (CollectiveStep::send_confirmation), once it has received the message.
+// Without it two ranks that both name themselves the root would only send, and
+// both return success with different data; with it each reads the other's
+// message, whose header names another root, and fails with MismatchError. A
+// parent reads its children's confirmations a few calls later (CollectiveStep::
 // expect_confirmation), so it does not wait for its children to arrive,
 // and fails one of its next calls when they disagree.
 //

@@ -306,13 +306,17 @@ void Exchange::run() {
   for (int peer : confirming_)
     mesh_.unsent_confirmations(peer).push_back(call_);
   if (settles_confirmations_) {
-    // After the step, not before it: every byte this step receives has
-    // arrived, so that a confirmation that reaches a peer that has shut
-    // down (over TCP, a reset) cannot cost this rank data still on its way.
-    send_confirmations(
-        mesh_, control_, deadline_, wake_fd_, [&](int, const CallInfo& oldest) {
-          return oldest.sequence + kConfirmationBatch <= call_.sequence;
-        });
+    // As soon as the step is done, so that a peer that reads them late
+    // finds them there. A confirmation goes only once its call's bytes from
+    // that peer have arrived. Over TCP, one that reaches a peer that has
+    // shut down makes it reset the connection, which would discard bytes
+    // of a later call still in its send queue, were the peer not to wait
+    // for those to arrive before it closes (Mesh::wait_until_delivered).
+    send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
+                       [&](int, const CallInfo& oldest) {
+                         return oldest.sequence + kConfirmationBatch <=
+                                call_.sequence;
+                       });
   }
 }
 
@@ -344,12 +348,16 @@ void Exchange::settle_confirmations() {
         transfers_.begin(), transfers_.end(),
         [&](const Transfer& t) { return t.kind == kind && t.peer == peer; });
   };
-  // A peer this step sends to reads what this rank owes it first.
-  send_confirmations(mesh_, control_, deadline_, wake_fd_,
-                     [&](int peer, const CallInfo&) {
-                       return step_has(Transfer::Kind::kSend, peer);
+  // A peer this step sends to reads what this rank owes it first; what is
+  // due by age goes now too, not only after a step, since a call may have
+  // no step (an all_reduce of nothing) while a peer waits for it.
+  send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
+                     [&](int peer, const CallInfo& oldest) {
+                       return oldest.sequence + kConfirmationBatch <=
+                                  call_.sequence ||
+                              step_has(Transfer::Kind::kSend, peer);
                      });
-  read_confirmations(mesh_, control_, deadline_, wake_fd_,
+  read_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
                      [&](int peer, const CallInfo& oldest) {
                        return oldest.sequence + kConfirmationWindow <=
                                   call_.sequence ||
@@ -363,9 +371,9 @@ void Exchange::finish_confirmations(Mesh& mesh, ControlChannel* control,
   // Without the control channel: a peer that has not confirmed yet is
   // late, not failed, and is told nothing; only a mismatch is reported.
   auto every = [](int, const CallInfo&) { return true; };
-  send_confirmations(mesh, nullptr, deadline, -1, every);
+  send_confirmations(mesh, nullptr, nullptr, deadline, -1, every);
   try {
-    read_confirmations(mesh, nullptr, deadline, -1, every);
+    read_confirmations(mesh, nullptr, nullptr, deadline, -1, every);
   } catch (const MismatchError&) {
     if (control != nullptr) {
       std::optional<CallInfo> failed;  // still unread, as it failed
@@ -383,7 +391,8 @@ void Exchange::finish_confirmations(Mesh& mesh, ControlChannel* control,
 }
 
 template <typename Due>
-void Exchange::send_confirmations(Mesh& mesh, ControlChannel* control,
+void Exchange::send_confirmations(Mesh& mesh, const CallInfo* call,
+                                  ControlChannel* control,
                                   detail::Clock::time_point deadline,
                                   int wake_fd, Due due) {
   std::optional<Exchange> sending;
@@ -392,8 +401,9 @@ void Exchange::send_confirmations(Mesh& mesh, ControlChannel* control,
     const auto& unsent = mesh.unsent_confirmations(peer);
     if (unsent.empty() || !due(peer, unsent.front())) continue;
     if (!sending) {
-      sending.emplace(mesh, unsent.back(), deadline, wake_fd, control);
+      sending.emplace(mesh, unsent.front(), deadline, wake_fd, control);
       sending->settles_confirmations_ = false;
+      sending->running_ = call;
       counts.reserve(static_cast<std::size_t>(mesh.size()));
     }
     put_count(counts.emplace_back().data(), unsent.size());
@@ -408,7 +418,8 @@ void Exchange::send_confirmations(Mesh& mesh, ControlChannel* control,
 }
 
 template <typename Due>
-void Exchange::read_confirmations(Mesh& mesh, ControlChannel* control,
+void Exchange::read_confirmations(Mesh& mesh, const CallInfo* call,
+                                  ControlChannel* control,
                                   detail::Clock::time_point deadline,
                                   int wake_fd, Due due) {
   std::vector<std::array<std::uint8_t, kConfirmationBytes>> counts;
@@ -430,6 +441,7 @@ void Exchange::read_confirmations(Mesh& mesh, ControlChannel* control,
     // against the calls its sender still owes (check_header).
     Exchange reading(mesh, *oldest, deadline, wake_fd, control);
     reading.settles_confirmations_ = false;
+    reading.running_ = call;
     counts.clear();
     for (int peer = 0; peer < mesh.size(); ++peer) {
       const auto& unread = mesh.unread_confirmations(peer);
@@ -1067,6 +1079,14 @@ void Exchange::read_last_words(int peer) {
 }
 
 void Exchange::read_control() {
+  if (running_ != nullptr) {
+    // A failure of the call now running, found by a peer that waits for
+    // this rank in it, fails this step of an earlier call too: this rank
+    // would otherwise wait here for that peer's confirmation.
+    if (const auto report = control_->check(*running_)) {
+      raise_report(*running_, *report);
+    }
+  }
   const std::optional<Report> report = control_->check(call_);
   if (!report) return;
   if (report->message.error == ErrorKind::kTimeout) time_out({*report});

@@ -162,8 +162,9 @@ class Exchange final : public CollectiveStep {
   // Confirmations travel in batches. A confirmation is recorded in the
   // Mesh once run() has succeeded, and sent, together with the others this
   // rank owes the same peer, before the first step that sends `peer`
-  // anything else, after the first step that ends kConfirmationBatch calls
-  // or more after the oldest of them, or by finish_confirmations(): one
+  // anything else, before or after the first step that begins or ends
+  // kConfirmationBatch calls or more after the oldest of them (before too,
+  // as a call may have no step), or by finish_confirmations(): one
   // message, whose header names the last call it confirms and whose
   // payload says how many calls it confirms. So a confirmation leaves only
   // once this rank has received all it receives from `peer` in that call.
@@ -252,16 +253,21 @@ class Exchange final : public CollectiveStep {
   // control channel recorded meanwhile: the steps that read them watch it
   // for their own, older call.
   void settle_confirmations();
-  // Sends, in one step, the confirmations this rank owes each peer for
-  // which `due(peer, oldest call owed)` holds.
+  // Sends, in one step of the oldest call confirmed, the confirmations
+  // this rank owes each peer for which `due(peer, oldest call owed)` holds.
+  // `call` is the call now running (null at shutdown): a failure of it
+  // that the control channel records fails the step too (running_).
   template <typename Due>
-  static void send_confirmations(Mesh& mesh, ControlChannel* control,
+  static void send_confirmations(Mesh& mesh, const CallInfo* call,
+                                 ControlChannel* control,
                                  detail::Clock::time_point deadline,
                                  int wake_fd, Due due);
   // Reads, one message per peer and round, the confirmations of each peer
-  // for which `due(peer, oldest call unread)` holds, until none is due.
+  // for which `due(peer, oldest call unread)` holds, until none is due, in
+  // a step of the oldest call read; `call` as above.
   template <typename Due>
-  static void read_confirmations(Mesh& mesh, ControlChannel* control,
+  static void read_confirmations(Mesh& mesh, const CallInfo* call,
+                                 ControlChannel* control,
                                  detail::Clock::time_point deadline,
                                  int wake_fd, Due due);
   // Takes the calls that the confirmation `t` received confirms off its
@@ -371,8 +377,10 @@ class Exchange final : public CollectiveStep {
   // to.
   std::pmr::vector<int> expected_{&arena_};
   std::pmr::vector<int> confirming_{&arena_};
-  // False in the steps that send or read confirmations.
+  // False in the steps that send or read confirmations, which belong to
+  // an earlier call than `running_`, the call now running.
   bool settles_confirmations_ = true;
+  const CallInfo* running_ = nullptr;
 };
 
 }  // namespace comm::tcp

@@ -2,10 +2,12 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -294,6 +296,24 @@ shm::Ring* Mesh::ring(int peer, Channel channel, bool outgoing) {
   const int lane = channel == Channel::kCollective ? 0 : 1;
   return outgoing ? &local_->outgoing(peer, lane)
                   : &local_->incoming(peer, lane);
+}
+
+bool Mesh::wait_until_delivered(std::span<const int> peers,
+                                detail::Clock::time_point deadline) {
+  for (int peer : peers) {
+    if (!over_socket(peer, static_cast<int>(Channel::kCollective))) continue;
+    const int fd = sockets_[peer][static_cast<int>(Channel::kCollective)].fd();
+    // Bounded by `deadline`: each round sleeps a millisecond. The kernel
+    // tells no one when a send queue empties, and this runs once, as the
+    // group shuts down.
+    while (true) {
+      int queued = 0;
+      if (::ioctl(fd, SIOCOUTQ, &queued) != 0 || queued == 0) break;
+      if (detail::Clock::now() >= deadline) return false;
+      ::poll(nullptr, 0, 1);
+    }
+  }
+  return true;
 }
 
 void Mesh::shutdown_all() {

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,17 @@ class Mesh {
   std::deque<CallInfo>& unsent_confirmations(int peer) {
     return unsent_confirmations_[static_cast<std::size_t>(peer)];
   }
+
+  // Waits until the bytes this rank sent `peers` on the collective channel
+  // have all arrived (their sockets' send queues, unacknowledged bytes
+  // included, are empty), or until `deadline`; returns false at the
+  // deadline. Rings need no wait: their bytes stay readable after the
+  // writer closes. A socket closed with the peer's bytes unread, or that
+  // the peer writes to after it was shut down, resets the connection, and
+  // the reset discards what the send queue still holds (see
+  // TcpBackend::shutdown).
+  bool wait_until_delivered(std::span<const int> peers,
+                            detail::Clock::time_point deadline);
 
   // Shuts every socket down (both directions) and closes every ring, so
   // that threads blocked on them wake up, without closing the descriptors

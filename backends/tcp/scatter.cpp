@@ -1,7 +1,7 @@
 // scatter: the root sends each rank its part directly, to all at once.
-// Each rank confirms with a header alone that it is in the same call,
-// which the root reads a few calls later: ranks that name different roots
-// then read a header naming another root and fail with MismatchError,
+// Each rank confirms to the root, once it has its part, that it is in the
+// same call, which the root reads a few calls later: ranks that name different
+// roots then read a header naming another root and fail with MismatchError,
 // instead of some only sending and returning success (see broadcast.cpp).
 //
 // A group spanning hosts runs the same: each block travels once, straight

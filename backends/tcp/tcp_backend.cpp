@@ -119,12 +119,15 @@ void TcpBackend::shutdown() {
   if (!scheduler_->shutdown()) return;
   // Confirmations of the last rooted calls may still be owed, either way
   // (tcp::Exchange::send_confirmation): this rank sends what it owes, so
-  // that its peers need not wait for it, and reads what it is owed, as
-  // closing with a confirmation unread would reset connections under peers
-  // that may still be reading this rank's data. After a failure the
-  // channels are abandoned as they are. A confirmation that names another
-  // call fails no call of this rank any more, but is reported to the peers
-  // all the same.
+  // that its peers need not wait for it, and reads what it is owed for a
+  // while. A peer whose confirmation is still unread may send it after
+  // this rank has closed, and over TCP the reset that answers it discards
+  // what this rank's send queue to that peer still holds; so this rank
+  // waits, up to its timeout, for those bytes to arrive first, as a root
+  // that waited for the confirmation in the call would have. After a
+  // failure the channels are abandoned as they are. A confirmation that
+  // names another call fails no call of this rank any more, but is
+  // reported to the peers all the same.
   if (!scheduler_->broken()) {
     try {
       tcp::Exchange::finish_confirmations(
@@ -136,6 +139,19 @@ void TcpBackend::shutdown() {
           "rank {} shut down without its peers' last "
           "confirmations: {}",
           rank(), e.what());
+    }
+    std::vector<int> unconfirmed;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (!mesh_->unread_confirmations(peer).empty()) {
+        unconfirmed.push_back(peer);
+      }
+    }
+    if (!mesh_->wait_until_delivered(unconfirmed,
+                                     detail::deadline_after(timeout_))) {
+      COMM_LOG_WARN(
+          "rank {} shut down before its last messages to ranks "
+          "that had not confirmed them had arrived",
+          rank());
     }
   }
   p2p_->stop(std::make_exception_ptr(BackendError(

@@ -102,7 +102,7 @@ class COMM_API TcpBackend final : public Backend {
   std::chrono::milliseconds resolve(OpTimeout timeout) const;
 
   // How long shutdown() waits at most for the peers' confirmations of the
-  // last rooted calls (tcp::Exchange::read_every_confirmation), where the
+  // last rooted calls (tcp::Exchange::finish_confirmations), where the
   // timeout is longer.
   static constexpr std::chrono::milliseconds kConfirmationLinger{1000};
 

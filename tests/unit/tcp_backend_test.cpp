@@ -652,6 +652,55 @@ TEST_CASE(
     }
 }
 
+// A root may run several calls ahead of a slow receiver and shut down
+// while the last calls' bytes are still in its socket; the receiver's
+// confirmations, sent as it catches up, then reach a closed socket. The
+// root must not have closed before those bytes arrived.
+TEST_CASE("a root that shuts down calls ahead of a slow receiver",
+          "[tcp][shutdown]") {
+  constexpr std::int64_t kCount = 32 << 10;  // 128 KiB of floats
+  auto errors = run_ranks(2, [&](ProcessGroup& group) {
+    const int me = group.rank();
+    for (int call = 0; call < 12; ++call) {
+      if (me == 1 && call >= 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      }
+      Tensor b = Tensor::full({kCount}, me == 0 ? call : -1, DType::kF32);
+      group.broadcast(b, {0})->wait();
+      expect(b.data<float>()[kCount - 1] == call, "broadcast's tail");
+    }
+  });
+  check_all_ok(errors);
+}
+
+// Calls without a single message (an all_reduce of nothing) still count:
+// a confirmation owed before them must still be sent in time for a peer
+// that reads it after them.
+TEST_CASE("confirmations owed across calls that send nothing",
+          "[tcp][shutdown]") {
+  auto errors = run_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        const int me = group.rank();
+        for (int round = 0; round < 3; ++round) {
+          std::vector<Tensor> gathered;
+          if (me == 0) {
+            gathered = {Tensor::zeros({4}, DType::kF32),
+                        Tensor::zeros({4}, DType::kF32)};
+          }
+          group.gather(gathered, Tensor::full({4}, me + 1, DType::kF32), {0})
+              ->wait();
+          if (me == 0) expect(gathered[1].data<float>()[3] == 2, "gather");
+          for (int empty = 0; empty < 9; ++empty) {
+            Tensor nothing = Tensor::zeros({0}, DType::kF32);
+            group.all_reduce(nothing)->wait();
+          }
+        }
+      },
+      std::chrono::seconds(10));
+  check_all_ok(errors);
+}
+
 TEST_CASE("bad arguments are InvalidArgument before anything is sent",
           "[tcp]") {
   auto errors = run_ranks(2, [&](ProcessGroup& group) {

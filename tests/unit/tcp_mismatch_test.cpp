@@ -125,8 +125,9 @@ TEST_CASE("a broadcast that meets a barrier fails on both ranks",
       [&](ProcessGroup& group) {
         Tensor t = Tensor::zeros({8}, DType::kF32);
         try {
-          // Rank 0's broadcast sends, then waits for rank 1 to confirm; rank
-          // 1 expected a barrier. Each reads the other's message.
+          // Rank 0's broadcast sends and returns; rank 1 expected a barrier
+          // and reads the broadcast's message, and rank 0's barrier reads
+          // rank 1's where it expected a confirmation.
           if (group.rank() == 0) {
             group.broadcast(t, {0})->wait();
           } else {
@@ -306,6 +307,38 @@ TEST_CASE("ranks that name different roots fail with MismatchError, promptly",
         CHECK(slowest < 5s);
       }
     }
+  }
+}
+
+// A rank that reads a confirmation it is owed from an earlier call must
+// still find, within about 100 ms, that the peer disagrees about the call
+// now running: here each rank names the other the root of the second
+// broadcast, so both only receive, while rank 0 still waits for rank 1's
+// confirmation of the first.
+TEST_CASE("a mismatch right after a rooted call fails both ranks promptly",
+          "[tcp][mismatch][root]") {
+  std::vector<std::string> thrown(2);
+  std::vector<std::chrono::milliseconds> took(2);
+  run_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        const int me = group.rank();
+        Tensor t = Tensor::zeros({8}, DType::kF32);
+        group.broadcast(t, {0})->wait();
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          group.broadcast(t, {1 - me})->wait();
+        } catch (const comm::MismatchError& e) {
+          thrown[me] = e.what();
+        }
+        took[me] = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - start);
+      },
+      30s);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(thrown[r], Catch::Contains("broadcast #1"));
+    CHECK(took[r] < 5s);
   }
 }
 
