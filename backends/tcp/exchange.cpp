@@ -348,21 +348,33 @@ void Exchange::settle_confirmations() {
         transfers_.begin(), transfers_.end(),
         [&](const Transfer& t) { return t.kind == kind && t.peer == peer; });
   };
-  // A peer this step sends to reads what this rank owes it first; what is
-  // due by age goes now too, not only after a step, since a call may have
-  // no step (an all_reduce of nothing) while a peer waits for it.
+  auto read_due = [&](int peer, const CallInfo& oldest) {
+    return oldest.sequence + kConfirmationWindow <= call_.sequence ||
+           step_has(Transfer::Kind::kRecv, peer);
+  };
+  // A rank that is about to wait for its peers' confirmations first sends
+  // all it owes, to every peer: ranks that wait in a cycle for each
+  // other's confirmations (three or more: between two, a rank's send
+  // carries what it owes first), whose next calls disagree so that each
+  // only receives, would otherwise wait until the timeout, as the queries
+  // of those waits ask about the earlier calls and find nothing wrong.
+  bool reads = false;
+  for (int peer = 0; peer < mesh_.size() && !reads; ++peer) {
+    const auto& unread = mesh_.unread_confirmations(peer);
+    reads = !unread.empty() && read_due(peer, unread.front());
+  }
+  // Otherwise a peer this step sends to reads what this rank owes it
+  // first, and what is due by age goes now too, not only after a step,
+  // since a call may have no step (an all_reduce of nothing) while a peer
+  // waits for it.
   send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
                      [&](int peer, const CallInfo& oldest) {
-                       return oldest.sequence + kConfirmationBatch <=
+                       return reads ||
+                              oldest.sequence + kConfirmationBatch <=
                                   call_.sequence ||
                               step_has(Transfer::Kind::kSend, peer);
                      });
-  read_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
-                     [&](int peer, const CallInfo& oldest) {
-                       return oldest.sequence + kConfirmationWindow <=
-                                  call_.sequence ||
-                              step_has(Transfer::Kind::kRecv, peer);
-                     });
+  read_confirmations(mesh_, &call_, control_, deadline_, wake_fd_, read_due);
   if (control_ != nullptr) read_control();
 }
 
@@ -1079,15 +1091,13 @@ void Exchange::read_last_words(int peer) {
 }
 
 void Exchange::read_control() {
-  if (running_ != nullptr) {
+  std::optional<Report> report = control_->check(call_);
+  if (!report && running_ != nullptr) {
     // A failure of the call now running, found by a peer that waits for
     // this rank in it, fails this step of an earlier call too: this rank
     // would otherwise wait here for that peer's confirmation.
-    if (const auto report = control_->check(*running_)) {
-      raise_report(*running_, *report);
-    }
+    if ((report = control_->check(*running_))) raise_report(*running_, *report);
   }
-  const std::optional<Report> report = control_->check(call_);
   if (!report) return;
   if (report->message.error == ErrorKind::kTimeout) time_out({*report});
   raise_report(call_, *report);

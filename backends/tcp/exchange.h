@@ -253,7 +253,8 @@ class Exchange final : public CollectiveStep {
   // control channel recorded meanwhile: the steps that read them watch it
   // for their own, older call.
   void settle_confirmations();
-  // Sends, in one step of the oldest call confirmed, the confirmations
+  // Sends, in one step of an earlier call (the oldest owed the first
+  // peer due), the confirmations
   // this rank owes each peer for which `due(peer, oldest call owed)` holds.
   // `call` is the call now running (null at shutdown): a failure of it
   // that the control channel records fails the step too (running_).

@@ -303,14 +303,20 @@ bool Mesh::wait_until_delivered(std::span<const int> peers,
   for (int peer : peers) {
     if (!over_socket(peer, static_cast<int>(Channel::kCollective))) continue;
     const int fd = sockets_[peer][static_cast<int>(Channel::kCollective)].fd();
-    // Bounded by `deadline`: each round sleeps a millisecond. The kernel
-    // tells no one when a send queue empties, and this runs once, as the
-    // group shuts down.
+    // Bounded by `deadline`: each round sleeps a millisecond on the
+    // socket. The kernel tells no one when a send queue empties, and this
+    // runs once, as the group shuts down. A connection that was reset or
+    // closed (the peer died or left) keeps counting what was in flight as
+    // queued, but polls as failed or hung up: nothing will arrive there.
     while (true) {
       int queued = 0;
       if (::ioctl(fd, SIOCOUTQ, &queued) != 0 || queued == 0) break;
       if (detail::Clock::now() >= deadline) return false;
-      ::poll(nullptr, 0, 1);
+      pollfd watch{fd, 0, 0};
+      if (::poll(&watch, 1, 1) > 0 &&
+          (watch.revents & (POLLERR | POLLHUP | POLLNVAL)) != 0) {
+        break;
+      }
     }
   }
   return true;

@@ -87,11 +87,11 @@ class Mesh {
 
   // Waits until the bytes this rank sent `peers` on the collective channel
   // have all arrived (their sockets' send queues, unacknowledged bytes
-  // included, are empty), or until `deadline`; returns false at the
-  // deadline. Rings need no wait: their bytes stay readable after the
-  // writer closes. A socket closed with the peer's bytes unread, or that
-  // the peer writes to after it was shut down, resets the connection, and
-  // the reset discards what the send queue still holds (see
+  // included, are empty), or the connection was reset or closed, or until
+  // `deadline`; returns false at the deadline. Rings need no wait: their bytes
+  // stay readable after the writer closes. A socket closed with the peer's
+  // bytes unread, or that the peer writes to after it was shut down, resets the
+  // connection, and the reset discards what the send queue still holds (see
   // TcpBackend::shutdown).
   bool wait_until_delivered(std::span<const int> peers,
                             detail::Clock::time_point deadline);

@@ -342,6 +342,43 @@ TEST_CASE("a mismatch right after a rooted call fails both ranks promptly",
   }
 }
 
+// Confirmations of a gather and a broadcast are still unread when the two
+// ranks disagree about the root of the next broadcast, so that each only
+// receives: neither may wait for the other's confirmation until the
+// timeout.
+TEST_CASE("ranks with confirmations unread that then disagree fail promptly",
+          "[tcp][mismatch][root]") {
+  std::vector<std::string> thrown(2);
+  std::vector<std::chrono::milliseconds> took(2);
+  run_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        const int me = group.rank();
+        std::vector<Tensor> gathered;
+        if (me == 0) {
+          gathered = {Tensor::zeros({8}, DType::kF32),
+                      Tensor::zeros({8}, DType::kF32)};
+        }
+        group.gather(gathered, Tensor::zeros({8}, DType::kF32), {0})->wait();
+        Tensor t = Tensor::zeros({8}, DType::kF32);
+        group.broadcast(t, {0})->wait();
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          group.broadcast(t, {1 - me})->wait();
+        } catch (const comm::MismatchError& e) {
+          thrown[me] = e.what();
+        }
+        took[me] = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - start);
+      },
+      30s);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(thrown[r], Catch::Contains("broadcast #2"));
+    CHECK(took[r] < 5s);
+  }
+}
+
 TEST_CASE("after a failure the group refuses further collectives",
           "[tcp][mismatch]") {
   auto errors = run_ranks(
