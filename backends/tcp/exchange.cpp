@@ -334,6 +334,21 @@ std::uint64_t take_count(const std::uint8_t* in) {
   return count;
 }
 
+// The oldest call, over all peers, whose confirmation is unread and for
+// which `due(peer, call)` holds (each peer's oldest unread only).
+template <typename Due>
+std::optional<CallInfo> oldest_unread(Mesh& mesh, Due due) {
+  std::optional<CallInfo> oldest;
+  for (int peer = 0; peer < mesh.size(); ++peer) {
+    const auto& unread = mesh.unread_confirmations(peer);
+    if (unread.empty() || !due(peer, unread.front())) continue;
+    if (!oldest || unread.front().sequence < oldest->sequence) {
+      oldest = unread.front();
+    }
+  }
+  return oldest;
+}
+
 }  // namespace
 
 void Exchange::settle_confirmations() {
@@ -388,15 +403,10 @@ void Exchange::finish_confirmations(Mesh& mesh, ControlChannel* control,
     read_confirmations(mesh, nullptr, nullptr, deadline, -1, every);
   } catch (const MismatchError&) {
     if (control != nullptr) {
-      std::optional<CallInfo> failed;  // still unread, as it failed
-      for (int peer = 0; peer < mesh.size(); ++peer) {
-        const auto& unread = mesh.unread_confirmations(peer);
-        if (!unread.empty() &&
-            (!failed || unread.front().sequence < failed->sequence)) {
-          failed = unread.front();
-        }
+      // Still unread, as it failed.
+      if (const auto failed = oldest_unread(mesh, every)) {
+        report_failure(*control, *failed, mesh.rank());
       }
-      if (failed) report_failure(*control, *failed, mesh.rank());
     }
     throw;
   }
@@ -439,14 +449,7 @@ void Exchange::read_confirmations(Mesh& mesh, const CallInfo* call,
   // Bounded: each round reads at least one confirmation, and the peers owe
   // a finite number.
   while (true) {
-    std::optional<CallInfo> oldest;
-    for (int peer = 0; peer < mesh.size(); ++peer) {
-      const auto& unread = mesh.unread_confirmations(peer);
-      if (unread.empty() || !due(peer, unread.front())) continue;
-      if (!oldest || unread.front().sequence < oldest->sequence) {
-        oldest = unread.front();
-      }
-    }
+    const std::optional<CallInfo> oldest = oldest_unread(mesh, due);
     if (!oldest) return;
     // A step of the oldest call to confirm, so that its queries and its
     // errors name that call; each confirmation's header is checked
