@@ -186,7 +186,12 @@ Exchange::Exchange(Mesh& mesh, const CallInfo& call,
       wake_fd_(wake_fd),
       control_(control),
       workspace_(workspace) {
-  transfers_.reserve(2);  // most steps send one message and receive one
+  // A step sends at most one message to each peer and receives one from
+  // each: reserving that many, as far as they fit in the arena, keeps a
+  // direct step of a few peers (an all_to_all) from growing the vector
+  // into a copy of its transfers, and out of the arena onto the heap.
+  const std::size_t most = 2 * static_cast<std::size_t>(mesh.size() - 1);
+  transfers_.reserve(std::clamp<std::size_t>(most, 2, kArenaTransfers));
 }
 
 int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts) {
@@ -417,6 +422,14 @@ void Exchange::send_confirmations(Mesh& mesh, const CallInfo* call,
                                   ControlChannel* control,
                                   detail::Clock::time_point deadline,
                                   int wake_fd, Due due) {
+  // Most calls owe nothing due: leave before the step, a few kilobytes of
+  // object, is even constructed.
+  bool any_due = false;
+  for (int peer = 0; peer < mesh.size() && !any_due; ++peer) {
+    const auto& unsent = mesh.unsent_confirmations(peer);
+    any_due = !unsent.empty() && due(peer, unsent.front());
+  }
+  if (!any_due) return;
   std::optional<Exchange> sending;
   std::vector<std::array<std::uint8_t, kConfirmationBytes>> counts;
   for (int peer = 0; peer < mesh.size(); ++peer) {

@@ -371,6 +371,10 @@ class Exchange final : public CollectiveStep {
   // heap past it: a small step, which runs in a few microseconds, would
   // otherwise spend a good part of them in malloc and free.
   alignas(std::max_align_t) std::byte arena_memory_[2048];
+  // The transfers reserved up front at most: three quarters of the arena,
+  // leaving the rest to their parts.
+  static constexpr std::size_t kArenaTransfers =
+      sizeof(arena_memory_) * 3 / 4 / sizeof(Transfer);
   std::pmr::monotonic_buffer_resource arena_{arena_memory_,
                                              sizeof(arena_memory_)};
   std::pmr::vector<Transfer> transfers_{&arena_};
