@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backends/collective_transport.h"
@@ -25,7 +26,7 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
 // memory (in place) or apart.
 void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
                 std::size_t count, DType dtype, ReduceOp op);
-void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
+void all_gather(CollectiveTransport& ctx, std::span<void* const> blocks,
                 std::size_t bytes);
 void gather(CollectiveTransport& ctx, const void* input,
             const std::vector<void*>& outputs, std::size_t bytes, int root);

@@ -27,6 +27,10 @@
 // trades the blocks' addresses and before one that tells every peer it is
 // done, so that no rank returns while a peer still reads its block. A rank
 // writes only the blocks of the others, which nobody reads.
+#include <cstddef>
+#include <memory_resource>
+#include <vector>
+
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
@@ -36,7 +40,7 @@ namespace {
 
 // The parts of blocks[first, first + count), each `bytes` long.
 void add_blocks(std::vector<CollectiveStep::Part>& parts,
-                const std::vector<void*>& blocks, int first, int count,
+                std::span<void* const> blocks, int first, int count,
                 std::size_t bytes) {
   parts.clear();
   for (int r = first; r < first + count; ++r) {
@@ -47,7 +51,7 @@ void add_blocks(std::vector<CollectiveStep::Part>& parts,
 }
 
 void recursive_doubling(CollectiveTransport& ctx,
-                        const std::vector<void*>& blocks, std::size_t bytes) {
+                        std::span<void* const> blocks, std::size_t bytes) {
   const int rank = ctx.rank();
   const int size = ctx.size();
   std::vector<CollectiveStep::Part> held;
@@ -70,7 +74,7 @@ void recursive_doubling(CollectiveTransport& ctx,
 
 }  // namespace
 
-void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
+void all_gather(CollectiveTransport& ctx, std::span<void* const> blocks,
                 std::size_t bytes) {
   const int size = ctx.size();
   const int rank = ctx.rank();
@@ -116,8 +120,16 @@ void all_gather(CollectiveTransport& ctx, const std::vector<void*>& blocks,
   };
   // Step s receives block rank - s - 1 and sends block rank - s: what the
   // step before received.
-  std::vector<CollectiveStep::Part> incoming;
-  std::vector<CollectiveStep::Part> outgoing{block(rank)};
+  // The parts live on the stack while they fit (2 (size - 1) of them):
+  // two heap allocations are a good part of a small call.
+  alignas(std::max_align_t) std::byte parts_memory[1024];
+  std::pmr::monotonic_buffer_resource parts(parts_memory,
+                                            sizeof(parts_memory));
+  std::pmr::vector<CollectiveStep::Part> incoming(&parts);
+  std::pmr::vector<CollectiveStep::Part> outgoing(&parts);
+  incoming.reserve(static_cast<std::size_t>(size - 1));
+  outgoing.reserve(static_cast<std::size_t>(size - 1));
+  outgoing.push_back(block(rank));
   for (int s = 0; s < size - 1; ++s) {
     incoming.push_back(block(rank - s - 1));
     if (s + 1 < size - 1) outgoing.push_back(block(rank - s - 1));

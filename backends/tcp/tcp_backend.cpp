@@ -1,7 +1,11 @@
 #include "backends/tcp/tcp_backend.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <memory_resource>
+#include <span>
+#include <vector>
 
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/collective_context.h"
@@ -71,7 +75,7 @@ std::uint8_t* bytes_of(const Tensor& tensor) {
 // (single copy) then reads memory this rank has not just written, which
 // costs a peer's core far less (bench/README.md, "Single copy"), and the
 // copy delays nothing the peers wait for.
-void all_gather_from(CollectiveContext& ctx, std::vector<void*>& blocks,
+void all_gather_from(CollectiveContext& ctx, std::span<void*> blocks,
                      const void* mine, std::size_t bytes, bool apart) {
   void*& slot = blocks[static_cast<std::size_t>(ctx.rank())];
   void* const own = slot;
@@ -300,10 +304,15 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
       [this, output, input = Tensor(input)](CollectiveContext& ctx) mutable {
         Tensor host = on_host(output, false);
         const std::size_t bytes = input.nbytes();
-        std::vector<void*> blocks;
-        blocks.reserve(static_cast<std::size_t>(size()));
+        // On the stack while they fit: a heap allocation is a good part of
+        // a small call.
+        alignas(std::max_align_t) std::byte blocks_memory[512];
+        std::pmr::monotonic_buffer_resource arena(blocks_memory,
+                                                  sizeof(blocks_memory));
+        std::pmr::vector<void*> blocks(static_cast<std::size_t>(size()),
+                                       &arena);
         for (int r = 0; r < size(); ++r)
-          blocks.push_back(bytes_of(host) + r * bytes);
+          blocks[static_cast<std::size_t>(r)] = bytes_of(host) + r * bytes;
         Tensor staged;
         const Tensor& mine = on_host(input, true, staged);
         all_gather_from(ctx, blocks, mine.data_ptr(), bytes,
