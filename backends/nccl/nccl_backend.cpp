@@ -660,12 +660,8 @@ std::shared_ptr<Work> NcclBackend::do_all_to_all(
   const int device = device_for(input, "all_to_all");
   device_for(output, "all_to_all");
   const auto n = static_cast<std::size_t>(size());
-  const detail::Splits& sends = layout.sends;
-  const detail::Splits& receives = layout.receives;
-  const auto& send_offsets = sends.offsets;
-  const auto& send_counts = sends.counts;
-  const auto& recv_offsets = receives.offsets;
-  const auto& recv_counts = receives.counts;
+  const auto send_counts = layout.send_counts();
+  const auto recv_counts = layout.receive_counts();
   const auto self = static_cast<std::size_t>(rank());
   if (send_counts[self] != recv_counts[self]) {
     throw InvalidArgument("all_to_all: this rank sends itself " +
@@ -695,6 +691,11 @@ std::shared_ptr<Work> NcclBackend::do_all_to_all(
                  const std::size_t element = input.element_size();
                  auto* in = static_cast<std::uint8_t*>(source.data_ptr());
                  auto* out = static_cast<std::uint8_t*>(output.data_ptr());
+                 // From the copy of the layout this task holds.
+                 const auto send_offsets = layout.send_offsets();
+                 const auto send_counts = layout.send_counts();
+                 const auto recv_offsets = layout.receive_offsets();
+                 const auto recv_counts = layout.receive_counts();
                  ncclGroupStart();
                  for (std::size_t p = 0; p < n; ++p) {
                    if (static_cast<int>(p) == me) continue;

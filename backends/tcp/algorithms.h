@@ -29,20 +29,19 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
 void all_gather(CollectiveTransport& ctx, std::span<void* const> blocks,
                 std::size_t bytes);
 void gather(CollectiveTransport& ctx, const void* input,
-            const std::vector<void*>& outputs, std::size_t bytes, int root);
-void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
+            std::span<void* const> outputs, std::size_t bytes, int root);
+void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
              void* output, std::size_t bytes, int root);
 void reduce_scatter(CollectiveTransport& ctx,
-                    const std::vector<const void*>& inputs, void* output,
+                    std::span<const void* const> inputs, void* output,
                     std::size_t count, DType dtype, ReduceOp op);
 // Sends input[send_offsets[p], + send_bytes[p]) to each rank p and receives
 // rank p's part into output[recv_offsets[p], + recv_bytes[p]).
 void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
-                const std::vector<std::size_t>& send_offsets,
-                const std::vector<std::size_t>& send_bytes,
-                std::uint8_t* output,
-                const std::vector<std::size_t>& recv_offsets,
-                const std::vector<std::size_t>& recv_bytes);
+                std::span<const std::size_t> send_offsets,
+                std::span<const std::size_t> send_bytes, std::uint8_t* output,
+                std::span<const std::size_t> recv_offsets,
+                std::span<const std::size_t> recv_bytes);
 void barrier(CollectiveTransport& ctx);
 
 // The largest all_reduce (bytes) that uses recursive doubling at

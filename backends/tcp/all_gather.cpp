@@ -50,8 +50,8 @@ void add_blocks(std::vector<CollectiveStep::Part>& parts,
   }
 }
 
-void recursive_doubling(CollectiveTransport& ctx,
-                        std::span<void* const> blocks, std::size_t bytes) {
+void recursive_doubling(CollectiveTransport& ctx, std::span<void* const> blocks,
+                        std::size_t bytes) {
   const int rank = ctx.rank();
   const int size = ctx.size();
   std::vector<CollectiveStep::Part> held;
@@ -123,8 +123,7 @@ void all_gather(CollectiveTransport& ctx, std::span<void* const> blocks,
   // The parts live on the stack while they fit (2 (size - 1) of them):
   // two heap allocations are a good part of a small call.
   alignas(std::max_align_t) std::byte parts_memory[1024];
-  std::pmr::monotonic_buffer_resource parts(parts_memory,
-                                            sizeof(parts_memory));
+  std::pmr::monotonic_buffer_resource parts(parts_memory, sizeof(parts_memory));
   std::pmr::vector<CollectiveStep::Part> incoming(&parts);
   std::pmr::vector<CollectiveStep::Part> outgoing(&parts);
   incoming.reserve(static_cast<std::size_t>(size - 1));

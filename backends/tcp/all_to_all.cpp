@@ -36,11 +36,11 @@ namespace {
 
 void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
                    const std::uint8_t* input,
-                   const std::vector<std::size_t>& send_offsets,
-                   const std::vector<std::size_t>& send_bytes,
+                   std::span<const std::size_t> send_offsets,
+                   std::span<const std::size_t> send_bytes,
                    std::uint8_t* output,
-                   const std::vector<std::size_t>& recv_offsets,
-                   const std::vector<std::size_t>& recv_bytes) {
+                   std::span<const std::size_t> recv_offsets,
+                   std::span<const std::size_t> recv_bytes) {
   const int size = ctx.size();
   const int rank = ctx.rank();
   // A part is judged as one of n equal ones: read when n parts of its
@@ -92,11 +92,10 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
 }  // namespace
 
 void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
-                const std::vector<std::size_t>& send_offsets,
-                const std::vector<std::size_t>& send_bytes,
-                std::uint8_t* output,
-                const std::vector<std::size_t>& recv_offsets,
-                const std::vector<std::size_t>& recv_bytes) {
+                std::span<const std::size_t> send_offsets,
+                std::span<const std::size_t> send_bytes, std::uint8_t* output,
+                std::span<const std::size_t> recv_offsets,
+                std::span<const std::size_t> recv_bytes) {
   const int size = ctx.size();
   const int rank = ctx.rank();
   if (send_bytes[rank] > 0) {

@@ -26,7 +26,7 @@
 namespace comm::tcp::algorithms {
 
 void gather(CollectiveTransport& ctx, const void* input,
-            const std::vector<void*>& outputs, std::size_t bytes, int root) {
+            std::span<void* const> outputs, std::size_t bytes, int root) {
   if (PeerMemory* memory =
           direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()),
                         DirectKind::kToRoot, AtTwoRanks::kReadDirectly)) {

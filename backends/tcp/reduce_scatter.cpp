@@ -52,7 +52,7 @@ namespace {
 // the partner's contribution to its own half into `sums`, the last step
 // into `output`.
 void recursive_halving(CollectiveTransport& ctx,
-                       const std::vector<const void*>& inputs, void* output,
+                       std::span<const void* const> inputs, void* output,
                        std::size_t bytes, DType dtype, ReduceOp op) {
   const int rank = ctx.rank();
   const int size = ctx.size();
@@ -99,7 +99,7 @@ void recursive_halving(CollectiveTransport& ctx,
 }  // namespace
 
 void reduce_scatter(CollectiveTransport& ctx,
-                    const std::vector<const void*>& inputs, void* output,
+                    std::span<const void* const> inputs, void* output,
                     std::size_t count, DType dtype, ReduceOp op) {
   const int size = ctx.size();
   const int rank = ctx.rank();

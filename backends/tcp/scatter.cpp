@@ -20,7 +20,7 @@
 
 namespace comm::tcp::algorithms {
 
-void scatter(CollectiveTransport& ctx, const std::vector<const void*>& inputs,
+void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
              void* output, std::size_t bytes, int root) {
   if (PeerMemory* memory =
           direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()),

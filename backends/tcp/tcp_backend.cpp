@@ -67,6 +67,46 @@ std::uint8_t* bytes_of(const Tensor& tensor) {
   return static_cast<std::uint8_t*>(tensor.data_ptr());
 }
 
+// The host memory of a list of tensors, as on_host gives it: a pointer to
+// each tensor's data, in a host copy for a CUDA tensor. The lists stay on
+// the stack while they fit, since heap allocations are a good part of a
+// small call, and a CPU tensor's handle is not copied.
+template <typename Pointer>
+class OnHostList {
+ public:
+  // Parentheses: braces would make a list of one pointer, &arena_.
+  OnHostList(std::span<const Tensor> tensors, bool copy_in)
+      : pointers_(&arena_), staged_(&arena_) {
+    pointers_.reserve(tensors.size());
+    for (const Tensor& tensor : tensors) {
+      if (tensor.device().is_cpu()) {
+        pointers_.push_back(tensor.data_ptr());
+      } else {
+        staged_.push_back(on_host(tensor, copy_in));
+        pointers_.push_back(staged_.back().data_ptr());
+      }
+    }
+  }
+  OnHostList(const OnHostList&) = delete;
+  OnHostList& operator=(const OnHostList&) = delete;
+
+  std::span<const Pointer> pointers() const { return pointers_; }
+  // Copies the host copies back to their CUDA tensors, `tensors` being
+  // the list given.
+  void copy_back(std::span<Tensor> tensors) const {
+    std::size_t next = 0;
+    for (Tensor& tensor : tensors) {
+      if (!tensor.device().is_cpu()) tensor.copy_(staged_[next++]);
+    }
+  }
+
+ private:
+  alignas(std::max_align_t) std::byte memory_[512];
+  std::pmr::monotonic_buffer_resource arena_{memory_, sizeof(memory_)};
+  std::pmr::vector<Pointer> pointers_;
+  std::pmr::vector<Tensor> staged_;
+};
+
 // all_gather of `blocks`, of which this rank's (`blocks[rank]`) is to hold
 // `mine`. Unless `mine` overlaps the output (`apart` false: in place, or
 // overlapping another rank's block, which the gather would overwrite
@@ -329,19 +369,12 @@ std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
   return enqueue(call, options.timeout,
                  [this, outputs, input = Tensor(input),
                   options](CollectiveContext& ctx) mutable {
-                   Tensor mine = on_host(input, true);
-                   std::vector<Tensor> hosts;
-                   std::vector<void*> blocks;
-                   hosts.reserve(outputs.size());
-                   blocks.reserve(outputs.size());
-                   for (Tensor& output : outputs) {
-                     hosts.push_back(on_host(output, false));
-                     blocks.push_back(hosts.back().data_ptr());
-                   }
-                   alg::gather(ctx, mine.data_ptr(), blocks, input.nbytes(),
-                               options.root);
-                   for (std::size_t r = 0; r < outputs.size(); ++r)
-                     from_host(outputs[r], hosts[r]);
+                   Tensor staged;
+                   const Tensor& mine = on_host(input, true, staged);
+                   const OnHostList<void*> blocks(outputs, false);
+                   alg::gather(ctx, mine.data_ptr(), blocks.pointers(),
+                               input.nbytes(), options.root);
+                   blocks.copy_back(outputs);
                  });
 }
 
@@ -354,17 +387,11 @@ std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
   return enqueue(call, options.timeout,
                  [output, inputs = std::vector<Tensor>(inputs),
                   options](CollectiveContext& ctx) mutable {
-                   Tensor host = on_host(output, false);
-                   std::vector<Tensor> hosts;
-                   std::vector<const void*> blocks;
-                   hosts.reserve(inputs.size());
-                   blocks.reserve(inputs.size());
-                   for (const Tensor& input : inputs) {
-                     hosts.push_back(on_host(input, true));
-                     blocks.push_back(hosts.back().data_ptr());
-                   }
-                   alg::scatter(ctx, blocks, host.data_ptr(), output.nbytes(),
-                                options.root);
+                   Tensor staged;
+                   const Tensor& host = on_host(output, false, staged);
+                   const OnHostList<const void*> blocks(inputs, true);
+                   alg::scatter(ctx, blocks.pointers(), host.data_ptr(),
+                                output.nbytes(), options.root);
                    from_host(output, host);
                  });
 }
@@ -394,17 +421,10 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
             aliased ? Tensor::from_blob(ctx.workspace()->take(output.nbytes()),
                                         output.shape(), output.dtype())
                     : on_host(output, false);
-        std::vector<Tensor> hosts;
-        std::vector<const void*> blocks;
-        hosts.reserve(inputs.size());
-        blocks.reserve(inputs.size());
-        for (const Tensor& input : inputs) {
-          hosts.push_back(on_host(input, true));
-          blocks.push_back(hosts.back().data_ptr());
-        }
+        const OnHostList<const void*> blocks(inputs, true);
         const auto count = static_cast<std::size_t>(output.numel());
-        alg::reduce_scatter(ctx, blocks, host.data_ptr(), count, output.dtype(),
-                            options.op);
+        alg::reduce_scatter(ctx, blocks.pointers(), host.data_ptr(), count,
+                            output.dtype(), options.op);
         if (options.op == ReduceOp::kAvg) {
           divide_by(output.dtype(), host.data_ptr(), count, size());
         }
@@ -422,30 +442,30 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
   detail::AllToAllLayout layout =
       detail::all_to_all_layout(output, input, options.input_split_sizes,
                                 options.output_split_sizes, size());
-  for (detail::Splits* s : {&layout.sends, &layout.receives}) {
-    for (auto& v : s->offsets) v *= input.element_size();
-    for (auto& v : s->counts) v *= input.element_size();
-  }
+  layout.scale(input.element_size());
   CallInfo call{Collective::kAllToAll, 0, input.dtype(), 0, ReduceOp::kSum, -1};
-  // The splits move into the task: copying them would cost four heap
-  // allocations in every call.
-  return enqueue(
-      call, options.timeout,
-      [output, input = Tensor(input), sends = std::move(layout.sends),
-       receives = std::move(layout.receives)](CollectiveContext& ctx) mutable {
-        const auto& send_offsets = sends.offsets;
-        const auto& send_bytes = sends.counts;
-        const auto& recv_offsets = receives.offsets;
-        const auto& recv_bytes = receives.counts;
-        Tensor in = on_host(input, true);
-        Tensor out = on_host(output, false);
-        // In place (one buffer for both), a block received early would
-        // overwrite one not yet sent: send from a copy.
-        if (overlaps(in, out)) in = in.clone();
-        alg::all_to_all(ctx, bytes_of(in), send_offsets, send_bytes,
-                        bytes_of(out), recv_offsets, recv_bytes);
-        from_host(output, out);
-      });
+  // The layout moves into the task: copying it would cost a heap
+  // allocation in every call.
+  return enqueue(call, options.timeout,
+                 [output, input = Tensor(input),
+                  layout = std::move(layout)](CollectiveContext& ctx) mutable {
+                   const Tensor in = on_host(input, true);
+                   Tensor out = on_host(output, false);
+                   // In place (one buffer for both), a block received early
+                   // would overwrite one not yet sent: send from a copy, in the
+                   // workspace.
+                   const std::uint8_t* from = bytes_of(in);
+                   if (overlaps(in, out)) {
+                     std::uint8_t* copy = ctx.workspace()->take(in.nbytes());
+                     detail::copy_bytes(copy, from, in.nbytes());
+                     from = copy;
+                   }
+                   alg::all_to_all(ctx, from, layout.send_offsets(),
+                                   layout.send_counts(), bytes_of(out),
+                                   layout.receive_offsets(),
+                                   layout.receive_counts());
+                   from_host(output, out);
+                 });
 }
 
 std::shared_ptr<Work> TcpBackend::do_barrier(const BarrierOptions& options) {

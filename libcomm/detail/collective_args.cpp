@@ -140,25 +140,22 @@ void check_splits(const std::vector<std::int64_t>& given, const Tensor& t,
   }
 }
 
-// The blocks of `t` that check_splits accepted, in elements.
-Splits splits_of(const std::vector<std::int64_t>& given, const Tensor& t,
-                 int size) {
-  const auto n = static_cast<std::size_t>(size);
-  const std::size_t row = t.size(0) == 0
-                              ? 0
-                              : static_cast<std::size_t>(t.numel()) /
-                                    static_cast<std::size_t>(t.size(0));
-  Splits splits;
-  splits.offsets.reserve(n);
-  splits.counts.reserve(n);
+// Fills `offsets` and `counts` with the blocks of `t` that check_splits
+// accepted, in elements.
+void split(const std::vector<std::int64_t>& given, const Tensor& t, int size,
+           std::span<std::size_t> offsets, std::span<std::size_t> counts) {
+  const std::int64_t rows = t.size(0);
+  const std::size_t row = rows == 0 ? 0
+                                    : static_cast<std::size_t>(t.numel()) /
+                                          static_cast<std::size_t>(rows);
+  const std::size_t even =
+      given.empty() ? static_cast<std::size_t>(rows / size) * row : 0;
   std::size_t at = 0;
-  for (std::size_t p = 0; p < n; ++p) {
-    splits.offsets.push_back(at);
-    splits.counts.push_back(
-        static_cast<std::size_t>(rows_of(given, t, size, p)) * row);
-    at += splits.counts.back();
+  for (std::size_t p = 0; p < offsets.size(); ++p) {
+    offsets[p] = at;
+    counts[p] = given.empty() ? even : static_cast<std::size_t>(given[p]) * row;
+    at += counts[p];
   }
-  return splits;
 }
 
 }  // namespace
@@ -183,8 +180,11 @@ AllToAllLayout all_to_all_layout(const Tensor& output, const Tensor& input,
                                  const std::vector<std::int64_t>& input_rows,
                                  const std::vector<std::int64_t>& output_rows,
                                  int size) {
-  return {splits_of(input_rows, input, size),
-          splits_of(output_rows, output, size)};
+  AllToAllLayout layout(size);
+  split(input_rows, input, size, layout.send_offsets(), layout.send_counts());
+  split(output_rows, output, size, layout.receive_offsets(),
+        layout.receive_counts());
+  return layout;
 }
 
 }  // namespace comm::detail

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,15 +40,40 @@ void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
                        std::size_t expected, const Tensor& like,
                        const char* role);
 
-// Where each rank's block of an all_to_all buffer lies, in elements.
-struct Splits {
-  std::vector<std::size_t> offsets;
-  std::vector<std::size_t> counts;
-};
+// Where each rank's block of an all_to_all's input and output lies, in
+// elements until scale() makes them bytes: per rank, the offset and the
+// length of the block it is sent (from the input) and of the block it
+// sends (into the output). The four arrays share one allocation, which a
+// call makes once instead of four times.
+class AllToAllLayout {
+ public:
+  explicit AllToAllLayout(int size)
+      : size_(static_cast<std::size_t>(size)), entries_(4 * size_) {}
 
-struct AllToAllLayout {
-  Splits sends;     // blocks of the input, per destination rank
-  Splits receives;  // blocks of the output, per source rank
+  std::span<std::size_t> send_offsets() { return part(0); }
+  std::span<std::size_t> send_counts() { return part(1); }
+  std::span<std::size_t> receive_offsets() { return part(2); }
+  std::span<std::size_t> receive_counts() { return part(3); }
+  std::span<const std::size_t> send_offsets() const { return part(0); }
+  std::span<const std::size_t> send_counts() const { return part(1); }
+  std::span<const std::size_t> receive_offsets() const { return part(2); }
+  std::span<const std::size_t> receive_counts() const { return part(3); }
+
+  // Multiplies every offset and count by `factor` (an element's bytes).
+  void scale(std::size_t factor) {
+    for (std::size_t& entry : entries_) entry *= factor;
+  }
+
+ private:
+  std::span<std::size_t> part(std::size_t k) {
+    return {entries_.data() + k * size_, size_};
+  }
+  std::span<const std::size_t> part(std::size_t k) const {
+    return {entries_.data() + k * size_, size_};
+  }
+
+  std::size_t size_;
+  std::vector<std::size_t> entries_;
 };
 
 // Throws InvalidArgument unless an all_to_all's tensors are defined,
