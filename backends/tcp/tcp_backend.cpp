@@ -178,6 +178,13 @@ void TcpBackend::shutdown() {
           *mesh_, control_.get(),
           detail::deadline_after(std::min<std::chrono::milliseconds>(
               timeout_, kConfirmationLinger)));
+    } catch (const MismatchError& e) {
+      // A collective that already returned here was wrong: no call is
+      // left to fail, so the log is where the user learns of it.
+      COMM_LOG_ERROR(
+          "rank {}: a peer disagreed with one of this rank's "
+          "last collectives before shutdown: {}",
+          rank(), e.what());
     } catch (const std::exception& e) {
       COMM_LOG_DEBUG(
           "rank {} shut down without its peers' last "

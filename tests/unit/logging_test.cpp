@@ -12,30 +12,11 @@
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/logging.h"
+#include "support/capture_stderr.h"
+
+using comm::testing::capture_stderr;
 
 namespace {
-
-// Runs `body` with stderr redirected to a temporary file and returns what
-// it wrote there.
-template <typename F>
-std::string capture_stderr(F body) {
-  char path[] = "/tmp/comm_logging_test_XXXXXX";
-  const int file = mkstemp(path);
-  REQUIRE(file >= 0);
-  std::fflush(stderr);
-  const int saved = dup(2);
-  dup2(file, 2);
-  body();
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  close(file);
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  unlink(path);
-  return text.str();
-}
 
 // The log level a fresh process reads from COMM_LOG_LEVEL=`value`, and
 // whether it complained on stderr.

@@ -14,6 +14,7 @@
 #include "backends/tcp/exchange.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
+#include "support/capture_stderr.h"
 #include "support/thread_ranks.h"
 
 using comm::DType;
@@ -378,6 +379,36 @@ TEST_CASE("ranks with confirmations unread that then disagree fail promptly",
         group.broadcast(t, {0})->wait();
       },
       "broadcast #2");
+}
+
+// A root's broadcast returns before its receiver has read it, and the
+// receiver ran a gather instead, whose message to the root lands where
+// the root expects the broadcast's confirmation: neither rank receives
+// anything in its call, so both find the disagreement only as they shut
+// down, when no call is left to fail. The log is then where the user
+// learns of it, as an error, not a debug line.
+TEST_CASE("a mismatch found only at shutdown is logged as an error",
+          "[tcp][mismatch][shutdown]") {
+  std::vector<std::string> errors;
+  const std::string log = comm::testing::capture_stderr([&] {
+    errors = run_ranks(
+        2,
+        [](ProcessGroup& group) {
+          Tensor t = Tensor::zeros({8}, DType::kF32);
+          if (group.rank() == 0) {
+            group.broadcast(t, {0})->wait();
+          } else {
+            std::vector<Tensor> none;
+            group.gather(none, t, {0})->wait();
+          }
+          group.shutdown();
+        },
+        10s);
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK_THAT(log, Catch::Contains("disagreed with one of this rank's last") &&
+                      Catch::Contains("broadcast #0") &&
+                      Catch::Contains("gather #0"));
 }
 
 TEST_CASE("after a failure the group refuses further collectives",
