@@ -386,7 +386,8 @@ TEST_CASE("ranks with confirmations unread that then disagree fail promptly",
 // the root expects the broadcast's confirmation: neither rank receives
 // anything in its call, so both find the disagreement only as they shut
 // down, when no call is left to fail. The log is then where the user
-// learns of it, as an error, not a debug line.
+// learns of it, as an error, not a debug line. (Reading the root's memory
+// instead, the gather meets the broadcast in its call; the root does not.)
 TEST_CASE("a mismatch found only at shutdown is logged as an error",
           "[tcp][mismatch][shutdown]") {
   std::vector<std::string> errors;
@@ -405,7 +406,13 @@ TEST_CASE("a mismatch found only at shutdown is logged as an error",
         },
         10s);
   });
-  CHECK(errors == std::vector<std::string>{"", ""});
+  CHECK(errors[0].empty());
+  // Where the gather reads its root's memory (single copy), it trades
+  // addresses with the root first and so meets the broadcast in the call.
+  if (!errors[1].empty()) {
+    CHECK_THAT(errors[1], Catch::Contains("rank 1 called gather #0") &&
+                              Catch::Contains("rank 0 called broadcast #0"));
+  }
   CHECK_THAT(log, Catch::Contains("disagreed with one of this rank's last") &&
                       Catch::Contains("broadcast #0") &&
                       Catch::Contains("gather #0"));
