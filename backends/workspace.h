@@ -1,6 +1,7 @@
 // comm::Workspace: the temporary buffers of a backend's collectives (a
 // reducing receive's chunk, the blocks a reduce_scatter receives, the
-// spare accumulator of its ring), kept from one call to the next.
+// spare accumulator of its ring, an in-place all_to_all's copy of its
+// input), kept from one call to the next.
 //
 // A buffer allocated and freed in every call goes back to the kernel often:
 // glibc maps a large allocation on its own and unmaps it when it is freed,

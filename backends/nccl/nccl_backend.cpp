@@ -660,14 +660,13 @@ std::shared_ptr<Work> NcclBackend::do_all_to_all(
   const int device = device_for(input, "all_to_all");
   device_for(output, "all_to_all");
   const auto n = static_cast<std::size_t>(size());
-  const auto send_counts = layout.send_counts();
-  const auto recv_counts = layout.receive_counts();
   const auto self = static_cast<std::size_t>(rank());
-  if (send_counts[self] != recv_counts[self]) {
+  const std::size_t to_self = layout.send_counts()[self];
+  const std::size_t from_self = layout.receive_counts()[self];
+  if (to_self != from_self) {
     throw InvalidArgument("all_to_all: this rank sends itself " +
-                          std::to_string(send_counts[self]) +
-                          " elements but expects " +
-                          std::to_string(recv_counts[self]) +
+                          std::to_string(to_self) + " elements but expects " +
+                          std::to_string(from_self) +
                           " from itself; check the split sizes");
   }
   // In place, a block received early would overwrite one not yet sent:

@@ -187,11 +187,12 @@ Exchange::Exchange(Mesh& mesh, const CallInfo& call,
       control_(control),
       workspace_(workspace) {
   // A step sends at most one message to each peer and receives one from
-  // each: reserving that many, as far as they fit in the arena, keeps a
-  // direct step of a few peers (an all_to_all) from growing the vector
-  // into a copy of its transfers, and out of the arena onto the heap.
+  // each. Where that many fit in the arena (four ranks or fewer), they are
+  // reserved, so that a direct step (an all_to_all) does not grow its
+  // vector into copies of its transfers and onto the heap; past that, only
+  // the two of a ring's or a tree's step, leaving the arena to the parts.
   const std::size_t most = 2 * static_cast<std::size_t>(mesh.size() - 1);
-  transfers_.reserve(std::clamp<std::size_t>(most, 2, kArenaTransfers));
+  transfers_.reserve(most >= 2 && most <= kArenaTransfers ? most : 2);
 }
 
 int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts) {

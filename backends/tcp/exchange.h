@@ -367,14 +367,16 @@ class Exchange final : public CollectiveStep {
   ControlChannel* control_;
   Workspace* workspace_;
   // The transfers and their parts live in arena_memory_ while they fit,
-  // as those of a step of up to four transfers (two peers) do, and on the
-  // heap past it: a small step, which runs in a few microseconds, would
-  // otherwise spend a good part of them in malloc and free.
+  // as those of any step among four ranks or fewer do (see the
+  // constructor), and on the heap past it: a small step, which runs in a
+  // few microseconds, would otherwise spend a good part of them in malloc
+  // and free.
   alignas(std::max_align_t) std::byte arena_memory_[2048];
   // The transfers reserved up front at most: three quarters of the arena,
   // leaving the rest to their parts.
   static constexpr std::size_t kArenaTransfers =
       sizeof(arena_memory_) * 3 / 4 / sizeof(Transfer);
+  static_assert(kArenaTransfers >= 2, "a step's two transfers fit the arena");
   std::pmr::monotonic_buffer_resource arena_{arena_memory_,
                                              sizeof(arena_memory_)};
   std::pmr::vector<Transfer> transfers_{&arena_};

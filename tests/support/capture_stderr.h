@@ -16,6 +16,8 @@ namespace comm::testing {
 
 // Runs `body` with file descriptor 2 redirected to a temporary file and
 // returns what was written there meanwhile, by any thread of the process.
+// Standard error is restored and the file removed even when `body` throws
+// (a failed REQUIRE, say).
 template <typename F>
 std::string capture_stderr(F body) {
   char path[] = "/tmp/comm_stderr_XXXXXX";
@@ -23,17 +25,31 @@ std::string capture_stderr(F body) {
   REQUIRE(file >= 0);
   std::fflush(stderr);
   const int saved = dup(2);
-  dup2(file, 2);
-  body();
-  std::fflush(stderr);
-  dup2(saved, 2);
-  close(saved);
-  close(file);
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  unlink(path);
-  return text.str();
+  REQUIRE(saved >= 0);
+  REQUIRE(dup2(file, 2) == 2);
+  struct Restore {
+    int saved;
+    int file;
+    const char* path;
+    ~Restore() {
+      std::fflush(stderr);
+      dup2(saved, 2);
+      close(saved);
+      close(file);
+      unlink(path);
+    }
+  };
+  std::string text;
+  {
+    const Restore restore{saved, file, path};
+    body();
+    std::fflush(stderr);
+    std::ifstream in(path);
+    std::stringstream read;
+    read << in.rdbuf();
+    text = read.str();
+  }
+  return text;
 }
 
 }  // namespace comm::testing
