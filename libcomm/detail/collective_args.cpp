@@ -148,12 +148,10 @@ void split(const std::vector<std::int64_t>& given, const Tensor& t, int size,
   const std::size_t row = rows == 0 ? 0
                                     : static_cast<std::size_t>(t.numel()) /
                                           static_cast<std::size_t>(rows);
-  const std::size_t even =
-      given.empty() ? static_cast<std::size_t>(rows / size) * row : 0;
   std::size_t at = 0;
   for (std::size_t p = 0; p < offsets.size(); ++p) {
     offsets[p] = at;
-    counts[p] = given.empty() ? even : static_cast<std::size_t>(given[p]) * row;
+    counts[p] = static_cast<std::size_t>(rows_of(given, t, size, p)) * row;
     at += counts[p];
   }
 }

@@ -40,11 +40,11 @@ void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
                        std::size_t expected, const Tensor& like,
                        const char* role);
 
-// Where each rank's block of an all_to_all's input and output lies, in
-// elements until scale() makes them bytes: per rank, the offset and the
-// length of the block it is sent (from the input) and of the block it
-// sends (into the output). The four arrays share one allocation, which a
-// call makes once instead of four times.
+// Where each rank's blocks of an all_to_all lie, in elements until
+// scale() makes them bytes: for each rank p, the offset and length of the
+// input block sent to p and of the output block received from p. The
+// four arrays share one allocation, which a call makes once instead of
+// four times.
 class AllToAllLayout {
  public:
   explicit AllToAllLayout(int size)
