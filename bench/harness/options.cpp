@@ -128,7 +128,10 @@ Options parse_options(const std::string& program,
                  "(default 0)");
   app.add_option("-J,--output_json", options.json_path,
                  "also write the results to this JSON file (rank 0)");
-  app.add_option("--backend", options.backend, "tcp or nccl (default tcp)");
+  app.add_option("--backend", options.backend,
+                 "tcp or nccl (default tcp); nccl times the operations "
+                 "over NCCL and sends the harness's own host tensors over "
+                 "tcp");
   app.add_option("--device", options.device,
                  "cpu or cuda (default: cuda for nccl, cpu otherwise)");
   app.add_option("--np", spawn,
