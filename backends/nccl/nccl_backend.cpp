@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "libcomm/cuda.h"
 #include "libcomm/detail/collective_args.h"
@@ -72,6 +73,30 @@ ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
                          "use sum, avg, prod, min or max, or the tcp backend");
 }
 
+// The start of `blocks` when they are the consecutive blocks of one flat
+// buffer of equal blocks (block r at start + r * its size), as NCCL's
+// all_gather and reduce_scatter take them, else null. `other` is the
+// operation's other buffer (the input of an all_gather, the output of a
+// reduce_scatter): NCCL works in place only when it is this rank's own
+// block, so a flat buffer it overlaps elsewhere is not used either.
+void* flat_blocks(const std::vector<Tensor>& blocks, const void* other,
+                  int rank) {
+  if (blocks.empty()) return nullptr;
+  auto* start = static_cast<std::uint8_t*>(blocks[0].data_ptr());
+  const std::size_t bytes = blocks[0].nbytes();
+  for (std::size_t r = 0; r < blocks.size(); ++r) {
+    if (!blocks[r].is_contiguous() || blocks[r].nbytes() != bytes ||
+        blocks[r].data_ptr() != start + r * bytes) {
+      return nullptr;
+    }
+  }
+  const auto* at = static_cast<const std::uint8_t*>(other);
+  const bool outside =
+      at + bytes <= start || at >= start + bytes * blocks.size();
+  const bool own_block = at == start + static_cast<std::size_t>(rank) * bytes;
+  return outside || own_block ? start : nullptr;
+}
+
 }  // namespace
 
 // The group's communicator and the stream its operations run on.
@@ -81,6 +106,42 @@ struct NcclBackend::Communicator {
   cudaStream_t stream = nullptr;
   cudaEvent_t input_ready = nullptr;  // recorded on the caller's stream
   std::chrono::milliseconds timeout{0};
+  // One byte that barrier all-reduces: zero on every rank, so it stays zero.
+  void* barrier_token = nullptr;
+  // The pool that stage() takes buffers from, or null where the device has
+  // no stream-ordered memory pools (stage() then uses cudaMalloc).
+  cudaMemPool_t staging = nullptr;
+  // Staging buffers of the operation being issued that must outlive it, on
+  // a device without pools; issue() hands them to the operation's Pending,
+  // which frees them once it completes.
+  std::vector<void*> free_when_done;
+
+  // A device buffer of `bytes` for the operation being issued, valid for
+  // the work issued on `stream` until unstage(). From the group's pool, in
+  // stream order: nothing synchronizes, and once a size has been staged the
+  // pool reuses its memory instead of asking the driver again (the pool
+  // keeps what it was given back; it is freed with the communicator).
+  void* stage(std::size_t bytes, const std::string& what) {
+    void* buffer = nullptr;
+    if (bytes == 0) return buffer;
+    if (staging != nullptr) {
+      check_cuda(cudaMallocFromPoolAsync(&buffer, bytes, staging, stream),
+                 "cudaMallocFromPoolAsync in " + what);
+    } else {
+      check_cuda(cudaMalloc(&buffer, bytes), "cudaMalloc in " + what);
+    }
+    return buffer;
+  }
+  // Gives back a buffer of stage() once the work issued on `stream` so far
+  // is done with it.
+  void unstage(void* buffer, const std::string& what) {
+    if (buffer == nullptr) return;
+    if (staging != nullptr) {
+      check_cuda(cudaFreeAsync(buffer, stream), "cudaFreeAsync in " + what);
+    } else {
+      free_when_done.push_back(buffer);
+    }
+  }
 
   // Waits until the NCCL call that answered `result` is done, at most the
   // timeout, and throws when it failed. NCCL runs this communicator
@@ -156,8 +217,19 @@ struct NcclBackend::Pending {
   std::shared_ptr<NcclWork> work;
   std::shared_ptr<CompletionEvent> done;
   std::vector<Tensor> keep;  // alive until the operation completes
+  // cudaMalloc'd staging (devices without pools), freed once it completes.
+  std::vector<void*> staged;
+  int device = 0;
   Clock::time_point deadline;
   std::chrono::milliseconds timeout;
+
+  // Frees `staged`; called once the operation completed.
+  void free_staged() {
+    if (staged.empty()) return;
+    detail::CudaDeviceGuard guard(device);
+    for (void* buffer : staged) cudaFree(buffer);
+    staged.clear();
+  }
 };
 
 NcclBackend::NcclBackend(std::shared_ptr<Store> store, int rank, int size,
@@ -267,6 +339,24 @@ NcclBackend::Communicator& NcclBackend::communicator(int device) {
              "cudaStreamCreateWithFlags on cuda:" + std::to_string(device));
   check_cuda(cudaEventCreateWithFlags(&c->input_ready, cudaEventDisableTiming),
              "cudaEventCreateWithFlags");
+  check_cuda(cudaMalloc(&c->barrier_token, 1), "cudaMalloc (barrier token)");
+  check_cuda(cudaMemset(c->barrier_token, 0, 1), "cudaMemset (barrier token)");
+  int pools = 0;
+  cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+  if (pools != 0) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    check_cuda(cudaMemPoolCreate(&c->staging, &props),
+               "cudaMemPoolCreate on cuda:" + std::to_string(device));
+    // Keep given-back memory for the next operation: without this the pool
+    // returns it to the driver at every synchronization.
+    std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+    check_cuda(cudaMemPoolSetAttribute(c->staging,
+                                       cudaMemPoolAttrReleaseThreshold, &keep),
+               "cudaMemPoolSetAttribute");
+  }
   COMM_LOG_INFO("nccl: rank {} of {} created its communicator on cuda:{}",
                 rank(), size(), device);
   device_ = device;
@@ -299,6 +389,9 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
     launch(c);
   } catch (const Error& e) {
     // A call NCCL refused may have left the communicator in any state.
+    // Its staging goes with the communicator's pool; cudaMalloc'd staging
+    // is left allocated, as the stream may still use it (see abort_locked).
+    c.free_when_done.clear();
     abort_locked(description + " could not be issued: " + e.what(), false);
     throw;
   }
@@ -313,6 +406,9 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
   pending->work = std::make_shared<NcclWork>(description, done, blocks_host);
   pending->done = done;
   pending->keep = std::move(keep);
+  pending->staged = std::move(c.free_when_done);
+  c.free_when_done.clear();
+  pending->device = device;
   pending->timeout = timeout == kDefaultTimeout ? timeout_ : timeout;
   pending->deadline = Clock::now() + pending->timeout;
   pending_.push_back(pending);
@@ -370,6 +466,7 @@ void NcclBackend::watch() {
     lock.unlock();
     for (auto& p : finished) {
       p->done->destroy();
+      p->free_staged();
       p->work->finish();
     }
     finished.clear();  // releases the tensors outside the lock
@@ -388,6 +485,8 @@ void NcclBackend::abort_locked(const std::string& reason, bool timed_out) {
     const std::string message =
         p->work->description() +
         " failed: the NCCL communicator was aborted: " + reason;
+    // Its staging, if cudaMalloc'd, is left allocated: the stream may still
+    // be using it, and cudaFree would wait for it.
     p->done->destroy();
     p->work->finish(timed_out ? std::make_exception_ptr(TimeoutError(message))
                               : std::make_exception_ptr(BackendError(message)));
@@ -429,6 +528,10 @@ void NcclBackend::shutdown() {
   detail::CudaDeviceGuard guard(c.device);
   if (c.input_ready != nullptr) cudaEventDestroy(c.input_ready);
   if (c.stream != nullptr) cudaStreamDestroy(c.stream);
+  // An aborted operation's staging may still be out: the pool is then
+  // released once nothing is (cudaMemPoolDestroy's contract).
+  if (c.staging != nullptr) cudaMemPoolDestroy(c.staging);
+  if (c.barrier_token != nullptr) cudaFree(c.barrier_token);
   communicator_.reset();
 }
 
@@ -518,29 +621,32 @@ std::shared_ptr<Work> NcclBackend::do_all_gather(
     const AllGatherOptions& options) {
   const int device = device_for(input, "all_gather");
   for (const Tensor& out : outputs) device_for(out, "all_gather");
-  // Gathered into one flat buffer by NCCL, then copied out on the stream.
-  Tensor flat =
-      Tensor::empty({input.numel() * size()}, input.dtype(), input.device());
+  // NCCL gathers into one flat buffer: the outputs themselves when they are
+  // the consecutive blocks of one, else a staging buffer copied out on the
+  // stream.
+  auto* direct = static_cast<std::uint8_t*>(
+      flat_blocks(outputs, input.data_ptr(), rank()));
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
-  keep.push_back(flat);
   const std::string what = describe("all_gather", input, "");
   return issue(
       what, keep, device, options.timeout,
-      [outputs, input, flat, what](Communicator& c) {
-        c.wait_for(ncclAllGather(input.data_ptr(), flat.data_ptr(),
+      [outputs, input, direct, what](Communicator& c) {
+        const std::size_t bytes = input.nbytes();
+        auto* flat = direct != nullptr ? direct
+                                       : static_cast<std::uint8_t*>(c.stage(
+                                             bytes * outputs.size(), what));
+        c.wait_for(ncclAllGather(input.data_ptr(), flat,
                                  static_cast<std::size_t>(input.numel()),
                                  nccl_type(input.dtype()), c.comm, c.stream),
                    what);
-        const std::size_t bytes = input.nbytes();
+        if (direct != nullptr) return;
         for (std::size_t r = 0; r < outputs.size(); ++r) {
-          check_cuda(
-              cudaMemcpyAsync(
-                  outputs[r].data_ptr(),
-                  static_cast<std::uint8_t*>(flat.data_ptr()) + r * bytes,
-                  bytes, cudaMemcpyDeviceToDevice, c.stream),
-              "cudaMemcpyAsync in " + what);
+          check_cuda(cudaMemcpyAsync(outputs[r].data_ptr(), flat + r * bytes,
+                                     bytes, cudaMemcpyDeviceToDevice, c.stream),
+                     "cudaMemcpyAsync in " + what);
         }
+        c.unstage(flat, what);
       });
 }
 
@@ -550,32 +656,37 @@ std::shared_ptr<Work> NcclBackend::do_reduce_scatter(
   const ncclRedOp_t op = nccl_op(options.op, output.dtype());
   const int device = device_for(output, "reduce_scatter");
   for (const Tensor& in : inputs) device_for(in, "reduce_scatter");
-  // NCCL reads one flat buffer of every rank's block; the inputs are
-  // copied into it on the stream (which also makes in place safe).
-  Tensor flat =
-      Tensor::empty({output.numel() * size()}, output.dtype(), output.device());
+  // NCCL reads one flat buffer of every rank's block: the inputs themselves
+  // when they are the consecutive blocks of one, else a staging buffer they
+  // are copied into on the stream (which also makes any overlap with the
+  // output safe).
+  auto* direct = static_cast<std::uint8_t*>(
+      flat_blocks(inputs, output.data_ptr(), rank()));
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
-  keep.push_back(flat);
   const std::string what =
       describe("reduce_scatter", output, reduce_op_name(options.op));
   return issue(
       what, keep, device, options.timeout,
-      [output, inputs, flat, op, what](Communicator& c) {
+      [output, inputs, direct, op, what](Communicator& c) {
         const std::size_t bytes = output.nbytes();
-        for (std::size_t r = 0; r < inputs.size(); ++r) {
-          check_cuda(
-              cudaMemcpyAsync(
-                  static_cast<std::uint8_t*>(flat.data_ptr()) + r * bytes,
-                  inputs[r].data_ptr(), bytes, cudaMemcpyDeviceToDevice,
-                  c.stream),
-              "cudaMemcpyAsync in " + what);
+        auto* flat = direct;
+        if (flat == nullptr) {
+          flat =
+              static_cast<std::uint8_t*>(c.stage(bytes * inputs.size(), what));
+          for (std::size_t r = 0; r < inputs.size(); ++r) {
+            check_cuda(
+                cudaMemcpyAsync(flat + r * bytes, inputs[r].data_ptr(), bytes,
+                                cudaMemcpyDeviceToDevice, c.stream),
+                "cudaMemcpyAsync in " + what);
+          }
         }
         c.wait_for(
-            ncclReduceScatter(flat.data_ptr(), output.data_ptr(),
+            ncclReduceScatter(flat, output.data_ptr(),
                               static_cast<std::size_t>(output.numel()),
                               nccl_type(output.dtype()), op, c.comm, c.stream),
             what);
+        if (direct == nullptr) c.unstage(flat, what);
       });
 }
 
@@ -670,46 +781,44 @@ std::shared_ptr<Work> NcclBackend::do_all_to_all(
                           " from itself; check the split sizes");
   }
   // In place, a block received early would overwrite one not yet sent:
-  // send from a copy, made on the stream.
+  // send from a staged copy, made on the stream.
   const bool in_place = input.data_ptr() == output.data_ptr();
-  Tensor source =
-      in_place ? Tensor::empty(input.shape(), input.dtype(), input.device())
-               : input;
   const std::string what = describe("all_to_all", input, "");
   const int me = rank();
-  return issue(what, {output, input, source}, device, options.timeout,
-               [=](Communicator& c) {
-                 if (in_place) {
-                   check_cuda(
-                       cudaMemcpyAsync(source.data_ptr(), input.data_ptr(),
-                                       input.nbytes(), cudaMemcpyDeviceToDevice,
-                                       c.stream),
-                       "cudaMemcpyAsync in " + what);
-                 }
-                 const ncclDataType_t type = nccl_type(input.dtype());
-                 const std::size_t element = input.element_size();
-                 auto* in = static_cast<std::uint8_t*>(source.data_ptr());
-                 auto* out = static_cast<std::uint8_t*>(output.data_ptr());
-                 // From the copy of the layout this task holds.
-                 const auto send_offsets = layout.send_offsets();
-                 const auto send_counts = layout.send_counts();
-                 const auto recv_offsets = layout.receive_offsets();
-                 const auto recv_counts = layout.receive_counts();
-                 ncclGroupStart();
-                 for (std::size_t p = 0; p < n; ++p) {
-                   if (static_cast<int>(p) == me) continue;
-                   ncclSend(in + send_offsets[p] * element, send_counts[p],
-                            type, static_cast<int>(p), c.comm, c.stream);
-                   ncclRecv(out + recv_offsets[p] * element, recv_counts[p],
-                            type, static_cast<int>(p), c.comm, c.stream);
-                 }
-                 c.wait_for(ncclGroupEnd(), what);
-                 check_cuda(cudaMemcpyAsync(out + recv_offsets[self] * element,
-                                            in + send_offsets[self] * element,
-                                            send_counts[self] * element,
-                                            cudaMemcpyDeviceToDevice, c.stream),
-                            "cudaMemcpyAsync in " + what);
-               });
+  return issue(
+      what, {output, input}, device, options.timeout, [=](Communicator& c) {
+        void* source = input.data_ptr();
+        if (in_place) {
+          source = c.stage(input.nbytes(), what);
+          check_cuda(cudaMemcpyAsync(source, input.data_ptr(), input.nbytes(),
+                                     cudaMemcpyDeviceToDevice, c.stream),
+                     "cudaMemcpyAsync in " + what);
+        }
+        const ncclDataType_t type = nccl_type(input.dtype());
+        const std::size_t element = input.element_size();
+        auto* in = static_cast<std::uint8_t*>(source);
+        auto* out = static_cast<std::uint8_t*>(output.data_ptr());
+        // From the copy of the layout this task holds.
+        const auto send_offsets = layout.send_offsets();
+        const auto send_counts = layout.send_counts();
+        const auto recv_offsets = layout.receive_offsets();
+        const auto recv_counts = layout.receive_counts();
+        ncclGroupStart();
+        for (std::size_t p = 0; p < n; ++p) {
+          if (static_cast<int>(p) == me) continue;
+          ncclSend(in + send_offsets[p] * element, send_counts[p], type,
+                   static_cast<int>(p), c.comm, c.stream);
+          ncclRecv(out + recv_offsets[p] * element, recv_counts[p], type,
+                   static_cast<int>(p), c.comm, c.stream);
+        }
+        c.wait_for(ncclGroupEnd(), what);
+        check_cuda(cudaMemcpyAsync(out + recv_offsets[self] * element,
+                                   in + send_offsets[self] * element,
+                                   send_counts[self] * element,
+                                   cudaMemcpyDeviceToDevice, c.stream),
+                   "cudaMemcpyAsync in " + what);
+        if (in_place) c.unstage(source, what);
+      });
 }
 
 std::shared_ptr<Work> NcclBackend::do_barrier(const BarrierOptions& options) {
@@ -733,13 +842,12 @@ std::shared_ptr<Work> NcclBackend::do_barrier(const BarrierOptions& options) {
   }
   // An all_reduce of one element: it completes on every rank only once
   // every rank has reached it.
-  Tensor token = Tensor::zeros({1}, DType::kU8, Device::cuda(device));
   const std::string what = "barrier";
   return issue(
-      what, {token}, device, options.timeout,
-      [token, what](Communicator& c) {
-        c.wait_for(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1,
-                                 ncclUint8, ncclSum, c.comm, c.stream),
+      what, {}, device, options.timeout,
+      [what](Communicator& c) {
+        c.wait_for(ncclAllReduce(c.barrier_token, c.barrier_token, 1, ncclUint8,
+                                 ncclSum, c.comm, c.stream),
                    what);
       },
       /*blocks_host=*/true);

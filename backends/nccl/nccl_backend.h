@@ -20,6 +20,14 @@
 // communicator with work in flight instead of waiting for it, so they never
 // hang.
 //
+// NCCL takes all_gather's outputs and reduce_scatter's inputs as one flat
+// buffer: a list of tensors that are the consecutive blocks of one buffer is
+// used where it lies. Other lists, and an in-place all_to_all, are staged
+// through a device buffer taken from the communicator's own stream-ordered
+// memory pool (cudaMemPoolCreate), so a call allocates no device memory and
+// synchronizes nothing once its size has been staged before; the pool keeps
+// the largest staging in flight at once until the group is shut down.
+//
 // NCCL has no bitwise reductions and no receive from any source; asking for
 // them is InvalidArgument. Tags of send and recv are accepted and ignored:
 // NCCL matches messages between two ranks in issue order.

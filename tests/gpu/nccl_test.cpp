@@ -145,6 +145,35 @@ TEST_CASE("every collective at world size 1", "[gpu][nccl]") {
   group->shutdown();
 }
 
+TEST_CASE("blocks that are not one flat buffer are staged, in stream order",
+          "[gpu][nccl]") {
+  // NCCL takes all_gather's outputs and reduce_scatter's inputs as one flat
+  // buffer, in place only at this rank's own block. Here the other buffer
+  // overlaps that flat buffer elsewhere, so the backend must stage; at
+  // world size 1 each result is the input.
+  auto group = nccl_group();
+  const std::vector<double> expected{0, 1, 2, 3, 4, 5, 6, 7};
+  for (int round = 0; round < 3; ++round) {  // later rounds reuse the pool
+    Tensor buffer = Tensor::arange(12, DType::kF32, kGpu);
+    Tensor input = buffer.slice(0, 8);
+    std::vector<Tensor> outputs{buffer.slice(4, 12)};
+    group->all_gather(outputs, input)->wait();
+    comm::synchronize_cuda_stream(0);
+    CHECK(host_values(outputs[0]) == expected);
+
+    Tensor other = Tensor::arange(12, DType::kF32, kGpu);
+    Tensor output = other.slice(4, 12);
+    group->reduce_scatter(output, {other.slice(0, 8)})->wait();
+    comm::synchronize_cuda_stream(0);
+    CHECK(host_values(output) == expected);
+
+    Tensor in_place = Tensor::arange(8, DType::kF32, kGpu);
+    group->all_to_all(in_place, in_place)->wait();
+    comm::synchronize_cuda_stream(0);
+    CHECK(host_values(in_place) == expected);
+  }
+}
+
 TEST_CASE("arguments NCCL cannot serve are refused by name", "[gpu][nccl]") {
   auto group = nccl_group();
   Tensor t = Tensor::full({4}, 1, DType::kI32, kGpu);
