@@ -21,8 +21,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "libcomm/cuda.h"
 #include "libcomm/distributed/backend_registry.h"
 #include "libcomm/distributed/ddp/distributed_data_parallel.h"
 #include "libcomm/distributed/distributed_sampler.h"
@@ -139,6 +141,43 @@ Millis millis_of(double seconds, bool zero_ok) {
   }
   return Millis(static_cast<std::int64_t>(seconds * 1e3));
 }
+
+// ---- CUDA streams of torch -------------------------------------------------
+//
+// Collectives on torch's CUDA tensors are ordered on torch's current stream
+// of the tensor's device, as torch.distributed's NCCL backend orders them:
+// a call starts after the work queued there so far (the kernels that
+// produced its inputs), and an unbounded wait() makes that stream wait for
+// it, without blocking the host. libcomm orders CUDA work after its own
+// current stream (comm::current_cuda_stream), so each such call and each
+// such wait runs with torch's current stream made libcomm's.
+
+// The CUDA device of the torch tensors of the call being converted, or -1:
+// set by from_torch, taken by issue(). A conversion that fails before
+// issue() leaves it set for the next call, which then orders itself on
+// torch's current stream too: harmless, as that is where torch's tensors
+// are ordered anyway.
+thread_local int t_torch_cuda_device = -1;
+
+// torch's current CUDA stream of `device`. Needs the GIL.
+comm::CudaStream torch_current_stream(int device) {
+  py::object stream =
+      py::module_::import("torch").attr("cuda").attr("current_stream")(device);
+  return reinterpret_cast<comm::CudaStream>(
+      stream.attr("cuda_stream").cast<std::uintptr_t>());
+}
+
+// Makes torch's current stream of `device` libcomm's for its lifetime, or
+// does nothing for device -1. Needs the GIL to be made.
+class OnTorchStream {
+ public:
+  explicit OnTorchStream(int device) {
+    if (device >= 0) guard_.emplace(device, torch_current_stream(device));
+  }
+
+ private:
+  std::optional<comm::CudaStreamGuard> guard_;
+};
 
 // ---- Arrays to Tensors -----------------------------------------------------
 
@@ -267,6 +306,7 @@ Tensor from_torch(py::handle object, const std::string& what) {
   }
   Tensor result = comm::from_dlpack(managed);  // owns `managed` on success
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");
+  if (result.device().is_cuda()) t_torch_cuda_device = result.device().index;
   if (is_bool) {
     result =
         Tensor::from_blob(result.data_ptr(), result.shape(), result.strides(),
@@ -317,9 +357,13 @@ std::vector<Tensor> to_tensors(const py::sequence& objects, bool writes,
 // staging tensors), run by the first wait() that sees it complete.
 class PyWork {
  public:
-  explicit PyWork(std::shared_ptr<comm::Work> work,
-                  std::function<void()> then = {})
-      : work_(std::move(work)), then_(std::move(then)) {}
+  // `torch_cuda_device`: the device of the torch CUDA tensors the operation
+  // works on, whose current stream an unbounded wait() orders; -1 for none.
+  PyWork(std::shared_ptr<comm::Work> work, std::function<void()> then,
+         int torch_cuda_device)
+      : work_(std::move(work)),
+        then_(std::move(then)),
+        torch_cuda_device_(torch_cuda_device) {}
 
   bool wait(std::optional<Seconds> timeout_seconds) {
     const std::optional<Millis> timeout =
@@ -327,6 +371,7 @@ class PyWork {
             ? std::optional<Millis>(millis_of(timeout_seconds->value, true))
             : std::nullopt;
     {
+      OnTorchStream on_torch_stream(timeout ? -1 : torch_cuda_device_);
       py::gil_scoped_release no_gil;
       if (timeout) {
         work_->wait(*timeout);
@@ -351,14 +396,10 @@ class PyWork {
  private:
   std::shared_ptr<comm::Work> work_;
   std::function<void()> then_;
+  int torch_cuda_device_;
 };
 
 using PyWorkPtr = std::shared_ptr<PyWork>;
-
-PyWorkPtr started(std::shared_ptr<comm::Work> work,
-                  std::function<void()> then = {}) {
-  return std::make_shared<PyWork>(std::move(work), std::move(then));
-}
 
 // ---- Errors ----------------------------------------------------------------
 
@@ -411,15 +452,19 @@ Millis millis(Seconds seconds) { return millis_of(seconds.value, false); }
 
 // Issues `call` without the GIL: the backend may block briefly, and its
 // threads may drop views whose release would otherwise wait for the GIL.
+// Calls on torch's CUDA tensors are issued on torch's current stream.
 template <typename Call>
 PyWorkPtr issue(Call&& call, std::function<void()> then = {}) {
   release_deferred();
+  const int torch_cuda_device = std::exchange(t_torch_cuda_device, -1);
   std::shared_ptr<comm::Work> work;
   {
+    OnTorchStream on_torch_stream(torch_cuda_device);
     py::gil_scoped_release no_gil;
     work = call();
   }
-  return started(std::move(work), std::move(then));
+  return std::make_shared<PyWork>(std::move(work), std::move(then),
+                                  torch_cuda_device);
 }
 
 PyWorkPtr all_to_all_lists(Group& g, const py::sequence& outputs,
@@ -454,17 +499,39 @@ PyWorkPtr all_to_all_lists(Group& g, const py::sequence& outputs,
   const comm::Device device = in[0].device();
   Tensor send = Tensor::empty({in_total}, in[0].dtype(), device);
   Tensor recv = Tensor::empty({out_total}, in[0].dtype(), device);
+  // copy_ copies CUDA memory on the legacy default stream, which torch's
+  // streams do not wait for, nor it for them: on CUDA, the host waits for
+  // torch's current stream before the copies in and for the copies, and
+  // the copies out wait on the host for the operation (the only all_to_all
+  // that blocks the host on CUDA; all_to_all_single does not).
+  const int cuda = device.is_cuda() ? device.index : -1;
+  if (cuda >= 0) {
+    OnTorchStream on_torch_stream(cuda);
+    py::gil_scoped_release no_gil;
+    comm::synchronize_cuda_stream(cuda);
+  }
   std::int64_t at = 0;
   for (const Tensor& t : in) {
     send.slice(at, at + t.numel()).copy_(t.flatten());
     at += t.numel();
   }
-  return issue([&] { return g.all_to_all(recv, send, options); },
-               [recv, out]() mutable {
+  if (cuda >= 0) {
+    py::gil_scoped_release no_gil;
+    comm::CudaStreamGuard legacy(cuda, nullptr);
+    comm::synchronize_cuda_stream(cuda);
+  }
+  auto work = std::make_shared<std::shared_ptr<comm::Work>>();
+  return issue([&] { return *work = g.all_to_all(recv, send, options); },
+               [recv, out, work, cuda, timeout = g.timeout()]() mutable {
+                 if (cuda >= 0) (*work)->wait(timeout);
                  std::int64_t from = 0;
                  for (Tensor& t : out) {
                    t.flatten().copy_(recv.slice(from, from + t.numel()));
                    from += t.numel();
+                 }
+                 if (cuda >= 0) {
+                   comm::CudaStreamGuard legacy(cuda, nullptr);
+                   comm::synchronize_cuda_stream(cuda);
                  }
                });
 }
