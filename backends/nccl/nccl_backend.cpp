@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backends/nccl/flat_blocks.h"
 #include "libcomm/cuda.h"
 #include "libcomm/detail/collective_args.h"
 #include "libcomm/detail/cuda_device.h"
@@ -73,29 +74,13 @@ ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
                          "use sum, avg, prod, min or max, or the tcp backend");
 }
 
-// The start of `blocks` when they are the consecutive blocks of one flat
-// buffer of equal blocks (block r at start + r * its size), as NCCL's
-// all_gather and reduce_scatter take them, else null. `other` is the
-// operation's other buffer (the input of an all_gather, the output of a
-// reduce_scatter): NCCL works in place only when it is this rank's own
-// block, so a flat buffer it overlaps elsewhere is not used either.
-void* flat_blocks(const std::vector<Tensor>& blocks, const void* other,
-                  int rank) {
-  if (blocks.empty()) return nullptr;
-  auto* start = static_cast<std::uint8_t*>(blocks[0].data_ptr());
-  const std::size_t bytes = blocks[0].nbytes();
-  for (std::size_t r = 0; r < blocks.size(); ++r) {
-    if (!blocks[r].is_contiguous() || blocks[r].nbytes() != bytes ||
-        blocks[r].data_ptr() != start + r * bytes) {
-      return nullptr;
-    }
-  }
-  const auto* at = static_cast<const std::uint8_t*>(other);
-  const bool outside =
-      at + bytes <= start || at >= start + bytes * blocks.size();
-  const bool own_block = at == start + static_cast<std::size_t>(rank) * bytes;
-  return outside || own_block ? start : nullptr;
-}
+// What stage() throws when it cannot allocate: nothing of the operation
+// has been queued then (stage() comes first in every launch), so the group
+// stays usable and only the call fails.
+class StagingFailed final : public BackendError {
+ public:
+  using BackendError::BackendError;
+};
 
 }  // namespace
 
@@ -106,11 +91,14 @@ struct NcclBackend::Communicator {
   cudaStream_t stream = nullptr;
   cudaEvent_t input_ready = nullptr;  // recorded on the caller's stream
   std::chrono::milliseconds timeout{0};
-  // One byte that barrier all-reduces: zero on every rank, so it stays zero.
+  // One byte that barrier all-reduces, zeroed on `stream` before the first.
   void* barrier_token = nullptr;
   // The pool that stage() takes buffers from, or null where the device has
   // no stream-ordered memory pools (stage() then uses cudaMalloc).
   cudaMemPool_t staging = nullptr;
+  // The buffers of stage() that the operation being issued has not given
+  // back yet: after a failed launch, what issue() frees.
+  std::vector<void*> staged_now;
   // Staging buffers of the operation being issued that must outlive it, on
   // a device without pools; issue() hands them to the operation's Pending,
   // which frees them once it completes.
@@ -120,27 +108,48 @@ struct NcclBackend::Communicator {
   // the work issued on `stream` until unstage(). From the group's pool, in
   // stream order: nothing synchronizes, and once a size has been staged the
   // pool reuses its memory instead of asking the driver again (the pool
-  // keeps what it was given back; it is freed with the communicator).
+  // keeps what it was given back; it is freed with the communicator). A
+  // launch calls it before it queues anything: when it throws
+  // StagingFailed, the call fails and the group goes on.
   void* stage(std::size_t bytes, const std::string& what) {
     void* buffer = nullptr;
     if (bytes == 0) return buffer;
-    if (staging != nullptr) {
-      check_cuda(cudaMallocFromPoolAsync(&buffer, bytes, staging, stream),
-                 "cudaMallocFromPoolAsync in " + what);
-    } else {
-      check_cuda(cudaMalloc(&buffer, bytes), "cudaMalloc in " + what);
+    const cudaError_t status =
+        staging != nullptr
+            ? cudaMallocFromPoolAsync(&buffer, bytes, staging, stream)
+            : cudaMalloc(&buffer, bytes);
+    if (status != cudaSuccess) {
+      cudaGetLastError();  // an allocation's error is not sticky; clear it
+      throw StagingFailed(what + " could not stage " + std::to_string(bytes) +
+                          " bytes on cuda:" + std::to_string(device) + ": " +
+                          cudaGetErrorString(status) +
+                          "; free device memory, or pass the list as the "
+                          "consecutive blocks of one tensor, which needs "
+                          "no staging");
     }
+    staged_now.push_back(buffer);
     return buffer;
   }
   // Gives back a buffer of stage() once the work issued on `stream` so far
   // is done with it.
   void unstage(void* buffer, const std::string& what) {
     if (buffer == nullptr) return;
+    std::erase(staged_now, buffer);
     if (staging != nullptr) {
       check_cuda(cudaFreeAsync(buffer, stream), "cudaFreeAsync in " + what);
     } else {
       free_when_done.push_back(buffer);
     }
+  }
+  // After a launch that threw: gives back what it staged, in stream order
+  // behind whatever it queued. cudaMalloc'd staging is left allocated
+  // instead, as the stream may still use it and cudaFree would wait for it.
+  void unstage_after_failure() {
+    if (staging != nullptr) {
+      for (void* buffer : staged_now) cudaFreeAsync(buffer, stream);
+    }
+    staged_now.clear();
+    free_when_done.clear();
   }
 
   // Waits until the NCCL call that answered `result` is done, at most the
@@ -340,7 +349,8 @@ NcclBackend::Communicator& NcclBackend::communicator(int device) {
   check_cuda(cudaEventCreateWithFlags(&c->input_ready, cudaEventDisableTiming),
              "cudaEventCreateWithFlags");
   check_cuda(cudaMalloc(&c->barrier_token, 1), "cudaMalloc (barrier token)");
-  check_cuda(cudaMemset(c->barrier_token, 0, 1), "cudaMemset (barrier token)");
+  check_cuda(cudaMemsetAsync(c->barrier_token, 0, 1, c->stream),
+             "cudaMemsetAsync (barrier token)");
   int pools = 0;
   cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
   if (pools != 0) {
@@ -387,11 +397,12 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
              "cudaStreamWaitEvent before " + description);
   try {
     launch(c);
+  } catch (const StagingFailed&) {
+    c.unstage_after_failure();
+    throw;
   } catch (const Error& e) {
     // A call NCCL refused may have left the communicator in any state.
-    // Its staging goes with the communicator's pool; cudaMalloc'd staging
-    // is left allocated, as the stream may still use it (see abort_locked).
-    c.free_when_done.clear();
+    c.unstage_after_failure();
     abort_locked(description + " could not be issued: " + e.what(), false);
     throw;
   }
@@ -528,8 +539,9 @@ void NcclBackend::shutdown() {
   detail::CudaDeviceGuard guard(c.device);
   if (c.input_ready != nullptr) cudaEventDestroy(c.input_ready);
   if (c.stream != nullptr) cudaStreamDestroy(c.stream);
-  // An aborted operation's staging may still be out: the pool is then
-  // released once nothing is (cudaMemPoolDestroy's contract).
+  // Every staged buffer has been given back by now, in stream order (an
+  // aborted operation's too); cudaMemPoolDestroy releases the pool's
+  // memory once those frees have run.
   if (c.staging != nullptr) cudaMemPoolDestroy(c.staging);
   if (c.barrier_token != nullptr) cudaFree(c.barrier_token);
   communicator_.reset();
@@ -625,7 +637,7 @@ std::shared_ptr<Work> NcclBackend::do_all_gather(
   // the consecutive blocks of one, else a staging buffer copied out on the
   // stream.
   auto* direct = static_cast<std::uint8_t*>(
-      flat_blocks(outputs, input.data_ptr(), rank()));
+      nccl::flat_blocks(outputs, input.data_ptr(), rank()));
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
   const std::string what = describe("all_gather", input, "");
@@ -661,7 +673,7 @@ std::shared_ptr<Work> NcclBackend::do_reduce_scatter(
   // are copied into on the stream (which also makes any overlap with the
   // output safe).
   auto* direct = static_cast<std::uint8_t*>(
-      flat_blocks(inputs, output.data_ptr(), rank()));
+      nccl::flat_blocks(inputs, output.data_ptr(), rank()));
   std::vector<Tensor> keep = inputs;
   keep.push_back(output);
   const std::string what =

@@ -86,7 +86,7 @@ TEST_CASE("every bench binary runs and checks its collective over NCCL",
     const Run run = run_program(
         {std::string(dir) + "/" + name + "_perf", "--backend", "nccl", "-b",
          "8", "-e", "4M", "-f", "64", "-n", "5", "-w", "2", "-c", "1"},
-        120s);
+        60s);
     INFO(name << "_perf:\n" << run.output);
     CHECK(run.status == 0);
     CHECK_THAT(run.output,
