@@ -153,10 +153,10 @@ Millis millis_of(double seconds, bool zero_ok) {
 // such wait runs with torch's current stream made libcomm's.
 
 // The CUDA device of the torch tensors of the call being converted, or -1:
-// set by from_torch, taken by issue(). A conversion that fails before
-// issue() leaves it set for the next call, which then orders itself on
-// torch's current stream too: harmless, as that is where torch's tensors
-// are ordered anyway.
+// set by from_torch, taken by issue(). A conversion that does not end in
+// issue() (a call that fails first, the reducer's parameters) leaves it set
+// for the next call, which then asks torch for its current stream of that
+// device: harmless, since only CUDA work on that device follows it.
 thread_local int t_torch_cuda_device = -1;
 
 // torch's current CUDA stream of `device`. Needs the GIL.
@@ -378,10 +378,11 @@ class PyWork {
       } else {
         work_->wait();
       }
+      // Cleared only once it ran whole: after a failure (a wait that timed
+      // out), the next wait() runs it again.
       if (then_) {
-        auto then = std::move(then_);
+        then_();
         then_ = nullptr;
-        then();
       }
     }
     release_deferred();
@@ -455,8 +456,10 @@ Millis millis(Seconds seconds) { return millis_of(seconds.value, false); }
 // Calls on torch's CUDA tensors are issued on torch's current stream.
 template <typename Call>
 PyWorkPtr issue(Call&& call, std::function<void()> then = {}) {
-  release_deferred();
+  // Taken before release_deferred(), which may run Python (a buffer's
+  // release) that converts tensors of its own.
   const int torch_cuda_device = std::exchange(t_torch_cuda_device, -1);
+  release_deferred();
   std::shared_ptr<comm::Work> work;
   {
     OnTorchStream on_torch_stream(torch_cuda_device);

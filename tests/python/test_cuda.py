@@ -130,6 +130,20 @@ def test_async_work_orders_the_stream_current_at_wait(group_of_one):
     assert torch.equal(after, torch.full_like(t, 5.0))
 
 
+def test_a_future_completes_once_the_gpu_has_finished(group_of_one):
+    t = fresh(1 << 20, 0.0)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        t.fill_(4.0)
+        future = dist.all_reduce(t, async_op=True).get_future()
+    # No stream orders this read after the side stream: only the future's
+    # completing after the operation does.
+    result = future.wait()
+    assert torch.equal(result[0].cpu(), torch.full((1 << 20,), 4.0))
+
+
 def test_all_to_all_of_lists_on_a_side_stream(group_of_one):
     x = fresh(1 << 20, 0.0)
     out = [fresh(1 << 20, -1.0)]

@@ -175,7 +175,11 @@ class Work:
 
         def settle():
             try:
-                self._work.wait()
+                # A wait with a timeout blocks the host until the operation
+                # is done, on CUDA too, where an unbounded one would only
+                # order a stream of this thread. The operation's own timeout
+                # ends it first; this bound is a backstop.
+                self._work.wait(_datetime.timedelta(days=1))
             except BaseException as error:  # noqa: BLE001 - delivered
                 future.set_exception(error)
             else:
