@@ -190,6 +190,14 @@ struct CompletionEvent {
       event = nullptr;
     }
   }
+
+  // cudaSuccess once the operation has run, cudaErrorNotReady before, or
+  // the error CUDA reports.
+  cudaError_t query() {
+    std::lock_guard<std::mutex> lock(mutex);
+    detail::CudaDeviceGuard guard(device);
+    return cudaEventQuery(event);
+  }
 };
 
 class NcclWork final : public Work {
@@ -449,12 +457,7 @@ void NcclBackend::watch() {
     const auto now = Clock::now();
     std::vector<std::shared_ptr<Pending>> finished;
     for (auto it = pending_.begin(); it != pending_.end();) {
-      cudaError_t state;
-      {
-        std::lock_guard<std::mutex> event_lock((*it)->done->mutex);
-        detail::CudaDeviceGuard guard((*it)->done->device);
-        state = cudaEventQuery((*it)->done->event);
-      }
+      const cudaError_t state = (*it)->done->query();
       if (state == cudaSuccess) {
         finished.push_back(*it);
         it = pending_.erase(it);
@@ -518,6 +521,25 @@ void NcclBackend::shutdown() {
   }
   watchdog_wake_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
+  // Operations the GPU has run that the watchdog had not looked at yet (it
+  // looks every kWatchdogPeriod) are not in flight: a group shut down right
+  // after its caller synchronized must finalize, not abort. They are
+  // finished outside the lock, as the watchdog finishes them.
+  std::vector<std::shared_ptr<Pending>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(pending_, [&](const std::shared_ptr<Pending>& p) {
+      if (p->done->query() != cudaSuccess) return false;
+      finished.push_back(p);
+      return true;
+    });
+  }
+  for (auto& p : finished) {
+    p->done->destroy();
+    p->free_staged();
+    p->work->finish();
+  }
+  finished.clear();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!communicator_) return;
   Communicator& c = *communicator_;

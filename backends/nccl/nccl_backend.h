@@ -18,7 +18,8 @@
 // naming the operation, its sequence number and NCCL's message; the group
 // then refuses new operations. shutdown() and the destructor abort a
 // communicator with work in flight instead of waiting for it, so they never
-// hang.
+// hang; work the GPU has already run counts as done, so a group shut down
+// after its caller synchronized finalizes its communicator.
 //
 // NCCL takes all_gather's outputs and reduce_scatter's inputs as one flat
 // buffer: a list of tensors that are the consecutive blocks of one buffer is

@@ -17,6 +17,7 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "store/hash_store.h"
+#include "support/capture_stderr.h"
 
 using comm::Device;
 using comm::DType;
@@ -278,6 +279,20 @@ TEST_CASE("destroying a group with work in flight does not hang",
     work = group->all_reduce(t);
   }  // the group goes away here
   CHECK_THROWS_WITH(work->wait(10s), Catch::Contains("shut down"));
+}
+
+TEST_CASE("a group shut down after its work ran finalizes instead of aborting",
+          "[gpu][nccl]") {
+  // The work is done on the GPU, but the watchdog may not have looked yet:
+  // shutdown must see that, not abort the communicator as if it hung.
+  const std::string log = comm::testing::capture_stderr([] {
+    auto group = nccl_group();
+    Tensor t = Tensor::full({1 << 20}, 1, DType::kF32, kGpu);
+    for (int i = 0; i < 4; ++i) group->all_reduce(t)->wait();
+    comm::synchronize_cuda_stream(0);
+    group->shutdown();
+  });
+  CHECK_THAT(log, !Catch::Contains("aborting"));
 }
 
 TEST_CASE("\"cpu:tcp,cuda:nccl\" routes each call by its tensor's device",
