@@ -96,13 +96,11 @@ struct NcclBackend::Communicator {
   // The pool that stage() takes buffers from, or null where the device has
   // no stream-ordered memory pools (stage() then uses cudaMalloc).
   cudaMemPool_t staging = nullptr;
-  // The buffers of stage() that the operation being issued has not given
-  // back yet: after a failed launch, what issue() frees.
+  // The buffers of stage() that the operation being issued still holds:
+  // with a pool, those not given back yet, which a failed launch frees; on
+  // a device without pools, all of them, which issue() hands to the
+  // operation's Pending to free once it completes.
   std::vector<void*> staged_now;
-  // Staging buffers of the operation being issued that must outlive it, on
-  // a device without pools; issue() hands them to the operation's Pending,
-  // which frees them once it completes.
-  std::vector<void*> free_when_done;
 
   // A device buffer of `bytes` for the operation being issued, valid for
   // the work issued on `stream` until unstage(). From the group's pool, in
@@ -133,13 +131,9 @@ struct NcclBackend::Communicator {
   // Gives back a buffer of stage() once the work issued on `stream` so far
   // is done with it.
   void unstage(void* buffer, const std::string& what) {
-    if (buffer == nullptr) return;
+    if (buffer == nullptr || staging == nullptr) return;
     std::erase(staged_now, buffer);
-    if (staging != nullptr) {
-      check_cuda(cudaFreeAsync(buffer, stream), "cudaFreeAsync in " + what);
-    } else {
-      free_when_done.push_back(buffer);
-    }
+    check_cuda(cudaFreeAsync(buffer, stream), "cudaFreeAsync in " + what);
   }
   // After a launch that threw: gives back what it staged, in stream order
   // behind whatever it queued. cudaMalloc'd staging is left allocated
@@ -149,7 +143,6 @@ struct NcclBackend::Communicator {
       for (void* buffer : staged_now) cudaFreeAsync(buffer, stream);
     }
     staged_now.clear();
-    free_when_done.clear();
   }
 
   // Waits until the NCCL call that answered `result` is done, at most the
@@ -240,12 +233,17 @@ struct NcclBackend::Pending {
   Clock::time_point deadline;
   std::chrono::milliseconds timeout;
 
-  // Frees `staged`; called once the operation completed.
-  void free_staged() {
-    if (staged.empty()) return;
-    detail::CudaDeviceGuard guard(device);
-    for (void* buffer : staged) cudaFree(buffer);
-    staged.clear();
+  // Once the operation has run: destroys its event, frees its staging and
+  // finishes its Work. Called without the backend's lock, since finishing
+  // runs the Work's callbacks.
+  void complete() {
+    done->destroy();
+    if (!staged.empty()) {
+      detail::CudaDeviceGuard guard(device);
+      for (void* buffer : staged) cudaFree(buffer);
+      staged.clear();
+    }
+    work->finish();
   }
 };
 
@@ -425,8 +423,8 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
   pending->work = std::make_shared<NcclWork>(description, done, blocks_host);
   pending->done = done;
   pending->keep = std::move(keep);
-  pending->staged = std::move(c.free_when_done);
-  c.free_when_done.clear();
+  pending->staged = std::move(c.staged_now);  // empty where there is a pool
+  c.staged_now.clear();
   pending->device = device;
   pending->timeout = timeout == kDefaultTimeout ? timeout_ : timeout;
   pending->deadline = Clock::now() + pending->timeout;
@@ -478,11 +476,7 @@ void NcclBackend::watch() {
       ++it;
     }
     lock.unlock();
-    for (auto& p : finished) {
-      p->done->destroy();
-      p->free_staged();
-      p->work->finish();
-    }
+    for (auto& p : finished) p->complete();
     finished.clear();  // releases the tensors outside the lock
     lock.lock();
   }
@@ -534,11 +528,7 @@ void NcclBackend::shutdown() {
       return true;
     });
   }
-  for (auto& p : finished) {
-    p->done->destroy();
-    p->free_staged();
-    p->work->finish();
-  }
+  for (auto& p : finished) p->complete();
   finished.clear();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!communicator_) return;

@@ -5,6 +5,7 @@ per GPU, so on a machine with one GPU the group has one rank. Skipped, with
 the reason, where torch has no CUDA (Debian's python3-torch) or sees no
 GPU, or libcomm was built without NCCL."""
 
+import contextlib
 import datetime
 
 import pytest
@@ -97,6 +98,18 @@ def test_reductions_cover_the_dtypes_nccl_has(group_of_one):
     assert bool(flags.all())
 
 
+@contextlib.contextmanager
+def behind_a_long_kernel():
+    """Runs the block with a new side stream as torch's current stream,
+    behind a kernel of a few tenths of a second, once all earlier work is
+    done: the work the block queues runs late, so a read of its results
+    out of stream order would see the old values."""
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda._sleep(200_000_000)
+        yield
+
+
 def test_a_collective_runs_after_the_kernels_on_torchs_current_stream(
         group_of_one):
     """The input is written on a side stream only after a long kernel; the
@@ -104,10 +117,7 @@ def test_a_collective_runs_after_the_kernels_on_torchs_current_stream(
     the same stream after it must see its output, with no host wait."""
     x = fresh(1 << 22, 0.0)
     out = fresh(1 << 22, -1.0)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)  # a few tenths of a second
+    with behind_a_long_kernel():
         x.fill_(1.0)
         dist.all_gather_into_tensor(out, x)
         doubled = out * 2
@@ -118,10 +128,7 @@ def test_a_collective_runs_after_the_kernels_on_torchs_current_stream(
 
 def test_async_work_orders_the_stream_current_at_wait(group_of_one):
     t = fresh(1 << 20, 0.0)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)
+    with behind_a_long_kernel():
         t.fill_(4.0)
         work = dist.all_reduce(t, async_op=True)
         work.wait()
@@ -132,10 +139,7 @@ def test_async_work_orders_the_stream_current_at_wait(group_of_one):
 
 def test_a_future_completes_once_the_gpu_has_finished(group_of_one):
     t = fresh(1 << 20, 0.0)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)
+    with behind_a_long_kernel():
         t.fill_(4.0)
         future = dist.all_reduce(t, async_op=True).get_future()
     # No stream orders this read after the side stream: only the future's
@@ -147,10 +151,7 @@ def test_a_future_completes_once_the_gpu_has_finished(group_of_one):
 def test_all_to_all_of_lists_on_a_side_stream(group_of_one):
     x = fresh(1 << 20, 0.0)
     out = [fresh(1 << 20, -1.0)]
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)
+    with behind_a_long_kernel():
         x.fill_(7.0)
         dist.all_to_all(out, [x])
         after = out[0] + 1
