@@ -75,11 +75,20 @@ ncclRedOp_t nccl_op(ReduceOp op, DType dtype) {
 }
 
 // What stage() throws when it cannot allocate: nothing of the operation
-// has been queued then (stage() comes first in every launch), so the group
-// stays usable and only the call fails.
+// has been queued then (stage() comes first in every launch). In a group
+// of one rank only the call fails; in a larger one the communicator is
+// aborted, since the peers have issued the operation that this rank has
+// not, and NCCL pairs operations by their order alone: this rank's next
+// one would meet the peers' current one.
 class StagingFailed final : public BackendError {
  public:
   using BackendError::BackendError;
+};
+
+// A staging buffer and its size.
+struct StagedBuffer {
+  void* buffer;
+  std::size_t bytes;
 };
 
 }  // namespace
@@ -97,21 +106,41 @@ struct NcclBackend::Communicator {
   // no stream-ordered memory pools (stage() then uses cudaMalloc).
   cudaMemPool_t staging = nullptr;
   // The buffers of stage() that the operation being issued still holds:
-  // with a pool, those not given back yet, which a failed launch frees; on
+  // with a pool, those not given back yet, which a failed staging frees; on
   // a device without pools, all of them, which issue() hands to the
-  // operation's Pending to free once it completes.
-  std::vector<void*> staged_now;
+  // operation's Pending, to come back to `spare` once it completes.
+  std::vector<StagedBuffer> staged_now;
+  // Without a pool: cudaMalloc'd buffers no operation uses any more, which
+  // stage() reuses, freed with the communicator. Freeing each as its
+  // operation completes would take cudaFree, which waits for the whole
+  // device: behind a kernel that never ends (a peer that died), the
+  // watchdog would wait too instead of aborting it.
+  std::vector<StagedBuffer> spare;
 
   // A device buffer of `bytes` for the operation being issued, valid for
   // the work issued on `stream` until unstage(). From the group's pool, in
   // stream order: nothing synchronizes, and once a size has been staged the
   // pool reuses its memory instead of asking the driver again (the pool
-  // keeps what it was given back; it is freed with the communicator). A
-  // launch calls it before it queues anything: when it throws
-  // StagingFailed, the call fails and the group goes on.
+  // keeps what it was given back; it is freed with the communicator).
+  // Without a pool, a spare buffer, or cudaMalloc. A launch calls it before
+  // it queues anything, so that StagingFailed leaves nothing queued.
   void* stage(std::size_t bytes, const std::string& what) {
     void* buffer = nullptr;
     if (bytes == 0) return buffer;
+    if (staging == nullptr) {
+      // The smallest spare buffer that holds `bytes`.
+      auto best = spare.end();
+      for (auto it = spare.begin(); it != spare.end(); ++it) {
+        if (it->bytes >= bytes &&
+            (best == spare.end() || it->bytes < best->bytes))
+          best = it;
+      }
+      if (best != spare.end()) {
+        staged_now.push_back(*best);
+        spare.erase(best);
+        return staged_now.back().buffer;
+      }
+    }
     const cudaError_t status =
         staging != nullptr
             ? cudaMallocFromPoolAsync(&buffer, bytes, staging, stream)
@@ -125,25 +154,34 @@ struct NcclBackend::Communicator {
                           "consecutive blocks of one tensor, which needs "
                           "no staging");
     }
-    staged_now.push_back(buffer);
+    staged_now.push_back({buffer, bytes});
     return buffer;
   }
   // Gives back a buffer of stage() once the work issued on `stream` so far
   // is done with it.
   void unstage(void* buffer, const std::string& what) {
     if (buffer == nullptr || staging == nullptr) return;
-    std::erase(staged_now, buffer);
+    std::erase_if(staged_now,
+                  [&](const StagedBuffer& s) { return s.buffer == buffer; });
     check_cuda(cudaFreeAsync(buffer, stream), "cudaFreeAsync in " + what);
   }
-  // After a launch that threw: gives back what it staged, in stream order
-  // behind whatever it queued. cudaMalloc'd staging is left allocated
-  // instead, as the stream may still use it and cudaFree would wait for it.
-  void unstage_after_failure() {
-    if (staging != nullptr) {
-      for (void* buffer : staged_now) cudaFreeAsync(buffer, stream);
+  // After StagingFailed, when nothing of the launch has been queued: gives
+  // back what it staged before the allocation that failed.
+  void unstage_unused() {
+    for (const StagedBuffer& s : staged_now) {
+      if (staging != nullptr) {
+        cudaFreeAsync(s.buffer, stream);
+      } else {
+        spare.push_back(s);
+      }
     }
     staged_now.clear();
   }
+  // After a launch that threw once it may have queued work: what it staged
+  // stays allocated until the communicator goes (a pool's memory with the
+  // pool), since a kernel NCCL is still queuing may use it; a free in
+  // stream order could run ahead of it.
+  void abandon_staged() { staged_now.clear(); }
 
   // Waits until the NCCL call that answered `result` is done, at most the
   // timeout, and throws when it failed. NCCL runs this communicator
@@ -185,11 +223,16 @@ struct CompletionEvent {
   }
 
   // cudaSuccess once the operation has run, cudaErrorNotReady before, or
-  // the error CUDA reports.
+  // the error CUDA reports. Never throws: the watchdog and shutdown (a
+  // destructor) ask, and an error here makes them abort.
   cudaError_t query() {
     std::lock_guard<std::mutex> lock(mutex);
-    detail::CudaDeviceGuard guard(device);
-    return cudaEventQuery(event);
+    try {
+      detail::CudaDeviceGuard guard(device);
+      return cudaEventQuery(event);
+    } catch (const Error&) {
+      return cudaErrorInvalidDevice;
+    }
   }
 };
 
@@ -227,22 +270,16 @@ struct NcclBackend::Pending {
   std::shared_ptr<NcclWork> work;
   std::shared_ptr<CompletionEvent> done;
   std::vector<Tensor> keep;  // alive until the operation completes
-  // cudaMalloc'd staging (devices without pools), freed once it completes.
-  std::vector<void*> staged;
-  int device = 0;
+  // cudaMalloc'd staging (devices without pools), spare once it completes.
+  std::vector<StagedBuffer> staged;
   Clock::time_point deadline;
   std::chrono::milliseconds timeout;
 
-  // Once the operation has run: destroys its event, frees its staging and
-  // finishes its Work. Called without the backend's lock, since finishing
-  // runs the Work's callbacks.
+  // Once the operation has run: destroys its event and finishes its Work,
+  // waking its waiters. Called without the backend's lock. Its staging
+  // stays in `staged`, for the caller to make spare under the lock.
   void complete() {
     done->destroy();
-    if (!staged.empty()) {
-      detail::CudaDeviceGuard guard(device);
-      for (void* buffer : staged) cudaFree(buffer);
-      staged.clear();
-    }
     work->finish();
   }
 };
@@ -403,12 +440,15 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
              "cudaStreamWaitEvent before " + description);
   try {
     launch(c);
-  } catch (const StagingFailed&) {
-    c.unstage_after_failure();
+  } catch (const StagingFailed& e) {
+    c.unstage_unused();
+    if (size() > 1) {
+      abort_locked(description + " could not be issued: " + e.what(), false);
+    }
     throw;
   } catch (const Error& e) {
     // A call NCCL refused may have left the communicator in any state.
-    c.unstage_after_failure();
+    c.abandon_staged();
     abort_locked(description + " could not be issued: " + e.what(), false);
     throw;
   }
@@ -425,7 +465,6 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
   pending->keep = std::move(keep);
   pending->staged = std::move(c.staged_now);  // empty where there is a pool
   c.staged_now.clear();
-  pending->device = device;
   pending->timeout = timeout == kDefaultTimeout ? timeout_ : timeout;
   pending->deadline = Clock::now() + pending->timeout;
   pending_.push_back(pending);
@@ -476,9 +515,17 @@ void NcclBackend::watch() {
       ++it;
     }
     lock.unlock();
-    for (auto& p : finished) p->complete();
+    std::vector<StagedBuffer> spare;
+    for (auto& p : finished) {
+      p->complete();
+      spare.insert(spare.end(), p->staged.begin(), p->staged.end());
+    }
     finished.clear();  // releases the tensors outside the lock
     lock.lock();
+    if (communicator_) {
+      communicator_->spare.insert(communicator_->spare.end(), spare.begin(),
+                                  spare.end());
+    }
   }
 }
 
@@ -528,11 +575,16 @@ void NcclBackend::shutdown() {
       return true;
     });
   }
-  for (auto& p : finished) p->complete();
+  std::vector<StagedBuffer> spare;
+  for (auto& p : finished) {
+    p->complete();
+    spare.insert(spare.end(), p->staged.begin(), p->staged.end());
+  }
   finished.clear();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!communicator_) return;
   Communicator& c = *communicator_;
+  c.spare.insert(c.spare.end(), spare.begin(), spare.end());
   if (!pending_.empty()) {
     // Waiting for work in flight could take forever; abort instead.
     abort_locked("the process group was shut down with operations pending",
@@ -551,10 +603,13 @@ void NcclBackend::shutdown() {
   detail::CudaDeviceGuard guard(c.device);
   if (c.input_ready != nullptr) cudaEventDestroy(c.input_ready);
   if (c.stream != nullptr) cudaStreamDestroy(c.stream);
-  // Every staged buffer has been given back by now, in stream order (an
-  // aborted operation's too); cudaMemPoolDestroy releases the pool's
-  // memory once those frees have run.
+  // Staged buffers have been given back in stream order, except those of
+  // an operation whose launch failed or that was aborted; the pool's
+  // memory is released once the frees have run and, for those, when the
+  // process ends.
   if (c.staging != nullptr) cudaMemPoolDestroy(c.staging);
+  // No operation of the communicator runs any more (finalized or aborted).
+  for (const StagedBuffer& s : c.spare) cudaFree(s.buffer);
   if (c.barrier_token != nullptr) cudaFree(c.barrier_token);
   communicator_.reset();
 }

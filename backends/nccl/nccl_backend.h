@@ -28,6 +28,9 @@
 // memory pool (cudaMemPoolCreate), so a call allocates no device memory and
 // synchronizes nothing once its size has been staged before; the pool keeps
 // the largest staging in flight at once until the group is shut down.
+// Staging that cannot be allocated fails the call; in a group of more than
+// one rank it also aborts the communicator, since the peers issued the
+// operation and NCCL pairs operations by their order alone.
 //
 // NCCL has no bitwise reductions and no receive from any source; asking for
 // them is InvalidArgument. Tags of send and recv are accepted and ignored:

@@ -379,7 +379,11 @@ class PyWork {
         work_->wait();
       }
       // Cleared only once it ran whole: after a failure (a wait that timed
-      // out), the next wait() runs it again.
+      // out), the next wait() runs it again. Two threads may wait at once
+      // (get_future()'s thread and the caller's): one runs it, the other
+      // waits for it here, never running it twice nor destroying it while
+      // it runs.
+      std::lock_guard<std::mutex> then_lock(then_mutex_);
       if (then_) {
         then_();
         then_ = nullptr;
@@ -396,7 +400,8 @@ class PyWork {
 
  private:
   std::shared_ptr<comm::Work> work_;
-  std::function<void()> then_;
+  std::mutex then_mutex_;
+  std::function<void()> then_;  // guarded by then_mutex_
   int torch_cuda_device_;
 };
 

@@ -142,10 +142,14 @@ def test_a_future_completes_once_the_gpu_has_finished(group_of_one):
     with behind_a_long_kernel():
         t.fill_(4.0)
         future = dist.all_reduce(t, async_op=True).get_future()
-    # No stream orders this read after the side stream: only the future's
-    # completing after the operation does.
     result = future.wait()
-    assert torch.equal(result[0].cpu(), torch.full((1 << 20,), 4.0))
+    # Read on a stream of its own, which nothing orders after the side
+    # stream (the legacy default stream would be, by the wait inside the
+    # future's thread): only the future's completing after the operation
+    # makes the read see its result.
+    with torch.cuda.stream(torch.cuda.Stream()):
+        host = result[0].cpu()
+    assert torch.equal(host, torch.full((1 << 20,), 4.0))
 
 
 def test_all_to_all_of_lists_on_a_side_stream(group_of_one):
