@@ -180,11 +180,15 @@ class Exchange final : public CollectiveStep {
   // wait for the slowest of its receivers, and one message for several
   // calls costs one system call on each side instead of several. The
   // window bounds how many calls a rank may finish before it learns that
-  // a peer disagreed with one of them; the batch is smaller, so that a
-  // peer that keeps calling has sent a confirmation before it is due.
+  // a peer disagreed with one of them, and how far a rank that only sends
+  // may run ahead of its receivers (the transports' buffers bound it too);
+  // where ranks outnumber CPUs, a long run-ahead lets each rank move many
+  // calls per time slice. The batch is smaller, so that a peer that keeps
+  // calling has sent a confirmation before it is due; unread, a window's
+  // confirmations are a few 72-byte messages per peer.
   void expect_confirmation(int peer) override;
-  static constexpr std::uint64_t kConfirmationWindow = 8;
-  static constexpr std::uint64_t kConfirmationBatch = 4;
+  static constexpr std::uint64_t kConfirmationWindow = 256;
+  static constexpr std::uint64_t kConfirmationBatch = 64;
   static constexpr std::size_t kConfirmationBytes = 8;
 
   // Sends every confirmation this rank still owes, then reads every one
