@@ -921,7 +921,6 @@ void Exchange::progress_send(Transfer& t) {
 }
 
 void Exchange::progress_recv(Transfer& t) {
-  detail::Socket& socket = mesh_.socket(t.peer, Channel::kCollective);
   shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective, false);
   while (!t.done()) {
     iovec parts[2];
@@ -931,9 +930,10 @@ void Exchange::progress_recv(Transfer& t) {
       parts[count++] = {t.header + t.header_done,
                         MessageHeader::kWireSize - t.header_done};
     }
-    // Never read past this message: the next one may belong to another
-    // call. A reduced part is reduced where it lies in a ring, its header
-    // read alone first, or else read a chunk at a time into scratch.
+    // Never take more than this message: the next one may belong to
+    // another call (over a socket, what the Mesh reads ahead waits there
+    // for the next receive). A reduced part is reduced where it lies in a ring,
+    // its header read alone first, or else read a chunk at a time into scratch.
     Part* part = t.part < t.parts.size() ? &t.parts[t.part] : nullptr;
     const bool in_ring = ring != nullptr && part != nullptr && part->reduce;
     std::size_t chunk = 0;
@@ -955,8 +955,9 @@ void Exchange::progress_recv(Transfer& t) {
     } else if (part != nullptr) {
       parts[count++] = {part->data + t.part_done, part->bytes - t.part_done};
     }
-    const ssize_t n = ring != nullptr ? read_some(*ring, parts, count)
-                                      : ::readv(socket.fd(), parts, count);
+    const ssize_t n = ring != nullptr
+                          ? read_some(*ring, parts, count)
+                          : mesh_.read_collective(t.peer, parts, count);
     if (n == 0) {
       throw PeerError(
           t.peer, mesh_.peer_name(t.peer) + " closed its connection during " +

@@ -151,7 +151,8 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
       sockets_(size),
       peer_names_(size),
       unread_confirmations_(size),
-      unsent_confirmations_(size) {
+      unsent_confirmations_(size),
+      read_ahead_(size) {
   const auto deadline = detail::deadline_after(timeout);
   // The job id tells this group's connections from any other's.
   std::uint64_t job = 0;
@@ -296,6 +297,43 @@ shm::Ring* Mesh::ring(int peer, Channel channel, bool outgoing) {
   const int lane = channel == Channel::kCollective ? 0 : 1;
   return outgoing ? &local_->outgoing(peer, lane)
                   : &local_->incoming(peer, lane);
+}
+
+ssize_t Mesh::read_collective(int peer, const iovec* parts, int count) {
+  ReadAhead& ahead = read_ahead_[static_cast<std::size_t>(peer)];
+  if (ahead.begin < ahead.end) {
+    std::size_t moved = 0;
+    for (int i = 0; i < count && ahead.begin < ahead.end; ++i) {
+      const std::size_t n = std::min(parts[i].iov_len, ahead.end - ahead.begin);
+      std::memcpy(parts[i].iov_base, ahead.bytes.get() + ahead.begin, n);
+      ahead.begin += n;
+      moved += n;
+    }
+    if (ahead.begin == ahead.end) ahead.begin = ahead.end = 0;
+    return static_cast<ssize_t>(moved);
+  }
+  if (count > kMostReadParts) {
+    throw BackendError("Mesh::read_collective: " + std::to_string(count) +
+                       " parts, more than " + std::to_string(kMostReadParts));
+  }
+  if (!ahead.bytes) {
+    ahead.bytes =
+        std::make_unique_for_overwrite<std::uint8_t[]>(kReadAheadBytes);
+  }
+  iovec all[kMostReadParts + 1];
+  std::size_t wanted = 0;
+  for (int i = 0; i < count; ++i) {
+    all[i] = parts[i];
+    wanted += parts[i].iov_len;
+  }
+  all[count] = {ahead.bytes.get(), kReadAheadBytes};
+  const ssize_t n =
+      ::readv(socket(peer, Channel::kCollective).fd(), all, count + 1);
+  if (n <= 0) return n;
+  const auto got = static_cast<std::size_t>(n);
+  if (got <= wanted) return n;
+  ahead.end = got - wanted;
+  return static_cast<ssize_t>(wanted);
 }
 
 bool Mesh::wait_until_delivered(std::span<const int> peers,

@@ -31,6 +31,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+#include <sys/uio.h>
+
 #include "backends/shm/local_peers.h"
 #include "backends/tcp/message_header.h"
 #include "libcomm/detail/socket.h"
@@ -85,6 +88,21 @@ class Mesh {
     return unsent_confirmations_[static_cast<std::size_t>(peer)];
   }
 
+  // Reads from `peer`'s collective socket into `parts[0..count)` (at most
+  // kMostReadParts), as readv would: the count of bytes read, 0 at the end
+  // of the stream, -1 with errno set. Whatever else has arrived is taken
+  // too, up to kReadAheadBytes, into a buffer of this peer's, from which
+  // the next reads are served first without a system call. So a receiver
+  // that finds several calls' small messages waiting (a root that runs
+  // ahead, ranks that take turns on fewer CPUs) reads them all in one
+  // call, as Open MPI's TCP transport does, where a read per message cost
+  // a system call each. Every read of the collective socket goes through
+  // here; only a step's receive reads it, one at a time per peer, in the
+  // channel's order.
+  ssize_t read_collective(int peer, const iovec* parts, int count);
+  static constexpr int kMostReadParts = 4;
+  static constexpr std::size_t kReadAheadBytes = 16 * 1024;
+
   // Waits until the bytes this rank sent `peers` on the collective channel
   // have all arrived (their sockets' send queues, unacknowledged bytes
   // included, are empty), or the connection was reset or closed, or until
@@ -115,6 +133,15 @@ class Mesh {
   std::vector<std::string> peer_names_;
   std::vector<std::deque<CallInfo>> unread_confirmations_;
   std::vector<std::deque<CallInfo>> unsent_confirmations_;
+  // Bytes read from a peer's collective socket ahead of the receive they
+  // belong to (read_collective): [begin, end) of `bytes`, allocated at
+  // the first read from that peer.
+  struct ReadAhead {
+    std::unique_ptr<std::uint8_t[]> bytes;
+    std::size_t begin = 0;
+    std::size_t end = 0;
+  };
+  std::vector<ReadAhead> read_ahead_;
 };
 
 // The address this rank listens on: COMM_TCP_ADDR if set, 127.0.0.1 when

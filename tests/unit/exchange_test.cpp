@@ -21,6 +21,7 @@
 #include "backends/tcp/exchange.h"
 #include "backends/tcp/mesh.h"
 #include "libcomm/error.h"
+#include "support/env_is.h"
 #include "support/mesh_ranks.h"
 #include "support/rank_checks.h"
 
@@ -32,6 +33,7 @@ using comm::tcp::Collective;
 using comm::tcp::Exchange;
 using comm::tcp::Mesh;
 using comm::testing::check_all_ok;
+using comm::testing::EnvIs;
 using comm::testing::expect;
 using comm::testing::run_meshes;
 using namespace std::chrono_literals;
@@ -204,6 +206,62 @@ TEST_CASE(
     const auto theirs = values(peer, count);
     for (std::size_t i = 0; i < count; ++i) {
       expect(data[i] == mine[i] + theirs[i], "element " + std::to_string(i));
+    }
+  });
+  check_all_ok(errors);
+}
+
+TEST_CASE(
+    "messages of many calls waiting in a socket are read in order, in "
+    "whole and in pieces, whatever their sizes",
+    "[tcp][exchange]") {
+  // Over TCP a receive takes whatever else has arrived from the peer into
+  // the Mesh's read-ahead buffer, and the next receives start there. Rank 1
+  // starts reading only after rank 0 has sent what the socket holds, so its
+  // reads find several calls' messages at once, messages split across the
+  // buffer's end, and messages larger than the buffer.
+  EnvIs tcp({{"COMM_TRANSPORT", "tcp"}});
+  const std::vector<std::size_t> sizes = {1,
+                                          0,
+                                          100,
+                                          3,
+                                          Mesh::kReadAheadBytes - 64,
+                                          Mesh::kReadAheadBytes,
+                                          Mesh::kReadAheadBytes + 13,
+                                          7,
+                                          40000,
+                                          1000};
+  constexpr int kCalls = 60;
+  auto size_of = [&](int call) {
+    return sizes[static_cast<std::size_t>(call) % sizes.size()];
+  };
+  auto call_for = [&](int call) {
+    CallInfo info =
+        call_of(static_cast<std::int64_t>(size_of(call)), DType::kU8);
+    info.sequence = static_cast<std::uint64_t>(call);
+    return info;
+  };
+  auto errors = run_meshes(2, 30s, [&](Mesh& mesh) {
+    expect(mesh.ring(1 - mesh.rank(), comm::tcp::Channel::kCollective, false) ==
+               nullptr,
+           "COMM_TRANSPORT=tcp and yet a ring");
+    if (mesh.rank() == 0) {
+      for (int call = 0; call < kCalls; ++call) {
+        const auto mine = pattern(call, size_of(call));
+        Exchange step(mesh, call_for(call), soon(), -1);
+        step.send(1, mine.data(), mine.size());
+        step.run();
+      }
+      return;
+    }
+    std::this_thread::sleep_for(200ms);
+    for (int call = 0; call < kCalls; ++call) {
+      std::vector<std::uint8_t> theirs(size_of(call), 0xee);
+      Exchange step(mesh, call_for(call), soon(), -1);
+      step.recv(0, theirs.data(), theirs.size());
+      step.run();
+      expect(theirs == pattern(call, size_of(call)),
+             "call " + std::to_string(call) + ": received bytes differ");
     }
   });
   check_all_ok(errors);

@@ -35,6 +35,7 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "libcomm/param.h"
+#include "support/env_is.h"
 #include "support/mesh_ranks.h"
 #include "support/rank_checks.h"
 #include "support/reference.h"
@@ -48,30 +49,13 @@ using comm::ReduceOp;
 using comm::tcp::CallInfo;
 using comm::tcp::Collective;
 using comm::tcp::Mesh;
+using comm::testing::EnvIs;
 using comm::testing::expect;
 using Bytes = std::vector<std::uint8_t>;
 namespace alg = comm::tcp::algorithms;
 using namespace std::chrono_literals;
 
 namespace {
-
-// Sets environment variables for a test and unsets them afterwards.
-class EnvIs {
- public:
-  explicit EnvIs(
-      std::initializer_list<std::pair<const char*, const char*>> values)
-      : values_(values) {
-    for (const auto& [name, value] : values_) ::setenv(name, value, 1);
-    comm::reset_params();
-  }
-  ~EnvIs() {
-    for (const auto& [name, value] : values_) ::unsetenv(name);
-    comm::reset_params();
-  }
-
- private:
-  std::vector<std::pair<const char*, const char*>> values_;
-};
 
 // A rank's transport for one call, which counts the bytes its rank reads
 // of the others' memory.
