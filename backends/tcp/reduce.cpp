@@ -47,6 +47,8 @@
 // is written while another rank reads it. The buffers of the ranks other
 // than the root hold their reduced slice afterwards (Backend::reduce
 // leaves them unspecified).
+#include <bit>
+
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
@@ -144,22 +146,33 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
   }
   const int relative = (ctx.rank() - root + size) % size;
   auto real = [&](int r) { return (r + root) % size; };
-  for (int mask = 1; mask < size; mask <<= 1) {
-    if (relative & mask) {
-      CollectiveStep& to_parent = ctx.step();
-      const int parent = real(relative & ~mask);
-      to_parent.send(parent, data, bytes);
-      to_parent.expect_confirmation(parent);
-      to_parent.run();
-      return;
-    }
-    if (relative + mask < size) {
-      CollectiveStep& from_child = ctx.step();
-      const int child = real(relative + mask);
-      from_child.recv_reduce(child, data, bytes, dtype, op);
-      from_child.send_confirmation(child);
-      from_child.run();
-    }
+  // The tree of broadcast.cpp, numbered by the highest bit, so that the
+  // ranks that reduce alternate between odd and even (see there): a rank's
+  // parent is the rank less its highest bit, its children the rank plus
+  // each higher power of two. The children come in the order their
+  // subtrees finish, the smallest (the largest power) first.
+  const int highest =
+      relative > 0
+          ? static_cast<int>(std::bit_floor(static_cast<unsigned>(relative)))
+          : 0;
+  const int first_child = relative > 0 ? highest << 1 : 1;
+  int last_child = 0;
+  for (int power = first_child; relative + power < size; power <<= 1) {
+    last_child = power;
+  }
+  for (int power = last_child; power >= first_child; power >>= 1) {
+    CollectiveStep& from_child = ctx.step();
+    const int child = real(relative + power);
+    from_child.recv_reduce(child, data, bytes, dtype, op);
+    from_child.send_confirmation(child);
+    from_child.run();
+  }
+  if (relative > 0) {
+    CollectiveStep& to_parent = ctx.step();
+    const int parent = real(relative - highest);
+    to_parent.send(parent, data, bytes);
+    to_parent.expect_confirmation(parent);
+    to_parent.run();
   }
 }
 
