@@ -4,6 +4,14 @@
 // roots then read a header naming another root and fail with MismatchError,
 // instead of some only sending and returning success (see broadcast.cpp).
 //
+// Over sockets, at four ranks or more and below kScatterTreeBytes in all,
+// a tree instead (broadcast's, each rank passing on its subtree's parts,
+// confirming to its parent): the root's n - 1 sends, each a system call
+// that also runs the receiver's protocol work on loopback, set the pace of
+// a small scatter, and the tree spreads them over the ranks in log2(n)
+// steps. Over shared memory a send is a copy into a ring, and the extra
+// hop would cost a wake-up.
+//
 // A group spanning hosts runs the same: each block travels once, straight
 // from the root over its receiver's own link; relaying a host's blocks
 // through a leader would add a hop and a copy to save messages, not bytes.
@@ -13,12 +21,83 @@
 // reads its part from the root's memory (single_copy.h): the root sends each
 // rank its part's address and size, and returns once every rank has said it has
 // read it.
+#include <bit>
 #include <cstring>
+#include <vector>
 
+#include "backends/host_partition.h"
 #include "backends/tcp/algorithms.h"
+#include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
+
+namespace {
+
+// Below this many bytes in all, at four ranks or more that are each a host
+// of their own (over sockets), the tree.
+constexpr std::size_t kScatterTreeBytes = 256 * 1024;
+
+// The tree of broadcast.cpp (numbered by the highest bit relative to the
+// root): a rank receives from its parent the blocks of its subtree, keeps
+// its own and sends each child the blocks of the child's subtree. The
+// subtree of relative rank r is every rank that is r modulo r's first
+// child's power of two (r's highest bit doubled; 1 at the root): at eight
+// ranks, 1's is {1, 3, 5, 7}, 2's {2, 6}, 3's {3, 7}.
+void scatter_in_tree(CollectiveTransport& ctx,
+                     std::span<const void* const> inputs, void* output,
+                     std::size_t bytes, int root) {
+  const int size = ctx.size();
+  const int relative = (ctx.rank() - root + size) % size;
+  auto real = [&](int r) { return (r + root) % size; };
+  const int highest =
+      relative > 0
+          ? static_cast<int>(std::bit_floor(static_cast<unsigned>(relative)))
+          : 0;
+  const int stride = relative > 0 ? highest << 1 : 1;
+  // The subtree's other blocks, in rank order, live in `held` on a rank
+  // that relays them; block of relative rank x at (x - relative) / stride - 1.
+  const std::size_t others =
+      static_cast<std::size_t>((size - 1 - relative) / stride);
+  const WorkspaceBuffer held =
+      relative > 0 && bytes > 0 && others > 0
+          ? WorkspaceBuffer(ctx.workspace(), bytes * others)
+          : WorkspaceBuffer();
+  auto block_of = [&](int x) -> const void* {
+    if (relative == 0) return inputs[real(x)];
+    return held.get() +
+           bytes * static_cast<std::size_t>((x - relative) / stride - 1);
+  };
+  if (relative > 0) {
+    const CollectiveStep::Part parts[2] = {
+        {static_cast<std::uint8_t*>(output), bytes},
+        {held.get(), bytes * others}};
+    CollectiveStep& from_parent = ctx.step();
+    const int parent = real(relative - highest);
+    from_parent.recv_parts(parent, parts, DType::kU8, ReduceOp::kSum);
+    from_parent.send_confirmation(parent);
+    from_parent.run();
+  } else if (bytes > 0 && inputs[root] != output) {
+    std::memmove(output, inputs[root], bytes);
+  }
+  if (relative + stride >= size) return;
+  CollectiveStep& to_children = ctx.step();
+  std::vector<CollectiveStep::Part> parts;
+  for (int power = stride; relative + power < size; power <<= 1) {
+    const int child = relative + power;
+    parts.clear();
+    for (int x = child; x < size; x += power << 1) {
+      parts.push_back(
+          {static_cast<std::uint8_t*>(const_cast<void*>(block_of(x))), bytes});
+    }
+    std::size_t total = bytes * parts.size();
+    to_children.relay(real(child), parts, total, -1);
+    to_children.expect_confirmation(real(child));
+  }
+  to_children.run();
+}
+
+}  // namespace
 
 void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
              void* output, std::size_t bytes, int root) {
@@ -42,6 +121,13 @@ void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
       std::memmove(output, inputs[root], bytes);
     signal(ctx, {}, others);
     return;
+  }
+  const int size = ctx.size();
+  const HostPartition* hosts = ctx.hosts();
+  const bool one_host = hosts != nullptr && hosts->host_count() == 1;
+  if (size >= 4 && bytes * static_cast<std::size_t>(size) < kScatterTreeBytes &&
+      !one_host && spanning_hosts(ctx) == nullptr) {
+    return scatter_in_tree(ctx, inputs, output, bytes, root);
   }
   if (ctx.rank() != root) {
     CollectiveStep& from_root = ctx.step();
