@@ -67,7 +67,7 @@ class CollectiveStep {
   virtual void send_confirmation(int peer) = 0;
   // Expects `peer`'s confirmation of this call without waiting for it: the
   // transport reads it before anything else `peer` sends this rank, and no
-  // later than a few calls on (the TCP backend's kConfirmationWindow) or
+  // later than a window of calls on (the TCP backend's confirmation_window) or
   // when the group shuts down, so that a rank that only sends flows from
   // call to call as MPI's eager sends do. A confirmation that names another
   // call fails the collective that reads it with MismatchError (read as

@@ -20,8 +20,9 @@
 // skipped bytes the ring holds only as much as lay before that offset, so
 // a write rewinds only where at least rewind_room() bytes stay free after
 // it: messages a reader leaves unread for a while (the confirmations that
-// tcp::Exchange reads a few calls late) must not fill the ring, or a
-// writer would wait for a reader that waits for it in turn.
+// tcp::Exchange reads up to a window of calls late, a window it sizes to this
+// room) must not fill the ring, or a writer would wait for a reader that waits
+// for it in turn.
 //
 // Waking. Each end owns a doorbell (an eventfd, see doorbell.h) that it
 // polls together with its sockets. An end that must wait raises its

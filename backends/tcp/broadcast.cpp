@@ -8,9 +8,9 @@
 // Without it two ranks that both name themselves the root would only send, and
 // both return success with different data; with it each reads the other's
 // message, whose header names another root, and fails with MismatchError. A
-// parent reads its children's confirmations a few calls later (CollectiveStep::
-// expect_confirmation), so it does not wait for its children to arrive,
-// and fails one of its next calls when they disagree.
+// parent reads its children's confirmations up to a window of calls later
+// (CollectiveStep:: expect_confirmation), so it does not wait for its children
+// to arrive, and fails one of its next calls when they disagree.
 //
 // Over a group spanning hosts (hierarchy.h), two phases: the same tree
 // among one leader per host (the root on its host, the lowest rank on the

@@ -119,10 +119,13 @@ class ControlChannel {
 
   std::chrono::milliseconds timeout() const { return timeout_; }
 
- private:
-  // How many started calls are remembered to answer queries.
-  static constexpr std::size_t kHistory = 64;
+  // How many started calls are remembered to answer queries: more than a
+  // rank reads confirmations late (Exchange::kConfirmationWindow and its
+  // batch), so that a query about the oldest call it reads them for finds
+  // that call on a peer that went on.
+  static constexpr std::size_t kHistory = 1024;
 
+ private:
   struct Peer {
     bool open = false;
     bool sending = true;   // false once a send failed; reading goes on

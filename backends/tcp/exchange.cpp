@@ -305,6 +305,28 @@ void Exchange::advance(std::size_t index) {
   }
 }
 
+static_assert(ControlChannel::kHistory >= 2 * (Exchange::kConfirmationWindow +
+                                               Exchange::kConfirmationBatch),
+              "a query about a call read late must find it in the history");
+
+std::uint64_t Exchange::confirmation_window(Mesh& mesh, int peer) {
+  const shm::Ring* ring = mesh.ring(peer, Channel::kCollective, false);
+  if (ring == nullptr) return kConfirmationWindow;
+  constexpr std::size_t kMessage =
+      MessageHeader::kWireSize + kConfirmationBytes;
+  const std::size_t fit = ring->rewind_room() / kMessage;
+  return std::clamp<std::uint64_t>(fit >= 3 ? fit - 2 : 1, 1,
+                                   kConfirmationWindow);
+}
+
+std::uint64_t Exchange::confirmation_batch(Mesh& mesh, int peer) {
+  // The ring this rank's confirmations to `peer` travel on is the one
+  // `peer` reads them from, of the same capacity as the one back.
+  return std::max<std::uint64_t>(1, confirmation_window(mesh, peer) *
+                                        kConfirmationBatch /
+                                        kConfirmationWindow);
+}
+
 void Exchange::run() {
   if (settles_confirmations_) settle_confirmations();
   run_transfers();
@@ -319,8 +341,9 @@ void Exchange::run() {
     // of a later call still in its send queue, were the peer not to wait
     // for those to arrive before it closes (Mesh::wait_until_delivered).
     send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
-                       [&](int, const CallInfo& oldest) {
-                         return oldest.sequence + kConfirmationBatch <=
+                       [&](int peer, const CallInfo& oldest) {
+                         return oldest.sequence +
+                                    confirmation_batch(mesh_, peer) <=
                                 call_.sequence;
                        });
   }
@@ -370,7 +393,8 @@ void Exchange::settle_confirmations() {
         [&](const Transfer& t) { return t.kind == kind && t.peer == peer; });
   };
   auto read_due = [&](int peer, const CallInfo& oldest) {
-    return oldest.sequence + kConfirmationWindow <= call_.sequence ||
+    return oldest.sequence + confirmation_window(mesh_, peer) <=
+               call_.sequence ||
            step_has(Transfer::Kind::kRecv, peer);
   };
   // A rank that is about to wait for its peers' confirmations first sends
@@ -391,7 +415,8 @@ void Exchange::settle_confirmations() {
   send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
                      [&](int peer, const CallInfo& oldest) {
                        return reads ||
-                              oldest.sequence + kConfirmationBatch <=
+                              oldest.sequence +
+                                      confirmation_batch(mesh_, peer) <=
                                   call_.sequence ||
                               step_has(Transfer::Kind::kSend, peer);
                      });

@@ -181,15 +181,26 @@ class Exchange final : public CollectiveStep {
   // calls costs one system call on each side instead of several. The
   // window bounds how many calls a rank may finish before it learns that
   // a peer disagreed with one of them, and how far a rank that only sends
-  // may run ahead of its receivers (the transports' buffers bound it too);
-  // where ranks outnumber CPUs, a long run-ahead lets each rank move many
-  // calls per time slice. The batch is smaller, so that a peer that keeps
-  // calling has sent a confirmation before it is due; unread, a window's
-  // confirmations are a few 72-byte messages per peer.
+  // may run ahead of its receivers; where ranks outnumber CPUs, a long
+  // run-ahead lets each rank move many calls per time slice. The batch is
+  // smaller, so that a peer that keeps calling has sent a confirmation
+  // before it is due.
+  //
+  // Unread, a window's confirmations from one peer can be a 72-byte
+  // message per call (a rank about to wait for confirmations first sends
+  // all it owes). Over a socket that is 18.5 KiB at most, which the
+  // kernel's buffers hold. Over a ring it must fit in the room a ring
+  // keeps free when it rewinds (ring.h), or a peer that only receives
+  // from this rank would fill it and wait for a reader that waits for it
+  // in turn: so the window to a peer over a ring is that room's worth of
+  // messages less two (26 calls with the default ring), and the batch a
+  // quarter of it (confirmation_window, confirmation_batch).
   void expect_confirmation(int peer) override;
   static constexpr std::uint64_t kConfirmationWindow = 256;
   static constexpr std::uint64_t kConfirmationBatch = 64;
   static constexpr std::size_t kConfirmationBytes = 8;
+  static std::uint64_t confirmation_window(Mesh& mesh, int peer);
+  static std::uint64_t confirmation_batch(Mesh& mesh, int peer);
 
   // Sends every confirmation this rank still owes, then reads every one
   // the peers owe it, oldest first, waiting until `deadline` at most: the

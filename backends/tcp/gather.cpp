@@ -1,7 +1,7 @@
 // gather: every rank sends straight to the root, which receives from all
 // at once. The root confirms to each rank, once it has received its block,
-// that it is in the same call, which the rank reads a few calls later
-// (CollectiveStep::expect_confirmation). Without it ranks that name
+// that it is in the same call, which the rank reads up to a window of calls
+// later (CollectiveStep::expect_confirmation). Without it ranks that name
 // different roots could all only send and return success; with it each
 // reads a header naming another root and fails with MismatchError, in this
 // call or one of the next few, while a rank that arrives before the root

@@ -2,7 +2,7 @@
 // data into its own buffer (in chunks, with O(chunk) scratch) before
 // sending the result to its parent. A parent confirms to each child, once
 // it has received from it, that it is in the same call, which the child
-// reads a few calls later, so that
+// reads up to a window of calls later, so that
 // ranks that name different roots read a header naming another root and
 // fail with MismatchError instead of only sending and returning success
 // (see broadcast.cpp), while a child that is ready before its parent does

@@ -1,8 +1,9 @@
 // scatter: the root sends each rank its part directly, to all at once.
 // Each rank confirms to the root, once it has its part, that it is in the
-// same call, which the root reads a few calls later: ranks that name different
-// roots then read a header naming another root and fail with MismatchError,
-// instead of some only sending and returning success (see broadcast.cpp).
+// same call, which the root reads up to a window of calls later: ranks that
+// name different roots then read a header naming another root and fail with
+// MismatchError, instead of some only sending and returning success (see
+// broadcast.cpp).
 //
 // Over sockets, at four ranks or more and below kScatterTreeBytes in all,
 // a tree instead (broadcast's, each rank passing on its subtree's parts,

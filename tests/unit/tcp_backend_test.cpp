@@ -701,6 +701,43 @@ TEST_CASE("confirmations owed across calls that send nothing",
   check_all_ok(errors);
 }
 
+// A rank that only sends in a stream of rooted calls reads its peers'
+// confirmations a window of calls late, and a rank about to wait for
+// confirmations first sends all it owes, one message a call. At three
+// ranks, reduces that alternate between roots 1 and 2 leave rank 0 a child
+// of every call: ranks 1 and 2 each write it a confirmation every other
+// call, which it reads only when the window ends. Those must fit in what
+// a ring keeps free when it rewinds (the broadcasts first leave the rings
+// to rank 0 emptied 4 KiB in, where the next small write rewinds), or
+// ranks 1 and 2 wait to write them while rank 0 fills its rings to them
+// with its next 4 KiB blocks, until the timeout.
+TEST_CASE("confirmations a rank reads late never fill its channels",
+          "[tcp][confirmation]") {
+  constexpr int kCalls = 600;
+  auto errors = run_ranks(
+      3,
+      [&](ProcessGroup& group) {
+        const int me = group.rank();
+        for (int root : {1, 2}) {
+          Tensor b = Tensor::full({1024}, root, DType::kF32);
+          group.broadcast(b, {root})->wait();
+          expect(b.data<float>()[1023] == root, "broadcast");
+        }
+        for (int call = 0; call < kCalls; ++call) {
+          const int root = 1 + call % 2;
+          Tensor r = Tensor::full({1024}, me + call, DType::kF32);
+          group.reduce(r, {root, ReduceOp::kSum, std::chrono::seconds(5)})
+              ->wait();
+          if (me == root) {
+            expect(r.data<float>()[1023] == 3.0f * call + 3.0f,
+                   "reduce " + std::to_string(call));
+          }
+        }
+      },
+      std::chrono::seconds(60));
+  check_all_ok(errors);
+}
+
 TEST_CASE("bad arguments are InvalidArgument before anything is sent",
           "[tcp]") {
   auto errors = run_ranks(2, [&](ProcessGroup& group) {
