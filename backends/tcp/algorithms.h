@@ -7,6 +7,7 @@
 // from Backend::reduce; call them qualified (algorithms::reduce).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -77,6 +78,39 @@ bool exchange_directly(const CollectiveTransport& ctx, std::size_t bytes_sent);
 // four or more, each rank then receives log2 n messages instead of n - 1,
 // and each message costs its receiver a wake-up.
 bool exchange_in_pairs(const CollectiveTransport& ctx);
+
+// A rank's place in the binomial tree of broadcast, reduce and a small
+// scatter, rooted at `root` among `size` ranks and numbered by the highest
+// bit relative to the root: a rank's parent is the rank less its highest
+// bit, its children the rank plus each power of two from `first_power` on
+// (0 sends to 1, 2, 4; 1 to 3, 5; 2 to 6), the largest subtree first, and
+// its subtree every rank congruent to it modulo `first_power` (at eight
+// ranks 1's is {1, 3, 5, 7}). So the ranks that send alternate between odd
+// and even, and ranks placed on a host's CPUs in turn (rank r on CPU r mod
+// c, as the bench and mpirun bind them) share a call's sends between the
+// CPUs; over loopback TCP a send also carries the receiver's protocol work.
+struct BinomialTree {
+  BinomialTree(int rank, int ranks, int root_rank)
+      : size(ranks),
+        root(root_rank),
+        relative((rank - root_rank + ranks) % ranks),
+        parent(relative > 0 ? relative - highest_bit(relative) : -1),
+        first_power(relative > 0 ? highest_bit(relative) << 1 : 1) {}
+
+  // The group rank of relative rank `r`.
+  int real(int r) const { return (r + root) % size; }
+
+  const int size;
+  const int root;
+  const int relative;     // this rank, relative to the root
+  const int parent;       // relative; -1 at the root
+  const int first_power;  // of the first child, and the subtree's stride
+
+ private:
+  static int highest_bit(int r) {
+    return static_cast<int>(std::bit_floor(static_cast<unsigned>(r)));
+  }
+};
 
 // Appends the `bytes` at `data` to `parts`, joined to the last part where
 // they follow it in memory, so that adjacent blocks travel as one part.

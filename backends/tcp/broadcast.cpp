@@ -9,7 +9,7 @@
 // both return success with different data; with it each reads the other's
 // message, whose header names another root, and fails with MismatchError. A
 // parent reads its children's confirmations up to a window of calls later
-// (CollectiveStep:: expect_confirmation), so it does not wait for its children
+// (CollectiveStep::expect_confirmation), so it does not wait for its children
 // to arrive, and fails one of its next calls when they disagree.
 //
 // Over a group spanning hosts (hierarchy.h), two phases: the same tree
@@ -36,8 +36,6 @@
 // rank's read of the root's lines did not beat at any size measured; from
 // three ranks the root copies in once per child and the readers' parallel
 // reads win (bench/README.md, "Single copy").
-#include <bit>
-
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
@@ -84,32 +82,20 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
     }
     return;
   }
-  const int relative = (ctx.rank() - root + size) % size;
-  auto real = [&](int r) { return (r + root) % size; };
+  const BinomialTree place(ctx.rank(), size, root);
   const CollectiveStep::Part whole{static_cast<std::uint8_t*>(data), bytes};
   CollectiveStep& tree = ctx.step();
   // The root has everything at once; any other rank relays what its parent
-  // sends. A rank's parent is the rank less its highest bit (relative to
-  // the root), its children the rank plus each higher power of two, the
-  // largest subtree first: 0 sends to 1, 2, 4; 1 to 3, 5; 2 to 6. So the
-  // ranks that send alternate between odd and even, where numbering the
-  // tree by the lowest bit (0 to 4, 2, 1; 4 to 6, 5) made every sender
-  // even: ranks placed on a host's CPUs in turn (rank r on CPU r mod c, as
-  // the bench and mpirun bind them) then piled every send of a call on
-  // the same CPUs, and over loopback TCP a send carries the receiver's
-  // protocol work too.
+  // sends, to its children largest subtree first.
   int source = -1;
-  int first_child = 1;  // the power of two of the first child
-  if (relative > 0) {
-    const int highest =
-        static_cast<int>(std::bit_floor(static_cast<unsigned>(relative)));
-    const int parent = real(relative - highest);
+  if (place.parent >= 0) {
+    const int parent = place.real(place.parent);
     source = tree.recv_parts(parent, {&whole, 1}, DType::kU8, ReduceOp::kSum);
     tree.send_confirmation(parent);
-    first_child = highest << 1;
   }
-  for (int power = first_child; relative + power < size; power <<= 1) {
-    const int child = real(relative + power);
+  for (int power = place.first_power; place.relative + power < size;
+       power <<= 1) {
+    const int child = place.real(place.relative + power);
     if (source < 0) {
       tree.send(child, data, bytes);
     } else {

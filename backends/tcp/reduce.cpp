@@ -47,8 +47,6 @@
 // is written while another rank reads it. The buffers of the ranks other
 // than the root hold their reduced slice afterwards (Backend::reduce
 // leaves them unspecified).
-#include <bit>
-
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
@@ -144,32 +142,25 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
       count >= static_cast<std::size_t>(size)) {
     return scatter_then_gather(ctx, data, count, dtype, op, root);
   }
-  const int relative = (ctx.rank() - root + size) % size;
-  auto real = [&](int r) { return (r + root) % size; };
-  // The tree of broadcast.cpp, numbered by the highest bit, so that the
-  // ranks that reduce alternate between odd and even (see there): a rank's
-  // parent is the rank less its highest bit, its children the rank plus
-  // each higher power of two. The children come in the order their
-  // subtrees finish, the smallest (the largest power) first.
-  const int highest =
-      relative > 0
-          ? static_cast<int>(std::bit_floor(static_cast<unsigned>(relative)))
-          : 0;
-  const int first_child = relative > 0 ? highest << 1 : 1;
-  int last_child = 0;
-  for (int power = first_child; relative + power < size; power <<= 1) {
-    last_child = power;
+  // broadcast's tree (BinomialTree), the data flowing up: a rank takes its
+  // children in the order their subtrees finish, the smallest (the largest
+  // power) first, then sends to its parent.
+  const BinomialTree place(ctx.rank(), size, root);
+  int last_power = 0;
+  for (int power = place.first_power; place.relative + power < size;
+       power <<= 1) {
+    last_power = power;
   }
-  for (int power = last_child; power >= first_child; power >>= 1) {
+  for (int power = last_power; power >= place.first_power; power >>= 1) {
     CollectiveStep& from_child = ctx.step();
-    const int child = real(relative + power);
+    const int child = place.real(place.relative + power);
     from_child.recv_reduce(child, data, bytes, dtype, op);
     from_child.send_confirmation(child);
     from_child.run();
   }
-  if (relative > 0) {
+  if (place.parent >= 0) {
     CollectiveStep& to_parent = ctx.step();
-    const int parent = real(relative - highest);
+    const int parent = place.real(place.parent);
     to_parent.send(parent, data, bytes);
     to_parent.expect_confirmation(parent);
     to_parent.run();

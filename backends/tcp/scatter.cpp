@@ -22,7 +22,6 @@
 // reads its part from the root's memory (single_copy.h): the root sends each
 // rank its part's address and size, and returns once every rank has said it has
 // read it.
-#include <bit>
 #include <cstring>
 #include <vector>
 
@@ -39,61 +38,52 @@ namespace {
 // of their own (over sockets), the tree.
 constexpr std::size_t kScatterTreeBytes = 256 * 1024;
 
-// The tree of broadcast.cpp (numbered by the highest bit relative to the
-// root): a rank receives from its parent the blocks of its subtree, keeps
-// its own and sends each child the blocks of the child's subtree. The
-// subtree of relative rank r is every rank that is r modulo r's first
-// child's power of two (r's highest bit doubled; 1 at the root): at eight
-// ranks, 1's is {1, 3, 5, 7}, 2's {2, 6}, 3's {3, 7}.
+// broadcast's tree (BinomialTree): a rank receives from its parent the
+// blocks of its subtree, keeps its own and sends each child the blocks of
+// the child's subtree.
 void scatter_in_tree(CollectiveTransport& ctx,
                      std::span<const void* const> inputs, void* output,
                      std::size_t bytes, int root) {
   const int size = ctx.size();
-  const int relative = (ctx.rank() - root + size) % size;
-  auto real = [&](int r) { return (r + root) % size; };
-  const int highest =
-      relative > 0
-          ? static_cast<int>(std::bit_floor(static_cast<unsigned>(relative)))
-          : 0;
-  const int stride = relative > 0 ? highest << 1 : 1;
+  const BinomialTree place(ctx.rank(), size, root);
+  const int stride = place.first_power;
   // The subtree's other blocks, in rank order, live in `held` on a rank
-  // that relays them; block of relative rank x at (x - relative) / stride - 1.
+  // that relays them: relative rank x's at (x - relative) / stride - 1.
   const std::size_t others =
-      static_cast<std::size_t>((size - 1 - relative) / stride);
+      static_cast<std::size_t>((size - 1 - place.relative) / stride);
   const WorkspaceBuffer held =
-      relative > 0 && bytes > 0 && others > 0
+      place.parent >= 0 && bytes > 0 && others > 0
           ? WorkspaceBuffer(ctx.workspace(), bytes * others)
           : WorkspaceBuffer();
   auto block_of = [&](int x) -> const void* {
-    if (relative == 0) return inputs[real(x)];
+    if (place.parent < 0) return inputs[place.real(x)];
     return held.get() +
-           bytes * static_cast<std::size_t>((x - relative) / stride - 1);
+           bytes * static_cast<std::size_t>((x - place.relative) / stride - 1);
   };
-  if (relative > 0) {
+  if (place.parent >= 0) {
     const CollectiveStep::Part parts[2] = {
         {static_cast<std::uint8_t*>(output), bytes},
         {held.get(), bytes * others}};
     CollectiveStep& from_parent = ctx.step();
-    const int parent = real(relative - highest);
+    const int parent = place.real(place.parent);
     from_parent.recv_parts(parent, parts, DType::kU8, ReduceOp::kSum);
     from_parent.send_confirmation(parent);
     from_parent.run();
   } else if (bytes > 0 && inputs[root] != output) {
     std::memmove(output, inputs[root], bytes);
   }
-  if (relative + stride >= size) return;
+  if (place.relative + stride >= size) return;
   CollectiveStep& to_children = ctx.step();
   std::vector<CollectiveStep::Part> parts;
-  for (int power = stride; relative + power < size; power <<= 1) {
-    const int child = relative + power;
+  for (int power = stride; place.relative + power < size; power <<= 1) {
+    const int child = place.relative + power;
     parts.clear();
     for (int x = child; x < size; x += power << 1) {
       parts.push_back(
           {static_cast<std::uint8_t*>(const_cast<void*>(block_of(x))), bytes});
     }
-    std::size_t total = bytes * parts.size();
-    to_children.relay(real(child), parts, total, -1);
-    to_children.expect_confirmation(real(child));
+    to_children.relay(place.real(child), parts, bytes * parts.size(), -1);
+    to_children.expect_confirmation(place.real(child));
   }
   to_children.run();
 }
