@@ -275,12 +275,20 @@ struct NcclBackend::Pending {
   Clock::time_point deadline;
   std::chrono::milliseconds timeout;
 
-  // Once the operation has run: destroys its event and finishes its Work,
-  // waking its waiters. Called without the backend's lock. Its staging
-  // stays in `staged`, for the caller to make spare under the lock.
-  void complete() {
-    done->destroy();
-    work->finish();
+  // Once their operations have run: destroys each one's event and finishes
+  // its Work, waking its waiters, then releases them (and the tensors they
+  // kept). Called without the backend's lock. Returns their staging, for
+  // the caller to make spare under the lock.
+  static std::vector<StagedBuffer> complete(
+      std::vector<std::shared_ptr<Pending>>& finished) {
+    std::vector<StagedBuffer> staging;
+    for (auto& p : finished) {
+      p->done->destroy();
+      p->work->finish();
+      staging.insert(staging.end(), p->staged.begin(), p->staged.end());
+    }
+    finished.clear();
+    return staging;
   }
 };
 
@@ -515,12 +523,7 @@ void NcclBackend::watch() {
       ++it;
     }
     lock.unlock();
-    std::vector<StagedBuffer> spare;
-    for (auto& p : finished) {
-      p->complete();
-      spare.insert(spare.end(), p->staged.begin(), p->staged.end());
-    }
-    finished.clear();  // releases the tensors outside the lock
+    const std::vector<StagedBuffer> spare = Pending::complete(finished);
     lock.lock();
     if (communicator_) {
       communicator_->spare.insert(communicator_->spare.end(), spare.begin(),
@@ -575,12 +578,7 @@ void NcclBackend::shutdown() {
       return true;
     });
   }
-  std::vector<StagedBuffer> spare;
-  for (auto& p : finished) {
-    p->complete();
-    spare.insert(spare.end(), p->staged.begin(), p->staged.end());
-  }
-  finished.clear();
+  const std::vector<StagedBuffer> spare = Pending::complete(finished);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!communicator_) return;
   Communicator& c = *communicator_;
