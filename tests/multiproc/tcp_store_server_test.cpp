@@ -18,15 +18,16 @@
 
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
-#include "libcomm/param.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_protocol.h"
 #include "support/child_process.h"
+#include "support/env_is.h"
 #include "support/server_process.h"
 #include "support/temp_path.h"
 
 namespace proto = comm::tcp_store_protocol;
 using comm::testing::ChildProcess;
+using comm::testing::EnvIs;
 using comm::testing::ServerProcess;
 using comm::testing::TempPath;
 using namespace std::chrono_literals;
@@ -154,27 +155,6 @@ std::size_t resident_bytes(pid_t pid) {
   }
   return 0;
 }
-
-// Sets a knob for the server processes started while it lives. Knobs are
-// read once per process, so the server must start after this is constructed;
-// the test process itself reads none of these.
-class ScopedEnvironment {
- public:
-  ScopedEnvironment(std::string name, const std::string& value)
-      : name_(std::move(name)) {
-    setenv(name_.c_str(), value.c_str(), 1);
-    comm::reset_params();
-  }
-  ~ScopedEnvironment() {
-    unsetenv(name_.c_str());
-    comm::reset_params();
-  }
-  ScopedEnvironment(const ScopedEnvironment&) = delete;
-  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
-
- private:
-  std::string name_;
-};
 
 // Connects a well-behaved client, retrying while the server may still be
 // refusing it, and checks that it is served.
@@ -473,7 +453,7 @@ TEST_CASE("a 64 MiB hello is refused before anything is allocated for it",
 
 TEST_CASE("connections silent past the hello deadline are closed",
           "[tcp_store][multiproc][limits]") {
-  ScopedEnvironment environment("COMM_STORE_HELLO_TIMEOUT_S", "1");
+  EnvIs environment({{"COMM_STORE_HELLO_TIMEOUT_S", "1"}});
   ServerProcess server;
   std::vector<std::unique_ptr<RawClient>> silent;
   for (int i = 0; i < 3; ++i)
@@ -495,7 +475,7 @@ TEST_CASE("connections silent past the hello deadline are closed",
 
 TEST_CASE("connections over the cap are closed at once",
           "[tcp_store][multiproc][limits]") {
-  ScopedEnvironment environment("COMM_STORE_MAX_CONNECTIONS", "4");
+  EnvIs environment({{"COMM_STORE_MAX_CONNECTIONS", "4"}});
   ServerProcess server;
   std::vector<std::unique_ptr<RawClient>> held;
   for (int i = 0; i < 4; ++i) {
@@ -561,7 +541,7 @@ TEST_CASE("a client that never reads its replies is not read either",
 
 TEST_CASE("warnings about refused clients are rate-limited",
           "[tcp_store][multiproc][limits]") {
-  ScopedEnvironment environment("COMM_STORE_REFUSAL_WARNINGS", "5");
+  EnvIs environment({{"COMM_STORE_REFUSAL_WARNINGS", "5"}});
   TempPath log("tcp_store_refusals");
   comm::TCPStoreServerOptions options;
   options.token = "job-secret";

@@ -25,7 +25,7 @@
 #include "backends/shm/ring.h"
 #include "backends/tcp/exchange.h"
 #include "backends/tcp/mesh.h"
-#include "libcomm/param.h"
+#include "support/env_is.h"
 #include "support/mesh_ranks.h"
 #include "support/rank_checks.h"
 
@@ -33,6 +33,7 @@ using comm::shm::Doorbell;
 using comm::shm::Ring;
 using comm::tcp::Channel;
 using comm::tcp::Mesh;
+using comm::testing::EnvIs;
 using comm::testing::expect;
 using namespace std::chrono_literals;
 
@@ -57,18 +58,6 @@ bool rang(const Doorbell& bell) {
   pollfd entry{bell.fd(), POLLIN, 0};
   return ::poll(&entry, 1, 0) == 1;
 }
-
-// Sets COMM_TRANSPORT for this test and puts it back afterwards.
-struct TransportIs {
-  explicit TransportIs(const char* word) {
-    ::setenv("COMM_TRANSPORT", word, 1);
-    comm::reset_params();
-  }
-  ~TransportIs() {
-    ::unsetenv("COMM_TRANSPORT");
-    comm::reset_params();
-  }
-};
 
 }  // namespace
 
@@ -315,7 +304,7 @@ TEST_CASE("a ring wakes the other end only when it said it waits",
 
 TEST_CASE("ranks of one host talk over rings, not sockets, but for control",
           "[shm][mesh]") {
-  TransportIs shm("shm");
+  EnvIs shm({{"COMM_TRANSPORT", "shm"}});
   constexpr int kWorld = 3;
   auto errors = comm::testing::run_meshes(kWorld, 20s, [](Mesh& mesh) {
     const int me = mesh.rank();
@@ -372,7 +361,7 @@ TEST_CASE("ranks of one host talk over rings, not sockets, but for control",
 }
 
 TEST_CASE("COMM_TRANSPORT=tcp keeps every channel on sockets", "[shm][mesh]") {
-  TransportIs tcp("tcp");
+  EnvIs tcp({{"COMM_TRANSPORT", "tcp"}});
   auto errors = comm::testing::run_meshes(2, 20s, [](Mesh& mesh) {
     const int peer = 1 - mesh.rank();
     expect(mesh.local_peers().local_count() <= 1, "ranks are local over tcp");
@@ -385,7 +374,7 @@ TEST_CASE("COMM_TRANSPORT=tcp keeps every channel on sockets", "[shm][mesh]") {
 
 TEST_CASE("a host's ranks know whether they outnumber their CPUs",
           "[shm][mesh]") {
-  TransportIs shm("shm");
+  EnvIs shm({{"COMM_TRANSPORT", "shm"}});
   cpu_set_t usable;
   CPU_ZERO(&usable);
   REQUIRE(::sched_getaffinity(0, sizeof(usable), &usable) == 0);
