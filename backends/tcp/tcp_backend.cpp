@@ -352,7 +352,7 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
         std::pmr::monotonic_buffer_resource arena(blocks_memory,
                                                   sizeof(blocks_memory));
         std::pmr::vector<void*> blocks(static_cast<std::size_t>(size()),
-                                       &arena);
+                                       nullptr, &arena);
         for (int r = 0; r < size(); ++r)
           blocks[static_cast<std::size_t>(r)] = bytes_of(host) + r * bytes;
         Tensor staged;
