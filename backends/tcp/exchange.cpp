@@ -363,6 +363,32 @@ std::uint64_t take_count(const std::uint8_t* in) {
   return count;
 }
 
+// The payloads of one step's confirmations, at most one per peer, each at
+// an address that stays put while the step runs. On the stack up to 64
+// peers: a step of confirmations runs every few calls, and a heap
+// allocation is a good part of a small call.
+class ConfirmationCounts {
+ public:
+  explicit ConfirmationCounts(int peers) {
+    counts_.reserve(static_cast<std::size_t>(peers));
+  }
+  ConfirmationCounts(const ConfirmationCounts&) = delete;
+  ConfirmationCounts& operator=(const ConfirmationCounts&) = delete;
+
+  // A new payload; no more than `peers` between two clear().
+  std::uint8_t* add() { return counts_.emplace_back().data(); }
+  const std::uint8_t* operator[](std::size_t i) const {
+    return counts_[i].data();
+  }
+  void clear() { counts_.clear(); }
+
+ private:
+  alignas(std::max_align_t) std::byte memory_[512];
+  std::pmr::monotonic_buffer_resource arena_{memory_, sizeof(memory_)};
+  std::pmr::vector<std::array<std::uint8_t, Exchange::kConfirmationBytes>>
+      counts_{&arena_};
+};
+
 // The oldest call, over all peers, whose confirmation is unread and for
 // which `due(peer, call)` holds (each peer's oldest unread only).
 template <typename Due>
@@ -457,7 +483,7 @@ void Exchange::send_confirmations(Mesh& mesh, const CallInfo* call,
   }
   if (!any_due) return;
   std::optional<Exchange> sending;
-  std::vector<std::array<std::uint8_t, kConfirmationBytes>> counts;
+  ConfirmationCounts counts(mesh.size());
   for (int peer = 0; peer < mesh.size(); ++peer) {
     const auto& unsent = mesh.unsent_confirmations(peer);
     if (unsent.empty() || !due(peer, unsent.front())) continue;
@@ -465,11 +491,11 @@ void Exchange::send_confirmations(Mesh& mesh, const CallInfo* call,
       sending.emplace(mesh, unsent.front(), deadline, wake_fd, control);
       sending->settles_confirmations_ = false;
       sending->running_ = call;
-      counts.reserve(static_cast<std::size_t>(mesh.size()));
     }
-    put_count(counts.emplace_back().data(), unsent.size());
+    std::uint8_t* count = counts.add();
+    put_count(count, unsent.size());
     sending->add_confirmation(Transfer::Kind::kSend, peer, unsent.back(),
-                              counts.back().data());
+                              count);
   }
   if (!sending) return;
   sending->run_transfers();
@@ -483,13 +509,12 @@ void Exchange::read_confirmations(Mesh& mesh, const CallInfo* call,
                                   ControlChannel* control,
                                   detail::Clock::time_point deadline,
                                   int wake_fd, Due due) {
-  std::vector<std::array<std::uint8_t, kConfirmationBytes>> counts;
-  counts.reserve(static_cast<std::size_t>(mesh.size()));
+  std::optional<CallInfo> oldest = oldest_unread(mesh, due);
+  if (!oldest) return;  // as in most calls
+  ConfirmationCounts counts(mesh.size());
   // Bounded: each round reads at least one confirmation, and the peers owe
   // a finite number.
-  while (true) {
-    const std::optional<CallInfo> oldest = oldest_unread(mesh, due);
-    if (!oldest) return;
+  for (; oldest; oldest = oldest_unread(mesh, due)) {
     // A step of the oldest call to confirm, so that its queries and its
     // errors name that call; each confirmation's header is checked
     // against the calls its sender still owes (check_header).
@@ -501,14 +526,13 @@ void Exchange::read_confirmations(Mesh& mesh, const CallInfo* call,
       const auto& unread = mesh.unread_confirmations(peer);
       if (!unread.empty() && due(peer, unread.front())) {
         reading.add_confirmation(Transfer::Kind::kRecv, peer, unread.front(),
-                                 counts.emplace_back().data());
+                                 counts.add());
       }
     }
     try {
       reading.run_transfers();
       for (std::size_t i = 0; i < reading.transfers_.size(); ++i) {
-        reading.take_confirmation(reading.transfers_[i],
-                                  take_count(counts[i].data()));
+        reading.take_confirmation(reading.transfers_[i], take_count(counts[i]));
       }
     } catch (const ReportedFailure&) {
       throw;
