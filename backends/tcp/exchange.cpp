@@ -208,19 +208,21 @@ int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts) {
     if (part.base == part.data) part.base = nullptr;
     if (part.reduce) largest_reduced = std::max(largest_reduced, part.bytes);
   }
-  // Over a ring, a reducing receive takes a quarter of the ring at a
-  // time, so that the sender keeps filling the rest while this rank
-  // reduces; with a chunk of the whole ring the two would take turns.
-  std::size_t chunk = chunk_bytes();
-  if (const shm::Ring* ring =
-          kind == Transfer::Kind::kRecv
-              ? mesh_.ring(peer, Channel::kCollective, false)
-              : nullptr) {
-    chunk = std::min(chunk,
-                     std::max<std::size_t>(64, ring->capacity() / 4 / 64 * 64));
+  if (largest_reduced > 0) {
+    // Over a ring, a reducing receive takes a quarter of the ring at a
+    // time, so that the sender keeps filling the rest while this rank
+    // reduces; with a chunk of the whole ring the two would take turns.
+    std::size_t chunk = chunk_bytes();
+    if (const shm::Ring* ring =
+            kind == Transfer::Kind::kRecv
+                ? mesh_.ring(peer, Channel::kCollective, false)
+                : nullptr) {
+      chunk = std::min(
+          chunk, std::max<std::size_t>(64, ring->capacity() / 4 / 64 * 64));
+    }
+    t.scratch_bytes = std::min(largest_reduced, chunk);
+    t.scratch = {workspace_, t.scratch_bytes};
   }
-  t.scratch_bytes = std::min(largest_reduced, chunk);
-  if (t.scratch_bytes > 0) t.scratch = {workspace_, t.scratch_bytes};
   if (kind == Transfer::Kind::kSend) {
     MessageHeader header;
     header.call = call_;
@@ -584,9 +586,8 @@ void Exchange::run_transfers() {
   }
   const auto budget = spin_budget();
   const auto began = detail::Clock::now();
-  const bool oversubscribed = mesh_.local_peers().oversubscribed();
   bool moved_first = false;
-  if (!oversubscribed && budget.count() > 0 &&
+  if (budget.count() > 0 &&
       watch_rings_first(began + std::min<detail::Clock::duration>(
                                     budget, kDescriptorPollInterval),
                         moved_first)) {
@@ -707,16 +708,10 @@ void Exchange::run_transfers() {
     // A spin that waits on rings alone needs no system call to see them
     // move; the descriptors (a doorbell, a peer's exit, the alarm, the
     // wake-up) are polled once per kDescriptorPollInterval. Between two
-    // rounds it watches the rings' cursors, or, where the host's ranks
-    // outnumber their CPUs, yields the CPU to the rank it may be waiting
-    // for.
+    // rounds it watches the rings' cursors (watch_rings).
     if (spinning && !ring_transfers.empty() && !on_socket &&
         now < next_descriptor_poll) {
-      if (oversubscribed) {
-        relax(true);
-      } else {
-        watch_rings(ring_transfers, next_descriptor_poll);
-      }
+      watch_rings(ring_transfers, next_descriptor_poll);
       continue;
     }
     next_descriptor_poll = now + kDescriptorPollInterval;
@@ -840,8 +835,9 @@ bool Exchange::watch_rings_first(detail::Clock::time_point until, bool& moved) {
 
 void Exchange::watch_rings(std::span<const int> waiting,
                            detail::Clock::time_point until) {
+  const bool oversubscribed = mesh_.local_peers().oversubscribed();
   if (waiting.size() > kMostWatched) {
-    relax(false);
+    relax(oversubscribed);
     return;
   }
   shm::Ring* rings[kMostWatched];
@@ -859,10 +855,17 @@ void Exchange::watch_rings(std::span<const int> waiting,
         return;
       }
     }
-    if (look % kLooksPerClockRead == 0 && detail::Clock::now() >= until) {
+    // A yield may last another rank's whole time slice: the clock is read
+    // after each one.
+    if ((oversubscribed || look % kLooksPerClockRead == 0) &&
+        detail::Clock::now() >= until) {
       return;
     }
-    pause_core();
+    if (oversubscribed) {
+      sched_yield();
+    } else {
+      pause_core();
+    }
   }
 }
 
@@ -1073,13 +1076,13 @@ void Exchange::advance_part(Transfer& t, std::size_t moved) {
   const Part& part = t.parts[t.part];
   t.part_done += moved;
   t.payload_done += moved;
-  bool publish = t.payload_done - t.published >= chunk_bytes();
   if (t.part_done == part.bytes) {
     ++t.part;
     t.part_done = 0;
-    publish = true;
+    t.published = t.payload_done;
+  } else if (t.payload_done - t.published >= chunk_bytes()) {
+    t.published = t.payload_done;
   }
-  if (publish) t.published = t.payload_done;
 }
 
 void Exchange::check_header(const Transfer& t) {

@@ -40,7 +40,7 @@
 // system call while the step polls; a step that waits on rings alone spins
 // without system calls, polling its descriptors only every
 // kDescriptorPollInterval, and between two rounds watches the rings'
-// cursors alone, pausing the core between looks (watch_rings), or yields
+// cursors alone (watch_rings), pausing the core between looks, or yielding
 // the CPU where the host's ranks outnumber their CPUs
 // (shm::LocalPeers::oversubscribed); before it sleeps, the step raises the
 // waiting flag of each ring it waits on and sleeps on its doorbell
@@ -310,26 +310,30 @@ class Exchange final : public CollectiveStep {
   // share CPUs cannot run at once.
   std::size_t publish_every(const Transfer& t, const shm::Ring& ring) const;
   void progress_recv(Transfer& t);
-  // Between two rounds of a step that spins on rings alone, on a host
-  // whose ranks have a CPU each: looks at the cursors of the rings that the
-  // transfers `waiting` (indices) wait on, pausing the core between looks,
+  // Between two rounds of a step that spins on rings alone: looks at the
+  // cursors of the rings that the transfers `waiting` (indices) wait on
   // and returns as soon as one of them can move (bytes to read, room to
   // write) or is closed, after kWatchLooks looks, or once `until` (the next
-  // poll of the step's descriptors) has passed, which it checks every
-  // kLooksPerClockRead looks, since how long a pause lasts differs widely
-  // between processors. A round reads the clock, rebuilds its
-  // lists and tries every transfer; a look loads a cursor or two per ring,
-  // so a rank sees its peer's message within a pause of its publication.
-  // A step that waits on more than kMostWatched rings (an all_to_all of
-  // many local ranks) only pauses the core a few times and returns, so
-  // that the list of rings fits on the stack.
+  // poll of the step's descriptors) has passed. Between two looks it
+  // pauses the core, and reads the clock every kLooksPerClockRead looks,
+  // since how long a pause lasts differs widely between processors; where
+  // the host's ranks outnumber their CPUs it yields the CPU instead (the
+  // rank waited for may be the one that would run) and reads the clock
+  // after every yield. A round reads the clock, rebuilds its lists and
+  // tries every transfer; a look loads a cursor or two per ring, so a rank
+  // sees its peer's message within a pause (or a yield) of its
+  // publication, and ranks that share CPUs spend their turns on their
+  // calls rather than on rounds. A step that waits on more than
+  // kMostWatched rings (an all_to_all of many local ranks) only pauses
+  // once (or yields) and returns, so that the list of rings fits on the
+  // stack.
   static constexpr int kWatchLooks = 256;
   static constexpr int kLooksPerClockRead = 32;
   static constexpr std::size_t kMostWatched = 8;
   void watch_rings(std::span<const int> waiting,
                    detail::Clock::time_point until);
-  // Run first, on a host whose ranks have a CPU each, when the first sends
-  // and receives left transfers waiting: while every one of them waits on
+  // Run first, when the first sends and receives left transfers waiting
+  // and the step may spin: while every one of them waits on
   // a ring (no socket, no relay, at most kMostWatched), watches their
   // cursors and moves them, without the lists, descriptors and clock reads
   // of a whole round. Returns true once the step is done; false at
