@@ -446,8 +446,8 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
                                 options.output_split_sizes, size());
   layout.scale(input.element_size());
   CallInfo call{Collective::kAllToAll, 0, input.dtype(), 0, ReduceOp::kSum, -1};
-  // The layout moves into the task: copying it would cost a heap
-  // allocation in every call.
+  // The layout moves into the task: in a large group its arrays are a heap
+  // allocation, which a copy would make again.
   return enqueue(call, options.timeout,
                  [output, input = Tensor(input),
                   layout = std::move(layout)](CollectiveContext& ctx) mutable {

@@ -103,11 +103,11 @@ void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
 
 namespace {
 
-// The rows each rank's block of `t` has: the row counts given, or, with
-// none given, size(0) / size each.
-std::int64_t rows_of(const std::vector<std::int64_t>& given, const Tensor& t,
+// The rows each rank's block of a tensor of `rows` rows has: the row
+// counts given, or, with none given, rows / size each.
+std::int64_t rows_of(const std::vector<std::int64_t>& given, std::int64_t rows,
                      int size, std::size_t p) {
-  return given.empty() ? t.size(0) / size : given[p];
+  return given.empty() ? rows / size : given[p];
 }
 
 // Throws unless `given` splits `t` into `size` blocks of rows (see
@@ -115,11 +115,12 @@ std::int64_t rows_of(const std::vector<std::int64_t>& given, const Tensor& t,
 void check_splits(const std::vector<std::int64_t>& given, const Tensor& t,
                   int size, const char* which) {
   const auto n = static_cast<std::size_t>(size);
+  const std::int64_t rows = t.size(0);
   // Without split sizes every rank gets as many rows.
   const bool even = given.empty();
-  if (even && t.size(0) % size != 0) {
+  if (even && rows % size != 0) {
     throw InvalidArgument(std::string("all_to_all: ") + which + " " +
-                          t.describe() + " has " + std::to_string(t.size(0)) +
+                          t.describe() + " has " + std::to_string(rows) +
                           " rows, not divisible by the group size " +
                           std::to_string(size) + "; pass split sizes");
   }
@@ -128,15 +129,15 @@ void check_splits(const std::vector<std::int64_t>& given, const Tensor& t,
   bool fits = even || given.size() == n;
   std::int64_t sum = 0;
   for (std::size_t p = 0; fits && p < n; ++p) {
-    const std::int64_t rows = rows_of(given, t, size, p);
-    fits = rows >= 0 && rows <= t.size(0) - sum;
-    if (fits) sum += rows;
+    const std::int64_t block = rows_of(given, rows, size, p);
+    fits = block >= 0 && block <= rows - sum;
+    if (fits) sum += block;
   }
-  if (!fits || sum != t.size(0)) {
+  if (!fits || sum != rows) {
     throw InvalidArgument(std::string("all_to_all: ") + which +
                           " split sizes must be one non-negative row count "
                           "per rank adding up to " +
-                          std::to_string(t.size(0)));
+                          std::to_string(rows));
   }
 }
 
@@ -151,7 +152,7 @@ void split(const std::vector<std::int64_t>& given, const Tensor& t, int size,
   std::size_t at = 0;
   for (std::size_t p = 0; p < offsets.size(); ++p) {
     offsets[p] = at;
-    counts[p] = static_cast<std::size_t>(rows_of(given, t, size, p)) * row;
+    counts[p] = static_cast<std::size_t>(rows_of(given, rows, size, p)) * row;
     at += counts[p];
   }
 }

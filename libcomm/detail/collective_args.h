@@ -3,6 +3,7 @@
 // Each throws InvalidArgument naming the operation and what was wrong.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -43,12 +44,16 @@ void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
 // Where each rank's blocks of an all_to_all lie, in elements until
 // scale() makes them bytes: for each rank p, the offset and length of the
 // input block sent to p and of the output block received from p. The
-// four arrays share one allocation, which a call makes once instead of
-// four times.
+// four arrays live in the layout itself for groups of up to kInlineRanks
+// ranks, and in one heap allocation for larger ones: a small call would
+// otherwise spend a good part of its time in malloc and free.
 class AllToAllLayout {
  public:
-  explicit AllToAllLayout(int size)
-      : size_(static_cast<std::size_t>(size)), entries_(4 * size_) {}
+  static constexpr std::size_t kInlineRanks = 16;
+
+  explicit AllToAllLayout(int size) : size_(static_cast<std::size_t>(size)) {
+    if (size_ > kInlineRanks) heap_.resize(4 * size_);
+  }
 
   std::span<std::size_t> send_offsets() { return part(0); }
   std::span<std::size_t> send_counts() { return part(1); }
@@ -61,19 +66,28 @@ class AllToAllLayout {
 
   // Multiplies every offset and count by `factor` (an element's bytes).
   void scale(std::size_t factor) {
-    for (std::size_t& entry : entries_) entry *= factor;
+    for (std::size_t& entry : std::span(entries(), 4 * size_)) entry *= factor;
   }
 
  private:
+  // Looked up on each access rather than kept as a pointer, so that the
+  // layout can be moved (into a task) as it is.
+  std::size_t* entries() {
+    return size_ > kInlineRanks ? heap_.data() : inline_.data();
+  }
+  const std::size_t* entries() const {
+    return size_ > kInlineRanks ? heap_.data() : inline_.data();
+  }
   std::span<std::size_t> part(std::size_t k) {
-    return {entries_.data() + k * size_, size_};
+    return {entries() + k * size_, size_};
   }
   std::span<const std::size_t> part(std::size_t k) const {
-    return {entries_.data() + k * size_, size_};
+    return {entries() + k * size_, size_};
   }
 
   std::size_t size_;
-  std::vector<std::size_t> entries_;
+  std::array<std::size_t, 4 * kInlineRanks> inline_;
+  std::vector<std::size_t> heap_;
 };
 
 // Throws InvalidArgument unless an all_to_all's tensors are defined,

@@ -1,0 +1,101 @@
+// comm::detail's all_to_all checks and layout: every block where the split
+// sizes put it, in groups small enough for the layout's own arrays and in
+// larger ones, and a clear error for splits that do not cover the tensor.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "libcomm/detail/collective_args.h"
+#include "libcomm/error.h"
+#include "libcomm/tensor.h"
+
+using comm::DType;
+using comm::InvalidArgument;
+using comm::Tensor;
+using comm::detail::all_to_all_layout;
+using comm::detail::AllToAllLayout;
+using comm::detail::check_all_to_all;
+
+namespace {
+
+// What all_to_all_layout must give for blocks of `rows` rows each (in
+// order) of `row` elements.
+void require_blocks(std::span<const std::size_t> offsets,
+                    std::span<const std::size_t> counts,
+                    const std::vector<std::int64_t>& rows, std::size_t row) {
+  REQUIRE(offsets.size() == rows.size());
+  REQUIRE(counts.size() == rows.size());
+  std::size_t at = 0;
+  for (std::size_t p = 0; p < rows.size(); ++p) {
+    CHECK(offsets[p] == at);
+    CHECK(counts[p] == static_cast<std::size_t>(rows[p]) * row);
+    at += static_cast<std::size_t>(rows[p]) * row;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("all_to_all layouts place every block, in small and large groups") {
+  // 16 ranks fill the layout's own arrays; 17 and 40 take the heap.
+  for (int size : {1, 3, 16, 17, 40}) {
+    const auto n = static_cast<std::size_t>(size);
+    std::vector<std::int64_t> input_rows(n);
+    std::vector<std::int64_t> output_rows(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      input_rows[p] = static_cast<std::int64_t>(p % 3);
+      output_rows[p] = static_cast<std::int64_t>((p + 1) % 4);
+    }
+    const std::int64_t in_total =
+        std::accumulate(input_rows.begin(), input_rows.end(), std::int64_t{0});
+    const std::int64_t out_total = std::accumulate(
+        output_rows.begin(), output_rows.end(), std::int64_t{0});
+    const Tensor input = Tensor::zeros({in_total, 5}, DType::kF32);
+    const Tensor output = Tensor::zeros({out_total, 5}, DType::kF32);
+    check_all_to_all(output, input, input_rows, output_rows, size);
+    AllToAllLayout layout =
+        all_to_all_layout(output, input, input_rows, output_rows, size);
+    require_blocks(layout.send_offsets(), layout.send_counts(), input_rows, 5);
+    require_blocks(layout.receive_offsets(), layout.receive_counts(),
+                   output_rows, 5);
+
+    // Moved (into a task) and scaled to bytes, it still describes them.
+    AllToAllLayout moved = std::move(layout);
+    moved.scale(4);
+    require_blocks(moved.send_offsets(), moved.send_counts(), input_rows, 20);
+    require_blocks(moved.receive_offsets(), moved.receive_counts(), output_rows,
+                   20);
+
+    // Without split sizes every rank gets as many rows.
+    const Tensor even = Tensor::zeros({2 * size, 3}, DType::kI32);
+    check_all_to_all(even, even, {}, {}, size);
+    const AllToAllLayout equal = all_to_all_layout(even, even, {}, {}, size);
+    require_blocks(equal.send_offsets(), equal.send_counts(),
+                   std::vector<std::int64_t>(n, 2), 3);
+    require_blocks(equal.receive_offsets(), equal.receive_counts(),
+                   std::vector<std::int64_t>(n, 2), 3);
+  }
+}
+
+TEST_CASE("all_to_all splits that do not cover the tensor are refused") {
+  const Tensor t = Tensor::zeros({6, 2}, DType::kF32);
+  // Rows not divisible by the group, without split sizes.
+  CHECK_THROWS_WITH(check_all_to_all(t, t, {}, {}, 4),
+                    Catch::Contains("not divisible by the group size 4") &&
+                        Catch::Contains("pass split sizes"));
+  // Splits that add up to too few or too many rows, have a negative count,
+  // or are not one per rank.
+  for (const std::vector<std::int64_t>& bad :
+       std::vector<std::vector<std::int64_t>>{
+           {1, 1, 1}, {3, 3, 1}, {7, -1, 0}, {3, 3}, {2, 2, 2, 0}}) {
+    CHECK_THROWS_AS(check_all_to_all(t, t, bad, {2, 2, 2}, 3), InvalidArgument);
+    CHECK_THROWS_WITH(check_all_to_all(t, t, {2, 2, 2}, bad, 3),
+                      Catch::Contains("output split sizes must be one "
+                                      "non-negative row count per rank "
+                                      "adding up to 6"));
+  }
+  check_all_to_all(t, t, {6, 0, 0}, {0, 0, 6}, 3);
+}
