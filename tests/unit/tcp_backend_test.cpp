@@ -375,6 +375,51 @@ TEST_CASE("all_to_all where some ranks send small and others large splits",
   check_all_ok(errors);
 }
 
+TEST_CASE("all_to_all where only one pair of ranks has a large part",
+          "[tcp][all_to_all]") {
+  // Rank 0 sends rank 1 1 Mi int32 (4 MiB, which rank 1 reads from rank
+  // 0's memory over shared memory); every other part is one int32, so
+  // ranks 2 and 3 read nothing and run the plain direct step beside the
+  // two that read.
+  const int world = 4;
+  const std::int64_t large = 1 << 20;
+  auto rows = [&](int from, int to) -> std::int64_t {
+    return from == 0 && to == 1 ? large : 1;
+  };
+  auto errors = run_ranks(world, [&](ProcessGroup& group) {
+    const int me = group.rank();
+    comm::AllToAllOptions options;
+    std::int64_t rows_in = 0;
+    std::int64_t rows_out = 0;
+    for (int p = 0; p < world; ++p) {
+      options.input_split_sizes.push_back(rows(me, p));
+      options.output_split_sizes.push_back(rows(p, me));
+      rows_in += rows(me, p);
+      rows_out += rows(p, me);
+    }
+    // Rank r's part for rank p holds 100 * r + p.
+    Tensor input = Tensor::zeros({rows_in}, DType::kI32);
+    std::int64_t at = 0;
+    for (int p = 0; p < world; ++p) {
+      for (std::int64_t i = 0; i < rows(me, p); ++i) {
+        input.data<std::int32_t>()[at++] = 100 * me + p;
+      }
+    }
+    Tensor output = Tensor::zeros({rows_out}, DType::kI32);
+    for (int round = 0; round < 3; ++round) {
+      group.all_to_all(output, input, options)->wait();
+      at = 0;
+      for (int p = 0; p < world; ++p) {
+        for (std::int64_t i = 0; i < rows(p, me); ++i) {
+          expect(output.data<std::int32_t>()[at++] == 100 * p + me,
+                 "all_to_all with one large pair");
+        }
+      }
+    }
+  });
+  check_all_ok(errors);
+}
+
 TEST_CASE("barrier waits for every rank", "[tcp][barrier]") {
   for (int world : {1, 2, 3, 8}) {
     std::atomic<int> arrived{0};

@@ -149,6 +149,51 @@ TEST_CASE("a broadcast that meets a barrier fails on both ranks",
   CHECK_THAT(thrown[0], Catch::Contains("barrier #0"));
 }
 
+TEST_CASE(
+    "all_to_all splits that disagree fail, whether a part travels or "
+    "is read",
+    "[tcp][mismatch][all_to_all]") {
+  // Rank 0 sends rank 1 six int32 (24 bytes, a Block's length); rank 1
+  // expects 1 Mi (4 MiB), which over shared memory it would read from rank
+  // 0's input. Rank 1 must refuse the 24 bytes rather than take them for
+  // an address to read; over sockets, and where every part is read, the
+  // sizes differ plainly. The direction from rank 1 to rank 0 agrees.
+  const std::int64_t sent = 6;
+  const std::int64_t expected = 1 << 20;
+  std::vector<std::string> thrown(2);
+  run_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        const int me = group.rank();
+        comm::AllToAllOptions options;
+        // Row counts per peer: sent to rank p, received from rank p.
+        options.input_split_sizes = {1, me == 0 ? sent : 1};
+        options.output_split_sizes = {me == 1 ? expected : 1, 1};
+        Tensor input =
+            Tensor::full({1 + options.input_split_sizes[1]}, 7, DType::kI32);
+        if (me == 0) {
+          // The part's second 8 bytes say 4 MiB, as a Block's size would:
+          // only the check word tells the part from a Block.
+          input.data<std::int32_t>()[3] = 4 << 20;
+          input.data<std::int32_t>()[4] = 0;
+        }
+        Tensor output =
+            Tensor::zeros({options.output_split_sizes[0] + 1}, DType::kI32);
+        try {
+          group.all_to_all(output, input, options)->wait();
+          // Rank 0 may finish its part of the call before rank 1 finds
+          // the mismatch; its next call then fails.
+          group.barrier({std::chrono::milliseconds(5000)})->wait();
+        } catch (const comm::MismatchError& e) {
+          thrown[group.rank()] = e.what();
+        }
+      },
+      10s);
+  CHECK_THAT(thrown[1],
+             Catch::Contains("all_to_all #0") && Catch::Contains("agree"));
+  CHECK_THAT(thrown[0], Catch::Contains("all_to_all #0"));
+}
+
 namespace {
 
 enum class Rooted { kBroadcast, kScatter, kReduce, kGather };
