@@ -36,6 +36,14 @@ class CollectiveStep {
   // between two ranks arrive in order.
   virtual void send(int peer, const void* data, std::size_t bytes) = 0;
   virtual void recv(int peer, void* data, std::size_t bytes) = 0;
+  // The same for a message that says where a part lies in the sender's
+  // memory (PeerMemory) instead of carrying the part. The message says
+  // which kind it is, and a receive of the other kind fails with
+  // MismatchError whatever the two lengths, so that ranks that disagree on
+  // whether a part travels or is read never take an address for data or
+  // data for an address.
+  virtual void send_address(int peer, const void* data, std::size_t bytes) = 0;
+  virtual void recv_address(int peer, void* data, std::size_t bytes) = 0;
   // Receives `bytes` and reduces them into `data` (dtype elements, op),
   // or into base op received with `base` (see Part).
   virtual void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,

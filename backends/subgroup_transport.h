@@ -84,6 +84,12 @@ class SubgroupTransport final : public CollectiveTransport {
     void recv(int peer, void* data, std::size_t bytes) override {
       inner->recv(members_[peer], data, bytes);
     }
+    void send_address(int peer, const void* data, std::size_t bytes) override {
+      inner->send_address(members_[peer], data, bytes);
+    }
+    void recv_address(int peer, void* data, std::size_t bytes) override {
+      inner->recv_address(members_[peer], data, bytes);
+    }
     void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
                      ReduceOp op, const void* base = nullptr) override {
       inner->recv_reduce(members_[peer], data, bytes, dtype, op, base);

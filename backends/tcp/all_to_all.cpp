@@ -16,39 +16,28 @@
 // up, or more (n such parts reach the threshold) is read by its receiver
 // from the sender's input where it lies (single_copy.h), a smaller one
 // travels over the ring. In one step every rank sends each peer either its
-// part, or, for a part that is read, a Block (the part's address and size
-// and a check word); the receiver checks the size it was told against the
-// one it expects, so that ranks whose splits disagree fail with
-// MismatchError: where the two ends disagree on whether the part travels,
-// the message's length differs, or, for a part of a Block's length, the
-// check word does. A rank none of whose parts is read sends what the
-// direct step would send and runs it: no offer, no address, no last step.
-// Each rank then reads its large parts, and a last step tells each sender
-// whose part was read that its reader is done, so that no rank returns
-// while a peer still reads its input (the backend gives an input that
-// overlaps the output a copy of its own, as for the other algorithms).
+// part or, for a part that is read, its Region (address and size) in a
+// message marked as an address (CollectiveStep::send_address). Ranks whose
+// splits disagree fail with MismatchError: where the two ends disagree on
+// whether the part travels, the message's mark does not match the
+// receive; where both read, the Region's size does not match. A rank none
+// of whose parts is read sends what the plain algorithm (a direct step, or
+// pairwise steps) sends, and runs it: no offer, no addresses, no last
+// step. Each rank that reads then reads its large parts, and a last step
+// tells each sender whose part was read that its reader is done, so that
+// no rank returns while a peer still reads its input (the backend gives
+// an input that overlaps the output a copy of its own, as for the other
+// algorithms).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/single_copy.h"
-#include "libcomm/error.h"
 
 namespace comm::tcp::algorithms {
 namespace {
-
-// What a rank sends a peer in place of a part that the peer reads.
-struct Block {
-  Region region;
-  // region.address ^ region.bytes ^ kBlockCheck: a part of a Block's
-  // length that a disagreeing peer sent as data is refused rather than
-  // taken for an address.
-  std::uint64_t check = 0;
-};
-constexpr std::uint64_t kBlockCheck = 0x6c6962636f6d6d41;
 
 // The smallest part a receiver reads from its sender's memory in a group
 // of `size`: a part is judged as one of n equal ones, read when n parts of
@@ -72,22 +61,21 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
   const Offer offer(memory);
   auto read = [&](std::size_t bytes) { return bytes >= threshold; };
   // What this rank tells each peer, then what each peer tells it.
-  std::vector<Block> blocks(2 * static_cast<std::size_t>(size));
-  Block* const offered = blocks.data();
-  Block* const told = offered + size;
+  std::vector<Region> regions(2 * static_cast<std::size_t>(size));
+  Region* const offered = regions.data();
+  Region* const told = offered + size;
   CollectiveStep& step = ctx.step();
   for (int k = 1; k < size; ++k) {
     const int to = (rank + k) % size;
     const int from = (rank - k + size) % size;
     if (read(send_bytes[to])) {
-      const Region region = region_of(input + send_offsets[to], send_bytes[to]);
-      offered[to] = {region, region.address ^ region.bytes ^ kBlockCheck};
-      step.send(to, &offered[to], sizeof(Block));
+      offered[to] = region_of(input + send_offsets[to], send_bytes[to]);
+      step.send_address(to, &offered[to], sizeof(Region));
     } else {
       step.send(to, input + send_offsets[to], send_bytes[to]);
     }
     if (read(recv_bytes[from])) {
-      step.recv(from, &told[from], sizeof(Block));
+      step.recv_address(from, &told[from], sizeof(Region));
     } else {
       step.recv(from, output + recv_offsets[from], recv_bytes[from]);
     }
@@ -97,23 +85,13 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     if (read(recv_bytes[peer])) {
-      const Block& block = told[peer];
-      if (block.check !=
-          (block.region.address ^ block.region.bytes ^ kBlockCheck)) {
-        throw MismatchError(
-            "in " + ctx.describe() + ", rank " + std::to_string(peer) +
-            " sends its part (" + std::to_string(sizeof(Block)) +
-            " bytes) where rank " + std::to_string(rank) +
-            " expects the address of " + std::to_string(recv_bytes[peer]) +
-            " bytes to read; check that the ranks' split sizes agree");
-      }
-      check_bytes(ctx, peer, block.region, recv_bytes[peer]);
+      check_bytes(ctx, peer, told[peer], recv_bytes[peer]);
       read_from.push_back(peer);
     }
     if (read(send_bytes[peer])) read_by.push_back(peer);
   }
   for (int peer : read_from) {
-    memory.read(peer, told[peer].region.address, output + recv_offsets[peer],
+    memory.read(peer, told[peer].address, output + recv_offsets[peer],
                 recv_bytes[peer]);
   }
   memory.confirm(read_from);

@@ -195,10 +195,12 @@ Exchange::Exchange(Mesh& mesh, const CallInfo& call,
   transfers_.reserve(most >= 2 && most <= kArenaTransfers ? most : 2);
 }
 
-int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts) {
+int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts,
+                  bool address) {
   Transfer& t = transfers_.emplace_back(&arena_);
   t.kind = kind;
   t.peer = peer;
+  t.address = address;
   t.parts.reserve(parts.size());
   std::size_t largest_reduced = 0;
   for (const Part& given : parts) {
@@ -227,6 +229,7 @@ int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts) {
     MessageHeader header;
     header.call = call_;
     header.payload_bytes = t.bytes;
+    header.address = address;
     header.encode(t.header);
   }
   return static_cast<int>(transfers_.size() - 1);
@@ -236,6 +239,17 @@ void Exchange::send(int peer, const void* data, std::size_t bytes) {
   const Part part{
       const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data)), bytes};
   add(Transfer::Kind::kSend, peer, {&part, 1});
+}
+
+void Exchange::send_address(int peer, const void* data, std::size_t bytes) {
+  const Part part{
+      const_cast<std::uint8_t*>(static_cast<const std::uint8_t*>(data)), bytes};
+  add(Transfer::Kind::kSend, peer, {&part, 1}, true);
+}
+
+void Exchange::recv_address(int peer, void* data, std::size_t bytes) {
+  const Part part{static_cast<std::uint8_t*>(data), bytes};
+  add(Transfer::Kind::kRecv, peer, {&part, 1}, true);
 }
 
 void Exchange::send_confirmation(int peer) { confirming_.push_back(peer); }
@@ -1097,7 +1111,7 @@ void Exchange::check_header(const Transfer& t) {
     // One of the calls the peer still owes this rank a confirmation of,
     // the last of those it confirms (take_confirmation() counts them).
     const auto& unread = mesh_.unread_confirmations(t.peer);
-    if (header.payload_bytes != kConfirmationBytes ||
+    if (header.address || header.payload_bytes != kConfirmationBytes ||
         std::find(unread.begin(), unread.end(), header.call) == unread.end()) {
       throw MismatchError(
           "rank " + std::to_string(mesh_.rank()) + " called " +
@@ -1129,6 +1143,17 @@ void Exchange::check_header(const Transfer& t) {
       }
     }
     throw error;
+  }
+  if (header.address != t.address) {
+    throw MismatchError(
+        "in " + call_.describe() + ", rank " + std::to_string(t.peer) +
+        (header.address ? " sends the address of its part"
+                        : " sends its part") +
+        " where rank " + std::to_string(mesh_.rank()) + " expects " +
+        (t.address
+             ? "the address of " + std::to_string(t.bytes) + " bytes to read"
+             : std::to_string(t.bytes) + " bytes") +
+        "; check that the ranks' split sizes agree");
   }
   if (header.payload_bytes != t.bytes) {
     throw MismatchError(

@@ -139,6 +139,8 @@ class Exchange final : public CollectiveStep {
 
   void send(int peer, const void* data, std::size_t bytes) override;
   void recv(int peer, void* data, std::size_t bytes) override;
+  void send_address(int peer, const void* data, std::size_t bytes) override;
+  void recv_address(int peer, void* data, std::size_t bytes) override;
   // Receives `bytes` and reduces them into `data` (dtype elements, op),
   // or into base op received with `base` (see Part).
   void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
@@ -251,12 +253,16 @@ class Exchange final : public CollectiveStep {
     int source = -1;
     std::size_t ready = 0;
     bool confirmation = false;  // see add_confirmation()
+    bool address = false;       // see send_address()
     bool done() const {
       return header_done == MessageHeader::kWireSize && payload_done == bytes;
     }
   };
 
-  int add(Transfer::Kind kind, int peer, std::span<const Part> parts);
+  // `address`: the message says where a part lies instead of carrying it
+  // (send_address(), recv_address()).
+  int add(Transfer::Kind kind, int peer, std::span<const Part> parts,
+          bool address = false);
   // A confirmation to or from `peer`: a header naming `last` (for a
   // send) and the count of calls confirmed in `count` (8 bytes).
   int add_confirmation(Transfer::Kind kind, int peer, const CallInfo& last,
@@ -324,9 +330,9 @@ class Exchange final : public CollectiveStep {
   // sees its peer's message within a pause (or a yield) of its
   // publication, and ranks that share CPUs spend their turns on their
   // calls rather than on rounds. A step that waits on more than
-  // kMostWatched rings (an all_to_all of many local ranks) only pauses
-  // once (or yields) and returns, so that the list of rings fits on the
-  // stack.
+  // kMostWatched rings (an all_to_all of many local ranks) only pauses the
+  // core a few times (or yields once) and returns, so that the list of
+  // rings fits on the stack.
   static constexpr int kWatchLooks = 256;
   static constexpr int kLooksPerClockRead = 32;
   static constexpr std::size_t kMostWatched = 8;

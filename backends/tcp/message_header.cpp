@@ -66,7 +66,7 @@ void MessageHeader::encode(std::uint8_t* out) const {
   put<std::uint8_t>(out, static_cast<std::uint8_t>(call.collective));
   put<std::uint8_t>(out, static_cast<std::uint8_t>(call.dtype));
   put<std::uint8_t>(out, static_cast<std::uint8_t>(call.op));
-  put<std::uint8_t>(out, 0);
+  put<std::uint8_t>(out, address ? 1 : 0);
   put<std::uint64_t>(out, call.sequence);
   put<std::int64_t>(out, call.count);
   put<std::int32_t>(out, call.root);
@@ -81,8 +81,8 @@ bool MessageHeader::decode(const std::uint8_t* in) {
   const auto collective = take<std::uint8_t>(in);
   const auto dtype = take<std::uint8_t>(in);
   const auto op = take<std::uint8_t>(in);
-  take<std::uint8_t>(in);
-  if (collective < 1 ||
+  const auto kind = take<std::uint8_t>(in);
+  if (collective < 1 || kind > 1 ||
       collective > static_cast<std::uint8_t>(Collective::kSend) ||
       dtype > static_cast<std::uint8_t>(DType::kBool) ||
       op > static_cast<std::uint8_t>(ReduceOp::kBxor)) {
@@ -91,6 +91,7 @@ bool MessageHeader::decode(const std::uint8_t* in) {
   call.collective = static_cast<Collective>(collective);
   call.dtype = static_cast<DType>(dtype);
   call.op = static_cast<ReduceOp>(op);
+  address = kind == 1;
   call.sequence = take<std::uint64_t>(in);
   call.count = take<std::int64_t>(in);
   call.root = take<std::int32_t>(in);

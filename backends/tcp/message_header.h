@@ -59,6 +59,10 @@ struct MessageHeader {
 
   CallInfo call;
   std::uint64_t payload_bytes = 0;
+  // The payload says where the sender's part lies in its memory, for the
+  // receiver to read there (CollectiveStep::send_address), instead of
+  // being the part.
+  bool address = false;
 
   void encode(std::uint8_t* out) const;
   // Returns false when the bytes do not start with kMagic or name an unknown

@@ -14,7 +14,8 @@
 //      another algorithm, is a MismatchError as before, and each region's
 //      size is checked against what the reader expects (check_bytes), so
 //      that ranks that disagree on a size fail instead of reading out of
-//      bounds;
+//      bounds (all_to_all sends them, marked as addresses, beside the
+//      parts that travel);
 //   2. each rank reads what it needs (PeerMemory::read), reducing a chunk
 //      at a time where the collective reduces (reduce_from_peers: scratch
 //      of two chunks, chunk_bytes() each, kept by the transport), and

@@ -86,7 +86,7 @@ class AllToAllLayout {
   }
 
   std::size_t size_;
-  std::array<std::size_t, 4 * kInlineRanks> inline_;
+  std::array<std::size_t, 4 * kInlineRanks> inline_{};
   std::vector<std::size_t> heap_;
 };
 

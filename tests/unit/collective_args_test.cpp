@@ -62,8 +62,11 @@ TEST_CASE("all_to_all layouts place every block, in small and large groups") {
     require_blocks(layout.receive_offsets(), layout.receive_counts(),
                    output_rows, 5);
 
-    // Moved (into a task) and scaled to bytes, it still describes them.
+    // Moved (into a task) and scaled to bytes, it still describes them,
+    // whatever becomes of the layout it was moved from.
     AllToAllLayout moved = std::move(layout);
+    layout = AllToAllLayout(size);
+    for (std::size_t& entry : layout.send_counts()) entry = 99;
     moved.scale(4);
     require_blocks(moved.send_offsets(), moved.send_counts(), input_rows, 20);
     require_blocks(moved.receive_offsets(), moved.receive_counts(), output_rows,

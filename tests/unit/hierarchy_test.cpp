@@ -99,6 +99,13 @@ class CountingTransport final : public CollectiveTransport {
     void recv(int peer, void* data, std::size_t bytes) override {
       inner->recv(peer, data, bytes);
     }
+    void send_address(int peer, const void* data, std::size_t bytes) override {
+      sent_[peer] += bytes;
+      inner->send_address(peer, data, bytes);
+    }
+    void recv_address(int peer, void* data, std::size_t bytes) override {
+      inner->recv_address(peer, data, bytes);
+    }
     void recv_reduce(int peer, void* data, std::size_t bytes, DType dtype,
                      ReduceOp op, const void* base = nullptr) override {
       inner->recv_reduce(peer, data, bytes, dtype, op, base);

@@ -22,6 +22,7 @@ using Wire = std::array<std::uint8_t, MessageHeader::kWireSize>;
 constexpr std::size_t kCollectiveAt = 4;
 constexpr std::size_t kDTypeAt = 5;
 constexpr std::size_t kOpAt = 6;
+constexpr std::size_t kAddressAt = 7;
 
 Wire encoded(const MessageHeader& header) {
   // Not zeros, so that the layout test sees the zeros encode writes.
@@ -55,11 +56,15 @@ TEST_CASE("every collective, dtype and op survives an encode/decode round trip",
         header.call = {
             collective, 0xfedcba9876543210ULL, dtype, -1234567890123LL, op, -7};
         header.payload_bytes = 0x0123456789abcdefULL;
-        const Wire wire = encoded(header);
-        MessageHeader decoded;
-        REQUIRE(decoded.decode(wire.data()));
-        CHECK(decoded.call == header.call);
-        CHECK(decoded.payload_bytes == header.payload_bytes);
+        for (bool address : {false, true}) {
+          header.address = address;
+          const Wire wire = encoded(header);
+          MessageHeader decoded;
+          REQUIRE(decoded.decode(wire.data()));
+          CHECK(decoded.call == header.call);
+          CHECK(decoded.payload_bytes == header.payload_bytes);
+          CHECK(decoded.address == address);
+        }
       }
     }
   }
@@ -76,6 +81,10 @@ TEST_CASE("the header's layout on the wire is fixed", "[tcp][header]") {
         static_cast<std::uint8_t>(Collective::kAllReduce));
   CHECK(wire[kDTypeAt] == static_cast<std::uint8_t>(DType::kBF16));
   CHECK(wire[kOpAt] == static_cast<std::uint8_t>(ReduceOp::kMax));
+  CHECK(wire[kAddressAt] == 0);
+  MessageHeader address = sample();
+  address.address = true;
+  CHECK(encoded(address)[kAddressAt] == 1);
   std::uint64_t sequence = 0, payload = 0;
   std::memcpy(&sequence, wire.data() + 8, 8);
   std::memcpy(&payload, wire.data() + 32, 8);
@@ -103,7 +112,7 @@ TEST_CASE("bytes that do not start with the magic are refused",
   CHECK_FALSE(decoded.decode(zeros.data()));
 }
 
-TEST_CASE("unknown collective, dtype and op values are refused",
+TEST_CASE("unknown collective, dtype, op and kind values are refused",
           "[tcp][header]") {
   struct Bad {
     std::size_t at;
@@ -117,6 +126,8 @@ TEST_CASE("unknown collective, dtype and op values are refused",
       {kDTypeAt, 0xff},
       {kOpAt, static_cast<std::uint8_t>(ReduceOp::kBxor) + 1},
       {kOpAt, 0xff},
+      {kAddressAt, 2},
+      {kAddressAt, 0xff},
   };
   for (const Bad& b : bad) {
     INFO("byte " << b.at << " = " << int{b.value});

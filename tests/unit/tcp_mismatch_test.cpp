@@ -149,17 +149,15 @@ TEST_CASE("a broadcast that meets a barrier fails on both ranks",
   CHECK_THAT(thrown[0], Catch::Contains("barrier #0"));
 }
 
-TEST_CASE(
-    "all_to_all splits that disagree fail, whether a part travels or "
-    "is read",
-    "[tcp][mismatch][all_to_all]") {
-  // Rank 0 sends rank 1 six int32 (24 bytes, a Block's length); rank 1
-  // expects 1 Mi (4 MiB), which over shared memory it would read from rank
-  // 0's input. Rank 1 must refuse the 24 bytes rather than take them for
-  // an address to read; over sockets, and where every part is read, the
-  // sizes differ plainly. The direction from rank 1 to rank 0 agrees.
-  const std::int64_t sent = 6;
-  const std::int64_t expected = 1 << 20;
+namespace {
+
+// Runs an all_to_all on two ranks in which rank 0 sends rank 1 `sent`
+// int32 while rank 1 expects `expected` (the other direction agrees, one
+// int32 each way), then a barrier, and returns what each rank threw ("" if
+// nothing). Rank 0's part for rank 1 starts with `part`, the rest 7s.
+std::vector<std::string> disagreeing_all_to_all(
+    std::int64_t sent, std::int64_t expected,
+    const std::vector<std::int32_t>& part) {
   std::vector<std::string> thrown(2);
   run_ranks(
       2,
@@ -172,16 +170,15 @@ TEST_CASE(
         Tensor input =
             Tensor::full({1 + options.input_split_sizes[1]}, 7, DType::kI32);
         if (me == 0) {
-          // The part's second 8 bytes say 4 MiB, as a Block's size would:
-          // only the check word tells the part from a Block.
-          input.data<std::int32_t>()[3] = 4 << 20;
-          input.data<std::int32_t>()[4] = 0;
+          for (std::size_t i = 0; i < part.size(); ++i) {
+            input.data<std::int32_t>()[1 + i] = part[i];
+          }
         }
         Tensor output =
             Tensor::zeros({options.output_split_sizes[0] + 1}, DType::kI32);
         try {
           group.all_to_all(output, input, options)->wait();
-          // Rank 0 may finish its part of the call before rank 1 finds
+          // A rank may finish its part of the call before its peer finds
           // the mismatch; its next call then fails.
           group.barrier({std::chrono::milliseconds(5000)})->wait();
         } catch (const comm::MismatchError& e) {
@@ -189,9 +186,37 @@ TEST_CASE(
         }
       },
       10s);
-  CHECK_THAT(thrown[1],
-             Catch::Contains("all_to_all #0") && Catch::Contains("agree"));
-  CHECK_THAT(thrown[0], Catch::Contains("all_to_all #0"));
+  return thrown;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "all_to_all splits that disagree fail, whether a part travels or "
+    "is read",
+    "[tcp][mismatch][all_to_all]") {
+  // Over shared memory a part of 1 Mi int32 (4 MiB) is read from its
+  // sender's memory, and its sender sends a Region (16 bytes) in its
+  // place; a part of 4 int32 (16 bytes) travels. Where the two ends
+  // disagree, the message's lengths agree: only its mark as an address
+  // tells them apart. Over sockets, and where every part is read, the
+  // sizes differ plainly.
+  const std::int64_t small = 4;
+  const std::int64_t large = 1 << 20;
+  SECTION("the receiver reads, the sender sends data") {
+    // The part's second 8 bytes say 4 MiB, as a Region's size would.
+    const auto thrown = disagreeing_all_to_all(
+        small, large, {7, 7, static_cast<std::int32_t>(large * 4), 0});
+    CHECK_THAT(thrown[1],
+               Catch::Contains("all_to_all #0") && Catch::Contains("agree"));
+    CHECK_THAT(thrown[0], Catch::Contains("all_to_all #0"));
+  }
+  SECTION("the sender sends an address, the receiver expects data") {
+    const auto thrown = disagreeing_all_to_all(large, small, {});
+    CHECK_THAT(thrown[1],
+               Catch::Contains("all_to_all #0") && Catch::Contains("agree"));
+    CHECK_THAT(thrown[0], Catch::Contains("all_to_all #0"));
+  }
 }
 
 namespace {
