@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -465,14 +466,26 @@ TEST_CASE("a mismatch found only at shutdown is logged as an error",
   const comm::LogLevel level = comm::log_level();
   comm::set_log_level(comm::LogLevel::kWarn);
   std::vector<std::string> errors;
+  // Rank 1 starts its gather only once rank 0's broadcast has returned: a
+  // gather that finds the mismatch first (single copy) reports it, and a
+  // report that reached rank 0 during its broadcast would fail that call
+  // instead of leaving the mismatch to be found at shutdown.
+  std::promise<void> broadcast_returned;
+  const std::shared_future<void> returned =
+      broadcast_returned.get_future().share();
   const std::string log = comm::testing::capture_stderr([&] {
     errors = run_ranks(
         2,
-        [](ProcessGroup& group) {
+        [&](ProcessGroup& group) {
           Tensor t = Tensor::zeros({8}, DType::kF32);
           if (group.rank() == 0) {
             group.broadcast(t, {0})->wait();
+            broadcast_returned.set_value();
           } else {
+            if (returned.wait_for(10s) != std::future_status::ready) {
+              throw std::runtime_error(
+                  "rank 0's broadcast did not return within 10 s");
+            }
             std::vector<Tensor> none;
             group.gather(none, t, {0})->wait();
           }
