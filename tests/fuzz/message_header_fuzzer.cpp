@@ -1,10 +1,11 @@
 // libFuzzer target for the TCP backend's message header: the first 64
 // bytes of the input are decoded as a MessageHeader, as a rank decodes what
 // a peer (or a stranger) sent. Properties checked besides memory safety:
-// decode accepts exactly the headers with the magic and known collective,
-// dtype and op values; what decodes re-encodes to the same bytes (with the
-// reserved bytes zero), decodes again to the same header, and can be
-// described, as an error message does.
+// decode accepts exactly the headers with the magic, known collective,
+// dtype and op values and a kind byte of 0 or 1 (data or address); what
+// decodes re-encodes to the same bytes (with the reserved bytes zero),
+// decodes again to the same header, and can be described, as an error
+// message does.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -25,7 +26,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
       magic == MessageHeader::kMagic && data[4] >= 1 &&
       data[4] <= static_cast<std::uint8_t>(comm::tcp::Collective::kSend) &&
       data[5] <= static_cast<std::uint8_t>(comm::DType::kBool) &&
-      data[6] <= static_cast<std::uint8_t>(comm::ReduceOp::kBxor);
+      data[6] <= static_cast<std::uint8_t>(comm::ReduceOp::kBxor) &&
+      data[7] <= 1;
 
   MessageHeader header;
   if (header.decode(data) != valid) std::abort();
@@ -38,14 +40,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data,
   header.encode(again.data());
   std::array<std::uint8_t, MessageHeader::kWireSize> expected{};
   std::memcpy(expected.data(), data, expected.size());
-  expected[7] = 0;                                             // reserved
   std::memset(expected.data() + 28, 0, 4);                     // reserved
   std::memset(expected.data() + 40, 0, expected.size() - 40);  // padding
   if (again != expected) std::abort();
 
   MessageHeader twice;
   if (!twice.decode(again.data()) || !(twice.call == header.call) ||
-      twice.payload_bytes != header.payload_bytes) {
+      twice.payload_bytes != header.payload_bytes ||
+      twice.address != header.address) {
     std::abort();
   }
   return 0;
