@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <memory_resource>
 #include <span>
 #include <vector>
 
@@ -114,7 +115,7 @@ struct BinomialTree {
 
 // Appends the `bytes` at `data` to `parts`, joined to the last part where
 // they follow it in memory, so that adjacent blocks travel as one part.
-void append_part(std::vector<CollectiveStep::Part>& parts, std::uint8_t* data,
-                 std::size_t bytes);
+void append_part(std::pmr::vector<CollectiveStep::Part>& parts,
+                 std::uint8_t* data, std::size_t bytes);
 
 }  // namespace comm::tcp::algorithms

@@ -39,7 +39,7 @@ namespace comm::tcp::algorithms {
 namespace {
 
 // The parts of blocks[first, first + count), each `bytes` long.
-void add_blocks(std::vector<CollectiveStep::Part>& parts,
+void add_blocks(std::pmr::vector<CollectiveStep::Part>& parts,
                 std::span<void* const> blocks, int first, int count,
                 std::size_t bytes) {
   parts.clear();
@@ -54,8 +54,12 @@ void recursive_doubling(CollectiveTransport& ctx, std::span<void* const> blocks,
                         std::size_t bytes) {
   const int rank = ctx.rank();
   const int size = ctx.size();
-  std::vector<CollectiveStep::Part> held;
-  std::vector<CollectiveStep::Part> wanted;
+  // The parts live on the stack while they fit (size of them): two heap
+  // allocations are a good part of a small call.
+  alignas(std::max_align_t) std::byte parts_memory[1024];
+  std::pmr::monotonic_buffer_resource parts(parts_memory, sizeof(parts_memory));
+  std::pmr::vector<CollectiveStep::Part> held(&parts);
+  std::pmr::vector<CollectiveStep::Part> wanted(&parts);
   held.reserve(static_cast<std::size_t>(size / 2));
   wanted.reserve(static_cast<std::size_t>(size / 2));
   // Before the step of `span`, each rank holds the `span` blocks of the

@@ -29,8 +29,8 @@ bool exchange_in_pairs(const CollectiveTransport& ctx) {
          std::has_single_bit(static_cast<unsigned>(ctx.size()));
 }
 
-void append_part(std::vector<CollectiveStep::Part>& parts, std::uint8_t* data,
-                 std::size_t bytes) {
+void append_part(std::pmr::vector<CollectiveStep::Part>& parts,
+                 std::uint8_t* data, std::size_t bytes) {
   if (!parts.empty() && parts.back().data + parts.back().bytes == data) {
     parts.back().bytes += bytes;
   } else {

@@ -35,8 +35,10 @@
 // rank's own input block (each chunk is read before it is written); no
 // other block is written. Two ranks keep the rings at every size, as
 // all_reduce.cpp explains.
+#include <cstddef>
 #include <cstring>
 #include <memory>
+#include <memory_resource>
 
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
@@ -64,8 +66,12 @@ void recursive_halving(CollectiveTransport& ctx,
   auto sum = [&](int block) {
     return sums.get() + bytes * static_cast<std::size_t>(block - origin);
   };
-  std::vector<CollectiveStep::Part> outgoing;
-  std::vector<CollectiveStep::Part> incoming;
+  // The parts live on the stack while they fit (size of them): two heap
+  // allocations are a good part of a small call.
+  alignas(std::max_align_t) std::byte parts_memory[1024];
+  std::pmr::monotonic_buffer_resource parts(parts_memory, sizeof(parts_memory));
+  std::pmr::vector<CollectiveStep::Part> outgoing(&parts);
+  std::pmr::vector<CollectiveStep::Part> incoming(&parts);
   outgoing.reserve(static_cast<std::size_t>(size / 2));
   incoming.reserve(static_cast<std::size_t>(size / 2));
   for (int span = size / 2; span >= 1; span /= 2) {

@@ -414,26 +414,30 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
         // The algorithm writes partial sums into the output before
         // it has read every input, so an output that is one of the
         // inputs (in place) gets a buffer of its own, from the call's
-        // workspace.
+        // workspace: raw memory, as a tensor's handle costs heap
+        // allocations, unless a CUDA output needs one to copy from.
         const bool aliased =
             std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& in) {
               return in.data_ptr() == output.data_ptr();
             });
-        Tensor host =
-            aliased ? Tensor::from_blob(ctx.workspace()->take(output.nbytes()),
-                                        output.shape(), output.dtype())
-                    : on_host(output, false);
+        const std::size_t bytes = output.nbytes();
+        Tensor staged;
+        void* result = aliased ? ctx.workspace()->take(bytes)
+                               : on_host(output, false, staged).data_ptr();
         const OnHostList<const void*> blocks(inputs, true);
         const auto count = static_cast<std::size_t>(output.numel());
-        alg::reduce_scatter(ctx, blocks.pointers(), host.data_ptr(), count,
+        alg::reduce_scatter(ctx, blocks.pointers(), result, count,
                             output.dtype(), options.op);
         if (options.op == ReduceOp::kAvg) {
-          divide_by(output.dtype(), host.data_ptr(), count, size());
+          divide_by(output.dtype(), result, count, size());
         }
-        if (aliased) {
-          output.copy_(host);
+        if (aliased && output.device().is_cpu()) {
+          if (bytes > 0) std::memcpy(output.data_ptr(), result, bytes);
+        } else if (aliased) {
+          output.copy_(
+              Tensor::from_blob(result, output.shape(), output.dtype()));
         } else {
-          from_host(output, host);
+          from_host(output, staged);
         }
       });
 }
