@@ -549,6 +549,69 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "all_to_all ranks that read nothing run pairwise steps beside ranks "
+    "that read",
+    "[single_copy][all_to_all]") {
+  // Parts of 64 bytes or more are read; every exchange that sends bytes
+  // runs pairwise steps (COMM_TCP_DIRECT_THRESHOLD_BYTES 0). Only the
+  // pairs 0 -> 1 and, at five ranks, 3 -> 2 have parts that large, so
+  // the other ranks run n - 1 pairwise steps while the readers run one
+  // step of parts and addresses, their reads, and a last step; each pair
+  // must still meet its messages in order, call after call.
+  for (int world : {4, 5}) {
+    const std::string threshold = std::to_string(64 * world);
+    EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", threshold.c_str()},
+               {"COMM_TCP_DIRECT_THRESHOLD_BYTES", "0"}});
+    std::atomic<std::size_t> read{0};
+    auto part_bytes = [&](int from, int to) -> std::size_t {
+      if (from == 0 && to == 1) return 256;
+      if (world == 5 && from == 3 && to == 2) return 4096;
+      return static_cast<std::size_t>(4 * (1 + (from + 2 * to) % 3));
+    };
+    const int rounds = 3;
+    const std::size_t expected_read =
+        rounds * (world == 5 ? 256 + 4096 : std::size_t{256});
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      std::vector<std::size_t> send_offsets, send_bytes, recv_offsets,
+          recv_bytes;
+      std::size_t in_bytes = 0, out_bytes = 0;
+      for (int p = 0; p < world; ++p) {
+        send_offsets.push_back(in_bytes);
+        send_bytes.push_back(part_bytes(me, p));
+        in_bytes += part_bytes(me, p);
+        recv_offsets.push_back(out_bytes);
+        recv_bytes.push_back(part_bytes(p, me));
+        out_bytes += part_bytes(p, me);
+      }
+      for (int round = 0; round < rounds; ++round) {
+        Bytes input;
+        for (int p = 0; p < world; ++p) {
+          const Bytes part = pattern(me + round, p, part_bytes(me, p));
+          input.insert(input.end(), part.begin(), part.end());
+        }
+        Bytes output(out_bytes, 0);
+        rank.run({Collective::kAllToAll, 0, DType::kI32, 0, ReduceOp::kSum, -1},
+                 [&](CollectiveTransport& t) {
+                   alg::all_to_all(t, input.data(), send_offsets, send_bytes,
+                                   output.data(), recv_offsets, recv_bytes);
+                 });
+        for (int p = 0; p < world; ++p) {
+          const Bytes got(output.begin() + recv_offsets[p],
+                          output.begin() + recv_offsets[p] + recv_bytes[p]);
+          expect(got == pattern(p + round, me, part_bytes(p, me)),
+                 "round " + std::to_string(round) + ", part from rank " +
+                     std::to_string(p));
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+    CHECK(read.load() == expected_read);
+  }
+}
+
 TEST_CASE("below the threshold nothing is read", "[single_copy]") {
   EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1000000"}});
   std::atomic<std::size_t> read{0};
