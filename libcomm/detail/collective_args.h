@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "libcomm/tensor.h"
@@ -53,6 +54,19 @@ class AllToAllLayout {
 
   explicit AllToAllLayout(int size) : size_(static_cast<std::size_t>(size)) {
     if (size_ > kInlineRanks) heap_.resize(4 * size_);
+  }
+  AllToAllLayout(const AllToAllLayout&) = default;
+  AllToAllLayout& operator=(const AllToAllLayout&) = default;
+  // A layout moved from describes no ranks: its spans are empty.
+  AllToAllLayout(AllToAllLayout&& other) noexcept
+      : size_(std::exchange(other.size_, 0)),
+        inline_(other.inline_),
+        heap_(std::move(other.heap_)) {}
+  AllToAllLayout& operator=(AllToAllLayout&& other) noexcept {
+    size_ = std::exchange(other.size_, 0);
+    inline_ = other.inline_;
+    heap_ = std::move(other.heap_);
+    return *this;
   }
 
   std::span<std::size_t> send_offsets() { return part(0); }

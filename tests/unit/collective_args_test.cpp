@@ -63,8 +63,11 @@ TEST_CASE("all_to_all layouts place every block, in small and large groups") {
                    output_rows, 5);
 
     // Moved (into a task) and scaled to bytes, it still describes them,
-    // whatever becomes of the layout it was moved from.
+    // whatever becomes of the layout it was moved from, which describes no
+    // ranks.
     AllToAllLayout moved = std::move(layout);
+    REQUIRE(layout.send_counts().empty());  // NOLINT(bugprone-use-after-move)
+    REQUIRE(layout.receive_offsets().empty());
     layout = AllToAllLayout(size);
     for (std::size_t& entry : layout.send_counts()) entry = 99;
     moved.scale(4);
