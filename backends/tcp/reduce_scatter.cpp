@@ -66,8 +66,9 @@ void recursive_halving(CollectiveTransport& ctx,
   auto sum = [&](int block) {
     return sums.get() + bytes * static_cast<std::size_t>(block - origin);
   };
-  // The parts live on the stack while they fit (size of them): two heap
-  // allocations are a good part of a small call.
+  // The parts live on the stack while they fit (at most size in all, 32
+  // bytes each, so up to 32 ranks): two heap allocations are a good part
+  // of a small call.
   alignas(std::max_align_t) std::byte parts_memory[1024];
   std::pmr::monotonic_buffer_resource parts(parts_memory, sizeof(parts_memory));
   std::pmr::vector<CollectiveStep::Part> outgoing(&parts);

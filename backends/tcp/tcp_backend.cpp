@@ -412,11 +412,12 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
       [this, output, inputs = std::vector<Tensor>(inputs),
        options](CollectiveContext& ctx) mutable {
         // The algorithm writes partial sums into the output before
-        // it has read every input, so an output that is one of the
+        // it has read every input, so a CPU output that is one of the
         // inputs (in place) gets a buffer of its own, from the call's
-        // workspace: raw memory, as a tensor's handle costs heap
-        // allocations, unless a CUDA output needs one to copy from.
+        // workspace. (A CUDA output is staged on the host anyway, apart
+        // from the inputs' host copies.)
         const bool aliased =
+            output.device().is_cpu() &&
             std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& in) {
               return in.data_ptr() == output.data_ptr();
             });
@@ -431,11 +432,8 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
         if (options.op == ReduceOp::kAvg) {
           divide_by(output.dtype(), result, count, size());
         }
-        if (aliased && output.device().is_cpu()) {
-          if (bytes > 0) std::memcpy(output.data_ptr(), result, bytes);
-        } else if (aliased) {
-          output.copy_(
-              Tensor::from_blob(result, output.shape(), output.dtype()));
+        if (aliased) {
+          detail::copy_bytes(output.data_ptr(), result, bytes);
         } else {
           from_host(output, staged);
         }

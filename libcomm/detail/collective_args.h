@@ -63,6 +63,7 @@ class AllToAllLayout {
         inline_(other.inline_),
         heap_(std::move(other.heap_)) {}
   AllToAllLayout& operator=(AllToAllLayout&& other) noexcept {
+    if (this == &other) return *this;
     size_ = std::exchange(other.size_, 0);
     inline_ = other.inline_;
     heap_ = std::move(other.heap_);

@@ -57,8 +57,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The offers of memory (PeerMemory::offer) that the ranks of the test
+// running made, for the tests that check which ranks took a single-copy
+// path.
+std::atomic<std::size_t> offers_made{0};
+
 // A rank's transport for one call, which counts the bytes its rank reads
-// of the others' memory.
+// of the others' memory, and its offers in offers_made.
 class Counted final : public CollectiveTransport, public PeerMemory {
  public:
   Counted(CollectiveTransport& inner, std::atomic<std::size_t>& read)
@@ -71,7 +76,10 @@ class Counted final : public CollectiveTransport, public PeerMemory {
     return memory_ != nullptr ? this : nullptr;
   }
   std::string describe() const override { return inner_.describe(); }
-  void offer() override { memory_->offer(); }
+  void offer() override {
+    ++offers_made;
+    memory_->offer();
+  }
   void withdraw() override { memory_->withdraw(); }
   void read(int peer, std::uint64_t address, void* into,
             std::size_t bytes) override {
@@ -556,9 +564,10 @@ TEST_CASE(
   // Parts of 64 bytes or more are read; every exchange that sends bytes
   // runs pairwise steps (COMM_TCP_DIRECT_THRESHOLD_BYTES 0). Only the
   // pairs 0 -> 1 and, at five ranks, 3 -> 2 have parts that large, so
-  // the other ranks run n - 1 pairwise steps while the readers run one
-  // step of parts and addresses, their reads, and a last step; each pair
-  // must still meet its messages in order, call after call.
+  // the ranks with no part read at either end run n - 1 pairwise steps
+  // while the others run one step of parts and addresses, the reads, and
+  // a last step; each pair must still meet its messages in order, call
+  // after call. Only the ranks with a part read offer their memory.
   for (int world : {4, 5}) {
     const std::string threshold = std::to_string(64 * world);
     EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", threshold.c_str()},
@@ -572,6 +581,8 @@ TEST_CASE(
     const int rounds = 3;
     const std::size_t expected_read =
         rounds * (world == 5 ? 256 + 4096 : std::size_t{256});
+    const std::size_t expected_offers = rounds * (world == 5 ? 4 : 2);
+    offers_made = 0;
     auto errors = run_ranks(world, read, [&](Rank& rank) {
       const int me = rank.rank();
       std::vector<std::size_t> send_offsets, send_bytes, recv_offsets,
@@ -609,6 +620,7 @@ TEST_CASE(
     INFO("world " << world);
     check_all_ok(errors);
     CHECK(read.load() == expected_read);
+    CHECK(offers_made.load() == expected_offers);
   }
 }
 
