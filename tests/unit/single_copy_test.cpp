@@ -231,6 +231,37 @@ Bytes pattern(int rank, int block, std::size_t bytes) {
   return data;
 }
 
+// Runs one all_to_all on `rank` in which rank r sends rank p
+// part_bytes(r, p) bytes of pattern(r + salt, p), and checks each part it
+// receives; `what` names the call in a failure.
+void all_to_all_once(Rank& rank,
+                     const std::function<std::size_t(int, int)>& part_bytes,
+                     int salt, const std::string& what) {
+  const int me = rank.rank();
+  std::vector<std::size_t> send_offsets, send_bytes, recv_offsets, recv_bytes;
+  Bytes input, output;
+  for (int p = 0; p < rank.size(); ++p) {
+    send_offsets.push_back(input.size());
+    send_bytes.push_back(part_bytes(me, p));
+    const Bytes part = pattern(me + salt, p, part_bytes(me, p));
+    input.insert(input.end(), part.begin(), part.end());
+    recv_offsets.push_back(output.size());
+    recv_bytes.push_back(part_bytes(p, me));
+    output.resize(output.size() + part_bytes(p, me), 0);
+  }
+  rank.run({Collective::kAllToAll, 0, DType::kI32, 0, ReduceOp::kSum, -1},
+           [&](CollectiveTransport& t) {
+             alg::all_to_all(t, input.data(), send_offsets, send_bytes,
+                             output.data(), recv_offsets, recv_bytes);
+           });
+  for (int p = 0; p < rank.size(); ++p) {
+    const Bytes got(output.begin() + recv_offsets[p],
+                    output.begin() + recv_offsets[p] + recv_bytes[p]);
+    expect(got == pattern(p + salt, me, part_bytes(p, me)),
+           what + ", part from rank " + std::to_string(p));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("single copy is on where every rank is local, unless turned off",
@@ -526,30 +557,7 @@ TEST_CASE(
       }
     }
     auto errors = run_ranks(world, read, [&](Rank& rank) {
-      const int me = rank.rank();
-      std::vector<std::size_t> send_offsets, send_bytes, recv_offsets,
-          recv_bytes;
-      Bytes input, output;
-      for (int p = 0; p < world; ++p) {
-        send_offsets.push_back(input.size());
-        send_bytes.push_back(part_bytes(me, p));
-        const Bytes part = pattern(me, p, part_bytes(me, p));
-        input.insert(input.end(), part.begin(), part.end());
-        recv_offsets.push_back(output.size());
-        recv_bytes.push_back(part_bytes(p, me));
-        output.resize(output.size() + part_bytes(p, me), 0);
-      }
-      rank.run({Collective::kAllToAll, 0, DType::kI32, 0, ReduceOp::kSum, -1},
-               [&](CollectiveTransport& t) {
-                 alg::all_to_all(t, input.data(), send_offsets, send_bytes,
-                                 output.data(), recv_offsets, recv_bytes);
-               });
-      for (int p = 0; p < world; ++p) {
-        const Bytes got(output.begin() + recv_offsets[p],
-                        output.begin() + recv_offsets[p] + recv_bytes[p]);
-        expect(got == pattern(p, me, part_bytes(p, me)),
-               "part from rank " + std::to_string(p));
-      }
+      all_to_all_once(rank, part_bytes, 0, "all_to_all");
     });
     INFO("world " << world);
     check_all_ok(errors);
@@ -584,37 +592,9 @@ TEST_CASE(
     const std::size_t expected_offers = rounds * (world == 5 ? 4 : 2);
     offers_made = 0;
     auto errors = run_ranks(world, read, [&](Rank& rank) {
-      const int me = rank.rank();
-      std::vector<std::size_t> send_offsets, send_bytes, recv_offsets,
-          recv_bytes;
-      std::size_t in_bytes = 0, out_bytes = 0;
-      for (int p = 0; p < world; ++p) {
-        send_offsets.push_back(in_bytes);
-        send_bytes.push_back(part_bytes(me, p));
-        in_bytes += part_bytes(me, p);
-        recv_offsets.push_back(out_bytes);
-        recv_bytes.push_back(part_bytes(p, me));
-        out_bytes += part_bytes(p, me);
-      }
       for (int round = 0; round < rounds; ++round) {
-        Bytes input;
-        for (int p = 0; p < world; ++p) {
-          const Bytes part = pattern(me + round, p, part_bytes(me, p));
-          input.insert(input.end(), part.begin(), part.end());
-        }
-        Bytes output(out_bytes, 0);
-        rank.run({Collective::kAllToAll, 0, DType::kI32, 0, ReduceOp::kSum, -1},
-                 [&](CollectiveTransport& t) {
-                   alg::all_to_all(t, input.data(), send_offsets, send_bytes,
-                                   output.data(), recv_offsets, recv_bytes);
-                 });
-        for (int p = 0; p < world; ++p) {
-          const Bytes got(output.begin() + recv_offsets[p],
-                          output.begin() + recv_offsets[p] + recv_bytes[p]);
-          expect(got == pattern(p + round, me, part_bytes(p, me)),
-                 "round " + std::to_string(round) + ", part from rank " +
-                     std::to_string(p));
-        }
+        all_to_all_once(rank, part_bytes, round,
+                        "round " + std::to_string(round));
       }
     });
     INFO("world " << world);
