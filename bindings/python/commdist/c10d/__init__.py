@@ -15,14 +15,23 @@ init method (env://, tcp://, file://, or a Store given to
 init_process_group), exactly as gloo does.
 """
 
+import inspect as _inspect
+
 import torch.distributed as _dist
 
 from ._C import ProcessGroupLibcomm, create_process_group, cuda_support
 
 BACKEND = "libcomm"
 
+# torch 2 asks which device types a backend serves (and warns where it is
+# not told); torch 1.13's register_backend has no such parameter.
 if BACKEND.upper() not in _dist.Backend._plugins:
-    _dist.Backend.register_backend(BACKEND, create_process_group)
+    if "devices" in _inspect.signature(
+            _dist.Backend.register_backend).parameters:
+        _dist.Backend.register_backend(BACKEND, create_process_group,
+                                       devices=["cpu", "cuda"])
+    else:
+        _dist.Backend.register_backend(BACKEND, create_process_group)
 
 __all__ = ["BACKEND", "ProcessGroupLibcomm", "create_process_group",
            "cuda_support"]
