@@ -21,7 +21,8 @@
 // needs hosts of equal sizes and H shared-memory phases, one per host's
 // blocks, or a ring whose messages gather H blocks each.
 //
-// Where every rank is on this host and may read the others' memory, and
+// Where every rank is on this host and may read the others' memory, the
+// group has three ranks or more (two keep the rings: single_copy.h), and
 // the n blocks hold COMM_SHM_DIRECT_THRESHOLD_BYTES or more, each rank reads
 // every peer's block from that peer's memory (single_copy.h), after a step that
 // trades the blocks' addresses and before one that tells every peer it is
@@ -92,7 +93,7 @@ void all_gather(CollectiveTransport& ctx, std::span<void* const> blocks,
   }
   if (PeerMemory* memory =
           direct_memory(ctx, bytes * static_cast<std::size_t>(size),
-                        DirectKind::kAmongAll, AtTwoRanks::kReadDirectly)) {
+                        DirectKind::kAmongAll, AtTwoRanks::kKeepRings)) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     const std::vector<std::vector<Region>> mine(

@@ -10,8 +10,9 @@
 // larger messages between hosts at the cost of a copy in and out of each
 // leader.
 //
-// Where every rank is on this host and may read the others' memory, each
-// pair of ranks decides, for each direction, on the part's size alone
+// Where every rank is on this host and may read the others' memory, and
+// the group has three ranks or more (two keep the rings: single_copy.h),
+// each pair of ranks decides, for each direction, on the part's size alone
 // (both ends know it): a part of COMM_SHM_DIRECT_THRESHOLD_BYTES / n, rounded
 // up, or more (n such parts reach the threshold) is read by its receiver
 // from the sender's input where it lies (single_copy.h), a smaller one
@@ -111,7 +112,8 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
     std::memmove(output + recv_offsets[rank], input + send_offsets[rank],
                  send_bytes[rank]);
   }
-  if (PeerMemory* memory = size > 1 ? ctx.peer_memory() : nullptr) {
+  // Two ranks keep the rings, as all_gather's do (single_copy.h).
+  if (PeerMemory* memory = size > 2 ? ctx.peer_memory() : nullptr) {
     const std::size_t threshold = read_threshold(size);
     bool reads = false;
     for (int p = 0; p < size; ++p) {

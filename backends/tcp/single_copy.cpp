@@ -16,8 +16,8 @@ namespace {
 const IntParam kDirectThresholdBytes{
     "COMM_SHM_DIRECT_THRESHOLD_BYTES", 4 << 20, 1,
     std::numeric_limits<std::int64_t>::max(),
-    "the smallest all_gather or all_to_all, or all_reduce or reduce_scatter "
-    "of three ranks or more, whose ranks, all on one host, read each other's "
+    "the smallest all_reduce, all_gather, reduce_scatter or all_to_all of "
+    "three ranks or more whose ranks, all on one host, read each other's "
     "buffers directly instead of through the shared-memory rings"};
 const IntParam kDirectFromRootThresholdBytes{
     "COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", 4 << 20, 1,

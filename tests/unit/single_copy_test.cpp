@@ -454,7 +454,7 @@ TEST_CASE(
 
 TEST_CASE(
     "broadcast, all_gather, gather and scatter read each byte once, from "
-    "every root, and a broadcast of two ranks keeps the tree",
+    "every root, and a broadcast or all_gather of two ranks keeps the rings",
     "[single_copy][broadcast][gather]") {
   EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
              {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"},
@@ -464,12 +464,12 @@ TEST_CASE(
     std::size_t expected_read = 0;
     const std::vector<std::size_t> sizes = {0, 1, 13, 70001};
     for (std::size_t bytes : sizes) {
-      // all_gather: every rank reads every other block; broadcast (from
-      // three ranks: two keep the tree), gather and scatter: n - 1 blocks
-      // in all, from each root.
-      const int rooted_reading = world > 2 ? 3 : 2;
-      expected_read += static_cast<std::size_t>(world) * (world - 1) * bytes *
-                       (1 + rooted_reading);
+      // all_gather (from three ranks: two keep the rings): every rank
+      // reads every other block; broadcast (from three ranks), gather and
+      // scatter: n - 1 blocks in all, from each root.
+      const int reading = world > 2 ? 4 : 2;
+      expected_read +=
+          static_cast<std::size_t>(world) * (world - 1) * bytes * reading;
     }
     auto errors = run_ranks(world, read, [&](Rank& rank) {
       const int me = rank.rank();
@@ -537,7 +537,7 @@ TEST_CASE(
 
 TEST_CASE(
     "all_to_all reads the parts of a world-th of the threshold or above "
-    "and carries the smaller ones",
+    "and carries the smaller ones, from three ranks",
     "[single_copy][all_to_all]") {
   for (int world : {1, 2, 3, 4, 7}) {
     // Parts of 64 bytes or more are read.
@@ -548,8 +548,8 @@ TEST_CASE(
     auto part_bytes = [](int from, int to) -> std::size_t {
       return static_cast<std::size_t>((from * 3 + to * 5) % 41) * 4;
     };
-    std::size_t expected_read = 0;
-    for (int from = 0; from < world; ++from) {
+    std::size_t expected_read = 0;  // two ranks keep the rings
+    for (int from = 0; world > 2 && from < world; ++from) {
       for (int to = 0; to < world; ++to) {
         if (from != to && part_bytes(from, to) >= 64) {
           expected_read += part_bytes(from, to);
@@ -774,21 +774,21 @@ TEST_CASE(
     CHECK(read.load() == 0);
   }
   SECTION("all_to_all splits that disagree, through the process group") {
-    std::vector<std::string> thrown(2);
+    // Three ranks: two keep the rings.
+    std::vector<std::string> thrown(3);
     auto errors = comm::testing::run_ranks(
-        2,
+        3,
         [&](comm::ProcessGroup& group) {
           const int me = group.rank();
-          // Rank 1 sends rank 0 1000 elements; rank 0 expects 2000.
+          // Rank 1 sends rank 0 1000 elements; rank 0 expects 2000. Every
+          // other part is 500 elements.
           comm::AllToAllOptions options;
-          options.input_split_sizes =
-              me == 0 ? std::vector<std::int64_t>{500, 500}
-                      : std::vector<std::int64_t>{1000, 500};
-          options.output_split_sizes =
-              me == 0 ? std::vector<std::int64_t>{500, 2000}
-                      : std::vector<std::int64_t>{500, 500};
-          const std::int64_t in = me == 0 ? 1000 : 1500;
-          const std::int64_t out = me == 0 ? 2500 : 1000;
+          options.input_split_sizes = {500, 500, 500};
+          options.output_split_sizes = {500, 500, 500};
+          if (me == 1) options.input_split_sizes[0] = 1000;
+          if (me == 0) options.output_split_sizes[1] = 2000;
+          const std::int64_t in = me == 1 ? 2000 : 1500;
+          const std::int64_t out = me == 0 ? 3000 : 1500;
           comm::Tensor input = comm::Tensor::zeros({in}, DType::kF32);
           comm::Tensor output = comm::Tensor::zeros({out}, DType::kF32);
           try {
@@ -801,7 +801,11 @@ TEST_CASE(
     comm::testing::check_all_ok(errors);
     CHECK_THAT(thrown[0], Catch::Contains("4000 bytes") &&
                               Catch::Contains("expects 8000"));
-    CHECK_THAT(thrown[1], Catch::Contains("4000 bytes"));
+    // The others learn of it from rank 0, with the same words.
+    for (int r : {1, 2}) {
+      INFO("rank " << r);
+      CHECK_THAT(thrown[r], Catch::Contains("4000 bytes"));
+    }
   }
 }
 
