@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <future>
 #include <stdexcept>
@@ -152,31 +153,32 @@ TEST_CASE("a broadcast that meets a barrier fails on both ranks",
 
 namespace {
 
-// Runs an all_to_all on two ranks in which rank 0 sends rank 1 `sent`
-// int32 while rank 1 expects `expected` (the other direction agrees, one
-// int32 each way), then a barrier, and returns what each rank threw ("" if
-// nothing). Rank 0's part for rank 1 starts with `part`, the rest 7s.
+// Runs an all_to_all on three ranks (two keep the rings, reading nothing)
+// in which rank 0 sends rank 1 `sent` int32 while rank 1 expects
+// `expected` (every other part agrees: one int32), then a barrier, and
+// returns what each rank threw ("" if nothing). Rank 0's part for rank 1
+// starts with `part`, the rest 7s.
 std::vector<std::string> disagreeing_all_to_all(
     std::int64_t sent, std::int64_t expected,
     const std::vector<std::int32_t>& part) {
-  std::vector<std::string> thrown(2);
+  std::vector<std::string> thrown(3);
   run_ranks(
-      2,
+      3,
       [&](ProcessGroup& group) {
         const int me = group.rank();
         comm::AllToAllOptions options;
         // Row counts per peer: sent to rank p, received from rank p.
-        options.input_split_sizes = {1, me == 0 ? sent : 1};
-        options.output_split_sizes = {me == 1 ? expected : 1, 1};
+        options.input_split_sizes = {1, me == 0 ? sent : 1, 1};
+        options.output_split_sizes = {me == 1 ? expected : 1, 1, 1};
         Tensor input =
-            Tensor::full({1 + options.input_split_sizes[1]}, 7, DType::kI32);
+            Tensor::full({2 + options.input_split_sizes[1]}, 7, DType::kI32);
         if (me == 0) {
           for (std::size_t i = 0; i < part.size(); ++i) {
             input.data<std::int32_t>()[1 + i] = part[i];
           }
         }
         Tensor output =
-            Tensor::zeros({options.output_split_sizes[0] + 1}, DType::kI32);
+            Tensor::zeros({options.output_split_sizes[0] + 2}, DType::kI32);
         try {
           group.all_to_all(output, input, options)->wait();
           // A rank may finish its part of the call before its peer finds
@@ -196,26 +198,38 @@ TEST_CASE(
     "all_to_all splits that disagree fail, whether a part travels or "
     "is read",
     "[tcp][mismatch][all_to_all]") {
-  // Over shared memory a part of 1 Mi int32 (4 MiB) is read from its
-  // sender's memory, and its sender sends a Region (16 bytes) in its
-  // place; a part of 4 int32 (16 bytes) travels. Where the two ends
-  // disagree, the message's lengths agree: only its mark as an address
+  // Over shared memory, among three ranks, a part of 1 Mi int32 (4 MiB)
+  // is read from its sender's memory, and its sender sends a Region (16
+  // bytes) in its place; a part of 4 int32 (16 bytes) travels. Where the two
+  // ends disagree, the message's lengths agree: only its mark as an address
   // tells them apart. Over sockets, and where every part is read, the
   // sizes differ plainly.
   const std::int64_t small = 4;
   const std::int64_t large = 1 << 20;
+  // The plain run of this program, over shared memory with the default
+  // thresholds, is the one where only the mark decides; its `_over_tcp`
+  // and `_single_copy` copies set these.
+  const bool by_mark =
+      std::getenv("COMM_TRANSPORT") == nullptr &&
+      std::getenv("COMM_SHM_DIRECT_THRESHOLD_BYTES") == nullptr;
   SECTION("the receiver reads, the sender sends data") {
     // The part's second 8 bytes say 4 MiB, as a Region's size would.
     const auto thrown = disagreeing_all_to_all(
         small, large, {7, 7, static_cast<std::int32_t>(large * 4), 0});
     CHECK_THAT(thrown[1],
                Catch::Contains("all_to_all #0") && Catch::Contains("agree"));
+    if (by_mark) {
+      CHECK_THAT(thrown[1], Catch::Contains("expects the address of"));
+    }
     CHECK_THAT(thrown[0], Catch::Contains("all_to_all #0"));
   }
   SECTION("the sender sends an address, the receiver expects data") {
     const auto thrown = disagreeing_all_to_all(large, small, {});
     CHECK_THAT(thrown[1],
                Catch::Contains("all_to_all #0") && Catch::Contains("agree"));
+    if (by_mark) {
+      CHECK_THAT(thrown[1], Catch::Contains("sends the address of its part"));
+    }
     CHECK_THAT(thrown[0], Catch::Contains("all_to_all #0"));
   }
 }
