@@ -112,8 +112,7 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
     std::memmove(output + recv_offsets[rank], input + send_offsets[rank],
                  send_bytes[rank]);
   }
-  // Two ranks keep the rings, as all_gather's do (single_copy.h).
-  if (PeerMemory* memory = size > 2 ? ctx.peer_memory() : nullptr) {
+  if (PeerMemory* memory = readable_memory(ctx, AtTwoRanks::kKeepRings)) {
     const std::size_t threshold = read_threshold(size);
     bool reads = false;
     for (int p = 0; p < size; ++p) {

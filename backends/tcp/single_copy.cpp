@@ -40,13 +40,15 @@ std::size_t direct_threshold_bytes(DirectKind kind) {
   return static_cast<std::size_t>(threshold.get());
 }
 
+PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks) {
+  const int fewest = at_two_ranks == AtTwoRanks::kKeepRings ? 3 : 2;
+  return ctx.size() < fewest ? nullptr : ctx.peer_memory();
+}
+
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
                           DirectKind kind, AtTwoRanks at_two_ranks) {
-  const int fewest = at_two_ranks == AtTwoRanks::kKeepRings ? 3 : 2;
-  if (ctx.size() < fewest || bytes < direct_threshold_bytes(kind)) {
-    return nullptr;
-  }
-  return ctx.peer_memory();
+  if (bytes < direct_threshold_bytes(kind)) return nullptr;
+  return readable_memory(ctx, at_two_ranks);
 }
 
 Region region_of(const void* data, std::size_t bytes) {

@@ -73,11 +73,17 @@ enum class AtTwoRanks { kReadDirectly, kKeepRings };
 // bytes each collective's file names.
 std::size_t direct_threshold_bytes(DirectKind kind);
 
+// The peers' memory where a collective may read it at all, whatever its
+// size: every rank of the group can read every other's, and the group has
+// more than one rank (more than two with AtTwoRanks::kKeepRings). Null
+// otherwise. Every rank of the group gets the same answer. all_to_all,
+// which judges each part's size on its own, asks this.
+PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks);
+
 // The peers' memory when a collective of `kind` and `bytes` reads it
-// directly: every rank of the group can read every other's, the group has
-// more than one rank (more than two with AtTwoRanks::kKeepRings), and
-// `bytes` reaches direct_threshold_bytes(kind). Null otherwise. Every rank
-// that makes the same call gets the same answer.
+// directly: readable_memory(), and `bytes` reaches
+// direct_threshold_bytes(kind). Null otherwise. Every rank that makes the
+// same call gets the same answer.
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
                           DirectKind kind, AtTwoRanks at_two_ranks);
 
