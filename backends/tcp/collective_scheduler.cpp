@@ -100,7 +100,7 @@ void CollectiveScheduler::help(Work& target) {
     run(*task);
     lock.lock();
     running_ = false;
-    changed_.notify_all();
+    if (stopping_) changed_.notify_all();  // shutdown() may wait for it
   }
   // Whatever is left belongs to the worker.
   if (!stopping_ && !queue_.empty()) wake_worker_later();
@@ -137,7 +137,7 @@ void CollectiveScheduler::run_worker() {
       run(*task);
       lock.lock();
       running_ = false;
-      changed_.notify_all();
+      if (stopping_) changed_.notify_all();
     }
     if (!started && rearm.count() == 0) grace_ = kWaitedGrace;  // wasted
     if (stopping_) return;

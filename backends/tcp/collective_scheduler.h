@@ -121,8 +121,10 @@ class CollectiveScheduler final
   std::thread worker_;
 
   mutable std::mutex mutex_;
-  std::condition_variable changed_;  // `running_` went false
-  bool timer_armed_ = false;         // set until the worker has seen it fire
+  // `running_` went false while `stopping_` was set: shutdown() waits
+  // for it, and nothing else does.
+  std::condition_variable changed_;
+  bool timer_armed_ = false;  // set until the worker has seen it fire
   std::chrono::nanoseconds grace_ = kWaitedGrace;
   std::deque<std::shared_ptr<CollectiveTask>> queue_;
   std::uint64_t next_sequence_ = 0;

@@ -48,54 +48,55 @@ bool overlaps(const Tensor& a, const Tensor& b) {
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
-void check_out_of_place(const std::string& op, const Tensor& output,
+void check_out_of_place(std::string_view op, const Tensor& output,
                         const Tensor& input) {
   check_tensor(output, op, "output");
   check_tensor(input, op, "input");
   if (output.dtype() != input.dtype() || output.numel() != input.numel()) {
-    throw InvalidArgument(
-        op + ": the output (" + std::string(dtype_name(output.dtype())) +
-        " x " + std::to_string(output.numel()) + ") must match the input (" +
-        std::string(dtype_name(input.dtype())) + " x " +
-        std::to_string(input.numel()) + ")");
+    throw InvalidArgument(std::string(op) + ": the output (" +
+                          std::string(dtype_name(output.dtype())) + " x " +
+                          std::to_string(output.numel()) +
+                          ") must match the input (" +
+                          std::string(dtype_name(input.dtype())) + " x " +
+                          std::to_string(input.numel()) + ")");
   }
   if (output.device() != input.device()) {
-    throw InvalidArgument(op + ": the output is on " + output.device().str() +
-                          " but the input on " + input.device().str() +
-                          "; put both on one device");
+    throw InvalidArgument(std::string(op) + ": the output is on " +
+                          output.device().str() + " but the input on " +
+                          input.device().str() + "; put both on one device");
   }
   if (output.data_ptr() != input.data_ptr() && overlaps(output, input)) {
-    throw InvalidArgument(op +
+    throw InvalidArgument(std::string(op) +
                           ": the output and the input overlap in part; "
                           "pass the same tensor twice for the in-place call, "
                           "or tensors apart");
   }
 }
 
-void check_root(const std::string& op, int root, int size) {
+void check_root(std::string_view op, int root, int size) {
   if (root < 0 || root >= size) {
-    throw InvalidArgument(op + ": root " + std::to_string(root) +
+    throw InvalidArgument(std::string(op) + ": root " + std::to_string(root) +
                           " is outside the group of " + std::to_string(size) +
                           " ranks");
   }
 }
 
-void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
+void check_tensor_list(std::string_view op, const std::vector<Tensor>& list,
                        std::size_t expected, const Tensor& like,
                        const char* role) {
   if (list.size() != expected) {
     throw InvalidArgument(
         expected == 0
-            ? op + ": only the root passes " + role +
+            ? std::string(op) + ": only the root passes " + role +
                   " tensors; this rank passed " + std::to_string(list.size())
-            : op + " needs one " + role + " tensor per rank (" +
+            : std::string(op) + " needs one " + role + " tensor per rank (" +
                   std::to_string(expected) + "), got " +
                   std::to_string(list.size()));
   }
   for (const Tensor& t : list) {
     check_tensor(t, op);
     if (t.dtype() != like.dtype() || t.numel() != like.numel()) {
-      throw InvalidArgument(op + ": " + role + " " + t.describe() +
+      throw InvalidArgument(std::string(op) + ": " + role + " " + t.describe() +
                             " does not match " + like.describe());
     }
   }

@@ -28,17 +28,18 @@ bool overlaps(const Tensor& a, const Tensor& b);
 
 // An out-of-place pair: both pass check_tensor, with one dtype, one
 // number of elements and one device, and they are either the same memory
-// exactly (the in-place call) or apart.
-void check_out_of_place(const std::string& op, const Tensor& output,
+// exactly (the in-place call) or apart. As for check_tensor, and for the
+// two checks below, `op` becomes a string only in an error.
+void check_out_of_place(std::string_view op, const Tensor& output,
                         const Tensor& input);
 
 // `root` is a rank of a group of `size`.
-void check_root(const std::string& op, int root, int size);
+void check_root(std::string_view op, int root, int size);
 
 // `list` holds `expected` tensors (0: this rank passes none, not being the
 // root), each passing check_tensor and matching `like` in dtype and number
 // of elements; `role` is "input" or "output".
-void check_tensor_list(const std::string& op, const std::vector<Tensor>& list,
+void check_tensor_list(std::string_view op, const std::vector<Tensor>& list,
                        std::size_t expected, const Tensor& like,
                        const char* role);
 
