@@ -6,13 +6,16 @@
 // 64-byte header and its payload into its ring to the other
 // (comm::shm::Ring::write), then reads the other's header and reduces the
 // other's payload into its output where it lies in the ring (peek and
-// consume), as tcp::Exchange does. No task, scheduler, step, check or
-// Work runs around it. So the time of one exchange is what the rings'
-// protocol costs on this machine (the cursors each end loads and stores,
-// the lines each message moves between the two cores), and
-// `all_reduce_perf -np 2` less this is what libcomm's call path adds; a
-// change of the protocol is measured here, a change of the path there.
-// Each size's result is checked once its exchanges are done.
+// consume), as tcp::Exchange does. No task, scheduler, step, argument
+// check or Work runs around it; each exchange only compares the header's
+// sequence number and calls the reduce kernel. So the time of one
+// exchange is what the rings' protocol costs on this machine (the cursors
+// each end loads and stores, the lines each message moves between the two
+// cores) with the reduction, and `all_reduce_perf -np 2` less this is
+// what libcomm's call path adds to an all_reduce; a change of the protocol
+// is measured here, a change of the path there. Each size's result is
+// checked once its exchanges are done. A process that fails closes both
+// rings, so that the other fails at once instead of at its timeout.
 //
 //   ring_perf [-b 1K] [-e 64K] [-f 4] [-n 20000] [-w 1000]
 #include <sched.h>
@@ -46,9 +49,27 @@ constexpr std::size_t kHeaderBytes = 64;
 // How long a process waits for the other before giving up.
 constexpr auto kPeerTimeout = std::chrono::seconds(10);
 
+// The two rings, once mapped: fail() closes them.
+comm::shm::Ring* rings_to_close[2] = {nullptr, nullptr};
+
 [[noreturn]] void fail(const std::string& what) {
   std::fprintf(stderr, "ring_perf: %s\n", what.c_str());
-  std::exit(1);
+  for (comm::shm::Ring* ring : rings_to_close) {
+    if (ring != nullptr) ring->close();
+  }
+  // _exit: the child must not run the exit handlers it inherited.
+  std::fflush(stdout);
+  ::_exit(1);
+}
+
+// A few cycles' pause of a spinning process, as the transport's own wait
+// makes it (tcp::Exchange).
+void pause_core() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
 }
 
 void pin(int cpu) {
@@ -60,15 +81,24 @@ void pin(int cpu) {
   }
 }
 
-// Waits, pausing the core, until `ready()` holds; fails after
-// kPeerTimeout. The clock is read every 4096 looks.
+// Waits, pausing the core, until `ready()` holds; fails once `a` or `b`
+// is closed (the other process failed), or after kPeerTimeout. Both are
+// looked at, and the clock read, only every 4096 looks, so that a wait
+// that ends at once (most of them) costs the floor nothing.
 template <typename Ready>
-void spin_until(Ready ready) {
-  const auto give_up = Clock::now() + kPeerTimeout;
+void spin_until(const comm::shm::Ring& a, const comm::shm::Ring& b,
+                Ready ready) {
+  Clock::time_point give_up;
   for (unsigned looks = 1; !ready(); ++looks) {
-    __builtin_ia32_pause();
-    if (looks % 4096 == 0 && Clock::now() > give_up) {
-      fail("the other process made no progress for 10 s");
+    pause_core();
+    if (looks % 4096 != 0) continue;
+    if (a.closed() || b.closed()) fail("the other process failed");
+    const auto now = Clock::now();
+    if (looks == 4096) {
+      give_up = now + kPeerTimeout;
+    } else if (now > give_up) {
+      fail("the other process made no progress for " +
+           std::to_string(kPeerTimeout.count()) + " s");
     }
   }
 }
@@ -76,8 +106,7 @@ void spin_until(Ready ready) {
 // One rank's side of `iterations` exchanges of `bytes` (float32 sum):
 // returns the seconds the timed ones took.
 double exchange(comm::shm::Ring& out, comm::shm::Ring& in, float* input,
-                float* output, std::size_t bytes, int warmup,
-                int iterations) {
+                float* output, std::size_t bytes, int warmup, int iterations) {
   std::uint8_t header[kHeaderBytes] = {};
   std::uint8_t peer_header[kHeaderBytes];
   Clock::time_point start;
@@ -85,25 +114,25 @@ double exchange(comm::shm::Ring& out, comm::shm::Ring& in, float* input,
     if (i == 0) start = Clock::now();
     std::memcpy(header, &i, sizeof(i));
     iovec parts[2] = {{header, kHeaderBytes}, {input, bytes}};
-    int first = 0;
+    int next_part = 0;  // the first part not yet wholly written
     // Bounded by spin_until: every round writes bytes or waits for room.
-    while (first < 2) {
-      const std::size_t wrote = out.write(parts + first, 2 - first);
+    while (next_part < 2) {
+      const std::size_t wrote = out.write(parts + next_part, 2 - next_part);
       std::size_t left = wrote;
-      while (first < 2 && left >= parts[first].iov_len) {
-        left -= parts[first].iov_len;
-        ++first;
+      while (next_part < 2 && left >= parts[next_part].iov_len) {
+        left -= parts[next_part].iov_len;
+        ++next_part;
       }
-      if (first < 2) {
-        parts[first].iov_base = static_cast<std::uint8_t*>(
-                                    parts[first].iov_base) + left;
-        parts[first].iov_len -= left;
+      if (next_part < 2) {
+        parts[next_part].iov_base =
+            static_cast<std::uint8_t*>(parts[next_part].iov_base) + left;
+        parts[next_part].iov_len -= left;
       }
-      if (wrote == 0) spin_until([&] { return out.writable(); });
+      if (wrote == 0) spin_until(out, in, [&] { return out.writable(); });
     }
     std::size_t got = 0;
     while (got < kHeaderBytes) {
-      spin_until([&] { return in.readable(); });
+      spin_until(out, in, [&] { return in.readable(); });
       const iovec into{peer_header + got, kHeaderBytes - got};
       got += in.read(&into, 1);
     }
@@ -112,14 +141,14 @@ double exchange(comm::shm::Ring& out, comm::shm::Ring& in, float* input,
     }
     std::size_t done = 0;
     while (done < bytes) {
-      spin_until([&] { return in.readable(); });
-      const auto there = in.peek();
+      spin_until(out, in, [&] { return in.readable(); });
+      const auto ready = in.peek();
       // Every message is whole elements, and so is the ring: no element
       // straddles the ring's end.
-      const std::size_t take = std::min(there.size(), bytes - done) / 4 * 4;
+      const std::size_t take = std::min(ready.size(), bytes - done) / 4 * 4;
       if (take == 0) fail("an element straddles the end of the ring");
       comm::reduce_pair_into(comm::ReduceOp::kSum, comm::DType::kF32,
-                             output + done / 4, input + done / 4, there.data(),
+                             output + done / 4, input + done / 4, ready.data(),
                              take / 4);
       in.consume(take);
       done += take;
@@ -153,7 +182,10 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     min_bytes = comm::bench::parse_size("-b", min_text);
     max_bytes = comm::bench::parse_size("-e", max_text);
-    if (min_bytes <= 0 || min_bytes % 4 != 0 || min_bytes > max_bytes ||
+    // Each process writes its whole message before it reads the other's,
+    // so a message must fit in a ring with room to spare: a quarter of it.
+    if (min_bytes <= 0 || min_bytes % 4 != 0 || max_bytes % 4 != 0 ||
+        min_bytes > max_bytes ||
         max_bytes > static_cast<std::int64_t>(kRingBytes / 4)) {
       throw comm::bench::UsageError(
           "-b " + min_text + " and -e " + max_text +
@@ -176,7 +208,7 @@ int main(int argc, char** argv) {
   for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu) {
     if (CPU_ISSET(cpu, &usable)) cpus.push_back(cpu);
   }
-  if (cpus.size() < 2) fail("needs two CPUs to run on, and may use one");
+  if (cpus.size() < 2) fail("needs two CPUs; this process may use only one");
 
   // Two rings, one each way, in memory both processes map: zeroed, as a
   // new ring must be.
@@ -189,13 +221,15 @@ int main(int argc, char** argv) {
   comm::shm::Ring zero_to_one(base, kRingBytes, -1);
   comm::shm::Ring one_to_zero(base + footprint, kRingBytes, -1);
 
-  std::printf("# CPUs %d and %d, rings of %zu KiB; us per exchange\n",
-              cpus[0], cpus[1], kRingBytes / 1024);
+  std::printf("# CPUs %d and %d, rings of %zu KiB; us per exchange\n", cpus[0],
+              cpus[1], kRingBytes / 1024);
   std::printf("%12s %12s\n", "bytes", "time");
   std::fflush(stdout);
-  const pid_t peer = ::fork();
-  if (peer < 0) fail(std::string("fork: ") + strerror(errno));
-  const int rank = peer == 0 ? 1 : 0;
+  rings_to_close[0] = &zero_to_one;
+  rings_to_close[1] = &one_to_zero;
+  const pid_t child = ::fork();
+  if (child < 0) fail(std::string("fork: ") + strerror(errno));
+  const int rank = child == 0 ? 1 : 0;
   pin(cpus[static_cast<std::size_t>(rank)]);
   comm::shm::Ring& out = rank == 0 ? zero_to_one : one_to_zero;
   comm::shm::Ring& in = rank == 0 ? one_to_zero : zero_to_one;
@@ -221,10 +255,15 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  if (rank == 1) std::exit(0);
+  if (rank == 1) ::_exit(0);
+  // Bounded: the child needs nothing more from this process, and fails
+  // within its own timeout.
   int status = 0;
-  ::waitpid(peer, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  pid_t reaped;
+  do {
+    reaped = ::waitpid(child, &status, 0);
+  } while (reaped < 0 && errno == EINTR);
+  if (reaped != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     fail("the other process failed");
   }
   return 0;

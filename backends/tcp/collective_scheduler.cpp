@@ -137,7 +137,7 @@ void CollectiveScheduler::run_worker() {
       run(*task);
       lock.lock();
       running_ = false;
-      if (stopping_) changed_.notify_all();
+      if (stopping_) changed_.notify_all();  // shutdown() may wait for it
     }
     if (!started && rearm.count() == 0) grace_ = kWaitedGrace;  // wasted
     if (stopping_) return;
@@ -201,7 +201,6 @@ bool CollectiveScheduler::shutdown() {
   (void)!write(interrupt_fd_, &one, sizeof(one));
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.notify_all();
     changed_.wait(lock, [&] { return !running_; });
   }
   if (worker_.joinable()) worker_.join();
