@@ -37,6 +37,7 @@
 
 #include "backends/shm/ring.h"
 #include "bench/harness/options.h"
+#include "libcomm/detail/pause_core.h"
 #include "libcomm/reduce_kernels.h"
 
 namespace {
@@ -62,16 +63,6 @@ comm::shm::Ring* rings_to_close[2] = {nullptr, nullptr};
   ::_exit(1);
 }
 
-// A few cycles' pause of a spinning process, as the transport's own wait
-// makes it (tcp::Exchange).
-void pause_core() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 void pin(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -90,7 +81,7 @@ void spin_until(const comm::shm::Ring& a, const comm::shm::Ring& b,
                 Ready ready) {
   Clock::time_point give_up;
   for (unsigned looks = 1; !ready(); ++looks) {
-    pause_core();
+    comm::detail::pause_core();
     if (looks % 4096 != 0) continue;
     if (a.closed() || b.closed()) fail("the other process failed");
     const auto now = Clock::now();

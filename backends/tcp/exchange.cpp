@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "backends/tcp/reported_failure.h"
+#include "libcomm/detail/pause_core.h"
 #include "libcomm/int_param.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -40,16 +41,6 @@ int remaining_ms(detail::Clock::time_point deadline) {
       std::clamp<std::int64_t>(left.count() + 1, 0, 1 << 30));
 }
 
-// A few cycles' pause of a spinning thread, which leaves the core to its
-// hyperthread sibling without the cost of a system call.
-void pause_core() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 // One pause of a spinning step between two looks at its transfers: a yield
 // of the CPU where this host's ranks outnumber their CPUs (the rank waited
 // for may be the one that would run), else a few pauses of the core.
@@ -58,7 +49,7 @@ void relax(bool oversubscribed) {
     sched_yield();
     return;
   }
-  for (int i = 0; i < 16; ++i) pause_core();
+  for (int i = 0; i < 16; ++i) detail::pause_core();
 }
 
 }  // namespace
@@ -878,7 +869,7 @@ void Exchange::watch_rings(std::span<const int> waiting,
     if (oversubscribed) {
       sched_yield();
     } else {
-      pause_core();
+      detail::pause_core();
     }
   }
 }
