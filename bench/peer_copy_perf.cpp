@@ -15,7 +15,6 @@
 // cache). The two processes take turns through pipes, so only the copy is
 // timed.
 #include <poll.h>
-#include <sched.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,9 +26,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
+#include "bench/harness/cpus.h"
 #include "bench/harness/options.h"
 #include "bench/harness/runner.h"
 
@@ -65,11 +66,10 @@ void await(int fd) {
 }
 
 void pin(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
-    fail("cannot pin to CPU " + std::to_string(cpu));
+  try {
+    comm::bench::pin_to_cpu(cpu);
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
 }
 
@@ -193,14 +193,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "peer_copy_perf: %s\n", e.what());
     return 2;
   }
-  cpu_set_t usable;
-  CPU_ZERO(&usable);
-  if (::sched_getaffinity(0, sizeof(usable), &usable) != 0) fail("affinity");
   std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu) {
-    if (CPU_ISSET(cpu, &usable)) cpus.push_back(cpu);
+  try {
+    cpus = comm::bench::usable_cpus(2);
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
-  if (cpus.size() < 2) fail("needs two CPUs to run on, and may use one");
   std::printf("# owner on CPU %d, peer on CPU %d; us per copy (GB/s)\n",
               cpus[0], cpus[1]);
   std::printf("%12s %20s %20s %20s %20s\n", "bytes", "get reused", "get fresh",

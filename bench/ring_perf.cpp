@@ -18,7 +18,6 @@
 // rings, so that the other fails at once instead of at its timeout.
 //
 //   ring_perf [-b 1K] [-e 64K] [-f 4] [-n 20000] [-w 1000]
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -32,10 +31,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include "backends/shm/ring.h"
+#include "bench/harness/cpus.h"
 #include "bench/harness/options.h"
 #include "libcomm/detail/pause_core.h"
 #include "libcomm/reduce_kernels.h"
@@ -64,11 +65,10 @@ comm::shm::Ring* rings_to_close[2] = {nullptr, nullptr};
 }
 
 void pin(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
-    fail(std::string("sched_setaffinity: ") + strerror(errno));
+  try {
+    comm::bench::pin_to_cpu(cpu);
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
 }
 
@@ -190,16 +190,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ring_perf: %s\n", e.what());
     return 2;
   }
-  cpu_set_t usable;
-  CPU_ZERO(&usable);
-  if (::sched_getaffinity(0, sizeof(usable), &usable) != 0) {
-    fail(std::string("sched_getaffinity: ") + strerror(errno));
-  }
   std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu) {
-    if (CPU_ISSET(cpu, &usable)) cpus.push_back(cpu);
+  try {
+    cpus = comm::bench::usable_cpus(2);
+  } catch (const std::exception& e) {
+    fail(e.what());
   }
-  if (cpus.size() < 2) fail("needs two CPUs; this process may use only one");
 
   // Two rings, one each way, in memory both processes map: zeroed, as a
   // new ring must be.
