@@ -58,7 +58,8 @@ CollectiveScheduler::~CollectiveScheduler() {
   close(interrupt_fd_);
 }
 
-void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task) {
+void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task,
+                                 bool caller_waits) {
   std::chrono::nanoseconds arm{0};
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -66,10 +67,30 @@ void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task) {
       throw BackendError("the process group was shut down; create a new one");
     }
     task->call.sequence = next_sequence_++;
-    queue_.push_back(task);
-    arm = claim_timer();
+    if (caller_waits && !running_ && queue_.empty()) {
+      running_ = true;
+    } else {
+      queue_.push_back(task);
+      arm = claim_timer();
+      caller_waits = false;
+    }
+  }
+  if (caller_waits) {
+    run(*task);
+    std::lock_guard<std::mutex> lock(mutex_);
+    give_back_turn();
+    return;
   }
   if (arm.count() > 0) arm_timer(timer_fd_, arm);
+}
+
+void CollectiveScheduler::give_back_turn() {
+  running_ = false;
+  if (stopping_) {
+    changed_.notify_all();  // shutdown() waits for it
+  } else if (!queue_.empty()) {
+    wake_worker_later();
+  }
 }
 
 void CollectiveScheduler::check_open() const {

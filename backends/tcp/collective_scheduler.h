@@ -67,12 +67,21 @@ class CollectiveScheduler final
   // Queues a collective whose body is `body` (see CollectiveTaskWith):
   // stamps `call` with the next sequence number and returns its Work.
   // Throws BackendError once shut down.
+  //
+  // With `caller_waits` (the options' async_op false: the caller waits for
+  // the Work at once, on this thread) and nothing queued or running, the
+  // task runs here instead, before enqueue returns, and its Work comes back
+  // completed: the caller would run it in wait() anyway (help()), and
+  // running it now saves the queue's round trip and the second turn of the
+  // mutex. Otherwise it is queued behind the others, as any task is, so
+  // calls still run in issue order.
   template <typename Body>
   std::shared_ptr<Work> enqueue(const CallInfo& call,
-                                std::chrono::milliseconds timeout, Body body) {
+                                std::chrono::milliseconds timeout,
+                                bool caller_waits, Body body) {
     auto task = std::make_shared<CollectiveTaskWith<Body>>(
         call, timeout, std::move(body), rank_, weak_from_this());
-    submit(task);
+    submit(task, caller_waits);
     return task;
   }
 
@@ -97,8 +106,13 @@ class CollectiveScheduler final
 
  private:
   explicit CollectiveScheduler(int rank, Execute execute);
-  // Stamps `task` with the next sequence number and queues it.
-  void submit(const std::shared_ptr<CollectiveTask>& task);
+  // Stamps `task` with the next sequence number and queues it, or runs it
+  // on this thread where enqueue() says so.
+  void submit(const std::shared_ptr<CollectiveTask>& task, bool caller_waits);
+  // Gives back the turn that help() or submit() took for the calling
+  // thread, and leaves what was queued meanwhile to the worker. Called with
+  // `mutex_` held.
+  void give_back_turn();
   void run_worker();
   // Runs one task, on whichever thread holds the turn: refuses it when the
   // scheduler is broken, and breaks the scheduler when it fails.

@@ -212,10 +212,11 @@ std::chrono::milliseconds TcpBackend::resolve(OpTimeout timeout) const {
   return timeout == kDefaultTimeout ? timeout_ : timeout;
 }
 
-template <typename Body>
+template <typename Options, typename Body>
 std::shared_ptr<Work> TcpBackend::enqueue(const CallInfo& call,
-                                          OpTimeout timeout, Body body) {
-  return scheduler_->enqueue(call, resolve(timeout), std::move(body));
+                                          const Options& options, Body body) {
+  return scheduler_->enqueue(call, resolve(options.timeout), !options.async_op,
+                             std::move(body));
 }
 
 void TcpBackend::execute(tcp::CollectiveTask& task) {
@@ -250,37 +251,35 @@ std::shared_ptr<Work> TcpBackend::do_broadcast(
   CallInfo call{Collective::kBroadcast, 0,
                 tensor.dtype(),         tensor.numel(),
                 ReduceOp::kSum,         options.root};
-  return enqueue(call, options.timeout,
-                 [this, tensor, options](CollectiveContext& ctx) mutable {
-                   const bool is_root = rank() == options.root;
-                   Tensor staged;
-                   const Tensor& host = on_host(tensor, is_root, staged);
-                   alg::broadcast(ctx, host.data_ptr(), host.nbytes(),
-                                  options.root);
-                   from_host(tensor, host);
-                 });
+  return enqueue(
+      call, options, [this, tensor, options](CollectiveContext& ctx) mutable {
+        const bool is_root = rank() == options.root;
+        Tensor staged;
+        const Tensor& host = on_host(tensor, is_root, staged);
+        alg::broadcast(ctx, host.data_ptr(), host.nbytes(), options.root);
+        from_host(tensor, host);
+      });
 }
 
 std::shared_ptr<Work> TcpBackend::do_reduce(Tensor& tensor,
                                             const ReduceOptions& options) {
   CallInfo call{Collective::kReduce, 0,          tensor.dtype(),
                 tensor.numel(),      options.op, options.root};
-  return enqueue(call, options.timeout,
-                 [this, tensor, options](CollectiveContext& ctx) mutable {
-                   Tensor staged;
-                   const Tensor& host = on_host(tensor, true, staged);
-                   alg::reduce(ctx, host.data_ptr(),
-                               static_cast<std::size_t>(host.numel()),
-                               host.dtype(), options.op, options.root);
-                   if (rank() == options.root) {
-                     if (options.op == ReduceOp::kAvg) {
-                       divide_by(host.dtype(), host.data_ptr(),
-                                 static_cast<std::size_t>(host.numel()),
-                                 size());
-                     }
-                     from_host(tensor, host);
-                   }
-                 });
+  return enqueue(
+      call, options, [this, tensor, options](CollectiveContext& ctx) mutable {
+        Tensor staged;
+        const Tensor& host = on_host(tensor, true, staged);
+        alg::reduce(ctx, host.data_ptr(),
+                    static_cast<std::size_t>(host.numel()), host.dtype(),
+                    options.op, options.root);
+        if (rank() == options.root) {
+          if (options.op == ReduceOp::kAvg) {
+            divide_by(host.dtype(), host.data_ptr(),
+                      static_cast<std::size_t>(host.numel()), size());
+          }
+          from_host(tensor, host);
+        }
+      });
 }
 
 std::shared_ptr<Work> TcpBackend::do_all_reduce(
@@ -293,7 +292,7 @@ std::shared_ptr<Work> TcpBackend::do_all_reduce_into(
   // In place or not, the same call on the wire: ranks may mix the forms.
   CallInfo call{Collective::kAllReduce, 0,          input.dtype(),
                 input.numel(),          options.op, -1};
-  return enqueue(call, options.timeout,
+  return enqueue(call, options,
                  [this, output, input = Tensor(input),
                   options](CollectiveContext& ctx) mutable {
                    const bool in_place = output.data_ptr() == input.data_ptr();
@@ -317,7 +316,7 @@ std::shared_ptr<Work> TcpBackend::do_all_gather(
   CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
                 ReduceOp::kSum,         -1};
   return enqueue(
-      call, options.timeout,
+      call, options,
       [this, outputs, input = Tensor(input)](CollectiveContext& ctx) mutable {
         std::vector<Tensor> hosts;
         std::vector<void*> blocks;
@@ -342,7 +341,7 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
   CallInfo call{Collective::kAllGather, 0, input.dtype(), input.numel(),
                 ReduceOp::kSum,         -1};
   return enqueue(
-      call, options.timeout,
+      call, options,
       [this, output, input = Tensor(input)](CollectiveContext& ctx) mutable {
         Tensor host = on_host(output, false);
         const std::size_t bytes = input.nbytes();
@@ -368,7 +367,7 @@ std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
                                             const GatherOptions& options) {
   CallInfo call{Collective::kGather, 0,           input.dtype(), input.numel(),
                 ReduceOp::kSum,      options.root};
-  return enqueue(call, options.timeout,
+  return enqueue(call, options,
                  [this, outputs, input = Tensor(input),
                   options](CollectiveContext& ctx) mutable {
                    Tensor staged;
@@ -386,7 +385,7 @@ std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
   CallInfo call{Collective::kScatter, 0,
                 output.dtype(),       output.numel(),
                 ReduceOp::kSum,       options.root};
-  return enqueue(call, options.timeout,
+  return enqueue(call, options,
                  [output, inputs = std::vector<Tensor>(inputs),
                   options](CollectiveContext& ctx) mutable {
                    Tensor staged;
@@ -408,7 +407,7 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
                 options.op,
                 -1};
   return enqueue(
-      call, options.timeout,
+      call, options,
       [this, output, inputs = std::vector<Tensor>(inputs),
        options](CollectiveContext& ctx) mutable {
         // The algorithm writes partial sums into the output before
@@ -450,7 +449,7 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
   CallInfo call{Collective::kAllToAll, 0, input.dtype(), 0, ReduceOp::kSum, -1};
   // The layout moves into the task: in a large group its arrays are a heap
   // allocation, which a copy would make again.
-  return enqueue(call, options.timeout,
+  return enqueue(call, options,
                  [output, input = Tensor(input),
                   layout = std::move(layout)](CollectiveContext& ctx) mutable {
                    Tensor staged;
@@ -475,7 +474,7 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
 
 std::shared_ptr<Work> TcpBackend::do_barrier(const BarrierOptions& options) {
   CallInfo call{Collective::kBarrier, 0, DType::kU8, 0, ReduceOp::kSum, -1};
-  return enqueue(call, options.timeout,
+  return enqueue(call, options,
                  [](CollectiveContext& ctx) { alg::barrier(ctx); });
 }
 

@@ -531,6 +531,63 @@ TEST_CASE("many async collectives in flight complete in issue order", "[tcp]") {
   check_all_ok(errors);
 }
 
+TEST_CASE("a call whose caller waits (async_op false) keeps issue order",
+          "[tcp]") {
+  auto errors = run_ranks(3, [&](ProcessGroup& group) {
+    const int rank = group.rank();
+    // Nothing queued: it runs before it returns.
+    Tensor alone = Tensor::full({64}, rank + 1, DType::kI32);
+    auto work = group.all_reduce(alone, {.async_op = false});
+    expect(work->is_completed(), "a lone blocking call returns completed");
+    work->wait();
+    expect(alone.data<std::int32_t>()[63] == 6, "its result");
+    // Behind calls nobody has waited for, it runs after them: the sum of
+    // 1, 2 and 3 first, then the product of the sums (6 * 6 * 6), where
+    // the other order would give 3 * (1 * 2 * 3).
+    for (int round = 0; round < 20; ++round) {
+      Tensor t = Tensor::full({8}, rank + 1, DType::kI32);
+      std::vector<std::shared_ptr<comm::Work>> earlier;
+      for (int i = 0; i < round % 4; ++i) {
+        earlier.push_back(group.barrier());
+      }
+      auto sum = group.all_reduce(t);
+      auto product =
+          group.all_reduce(t, {.op = ReduceOp::kProduct, .async_op = false});
+      product->wait();
+      expect(sum->is_completed() && sum->is_success(),
+             "the earlier call completed first");
+      for (auto& barrier : earlier) {
+        expect(barrier->is_completed(), "earlier barriers completed first");
+      }
+      expect(t.data<std::int32_t>()[7] == 216,
+             "round " + std::to_string(round) + ": sum, then product");
+    }
+  });
+  check_all_ok(errors);
+}
+
+TEST_CASE("a blocking call that fails returns a Work that rethrows", "[tcp]") {
+  std::vector<std::string> seen(2);
+  auto errors = run_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        Tensor t = Tensor::zeros({group.rank() == 0 ? 10 : 20}, DType::kF32);
+        // The disagreement surfaces in wait(), not in the call, as for
+        // every other collective.
+        auto work = group.all_reduce(t, {.async_op = false});
+        try {
+          work->wait();
+        } catch (const comm::MismatchError& e) {
+          seen[group.rank()] = e.what();
+        }
+      },
+      10s);
+  check_all_ok(errors);
+  for (const std::string& text : seen) {
+    CHECK_THAT(text, Catch::Contains("all_reduce #0 (float32 x 10, sum)"));
+  }
+}
+
 TEST_CASE("work nobody waits on starts by itself even after waited-on calls",
           "[tcp]") {
   auto errors = run_ranks(3, [&](ProcessGroup& group) {
