@@ -35,6 +35,9 @@ struct Case {
   std::size_t count = 0;
   bool in_place = false;
   Device device = Device::cpu();
+  // The options' async_op: false in a blocking run (-z 1), whose runner
+  // waits for each operation as soon as start() returns.
+  bool async_op = true;
 
   // Set by prepare(): what the operation reads and what it writes. In place,
   // an output shares memory with an input.

@@ -389,6 +389,7 @@ Report run_benchmark(const Collective& collective, const Options& options,
           c.root = root < 0 ? 0 : root;
           c.count = collective.count_for(size, dtype, c.world);
           c.device = device;
+          c.async_op = !options.blocking;
           Row row;
           row.bytes = collective.bytes_for(c.count, dtype, c.world);
           row.count = c.count;

@@ -235,7 +235,10 @@ ReduceOp op_of(const comm_reduce_op_t& op) {
 
 // The end of every collective: hand out the Work, or wait for it. An
 // unbounded wait on the NCCL backend orders the current stream after the
-// operation instead of blocking, as ncclAllReduce does.
+// operation instead of blocking, as ncclAllReduce does. Since the blocking
+// form (`work` NULL) waits at once, every collective passes async_op =
+// `work` != NULL in its options, so that a backend may run it on this
+// thread (options.h).
 void finish(std::shared_ptr<comm::Work> started, comm_work_t* work,
             int* source = nullptr, int device = -1, void* stream = nullptr) {
   if (work != nullptr) {
@@ -651,6 +654,7 @@ comm_result_t comm_all_reduce(const void* sendbuf, void* recvbuf, size_t count,
     comm::ProcessGroup& g = group_of(group);
     const DType type = dtype_of(dtype);
     comm::AllReduceOptions options;
+    options.async_op = work != nullptr;
     options.op = op_of(op);
     Placement at(device, stream);
     Tensor send = at.view(sendbuf, count, type, "sendbuf");
@@ -674,6 +678,7 @@ comm_result_t comm_broadcast(const void* sendbuf, void* recvbuf, size_t count,
       copy_unless_same(recv, at.view(sendbuf, count, type, "sendbuf"), at);
     }
     comm::BroadcastOptions options;
+    options.async_op = work != nullptr;
     options.root = root;
     at.finish(g.broadcast(recv, options), work);
   });
@@ -687,6 +692,7 @@ comm_result_t comm_reduce(const void* sendbuf, void* recvbuf, size_t count,
     comm::ProcessGroup& g = group_of(group);
     const DType type = dtype_of(dtype);
     comm::ReduceOptions options;
+    options.async_op = work != nullptr;
     options.op = op_of(op);
     options.root = root;
     Placement at(device, stream);
@@ -717,7 +723,8 @@ comm_result_t comm_all_gather(const void* sendbuf, void* recvbuf,
     Tensor recv =
         at.view(recvbuf, times_world(sendcount, g, "recvbuf"), type, "recvbuf");
     send = apart_from(send, recv, at);
-    at.finish(g.all_gather_into(recv, send), work);
+    at.finish(g.all_gather_into(recv, send, {.async_op = work != nullptr}),
+              work);
   });
 }
 
@@ -729,6 +736,7 @@ comm_result_t comm_reduce_scatter(const void* sendbuf, void* recvbuf,
     comm::ProcessGroup& g = group_of(group);
     const DType type = dtype_of(dtype);
     comm::ReduceScatterOptions options;
+    options.async_op = work != nullptr;
     options.op = op_of(op);
     Placement at(device, stream);
     Tensor send =
@@ -757,6 +765,7 @@ comm_result_t comm_gather(const void* sendbuf, void* recvbuf, size_t sendcount,
       outputs = blocks(recv, g.size(), sendcount);
     }
     comm::GatherOptions options;
+    options.async_op = work != nullptr;
     options.root = root;
     at.finish(g.gather(outputs, send, options), work);
   });
@@ -778,6 +787,7 @@ comm_result_t comm_scatter(const void* sendbuf, void* recvbuf, size_t recvcount,
       inputs = blocks(send, g.size(), recvcount);
     }
     comm::ScatterOptions options;
+    options.async_op = work != nullptr;
     options.root = root;
     at.finish(g.scatter(recv, inputs, options), work);
   });
@@ -794,7 +804,7 @@ comm_result_t comm_all_to_all(const void* sendbuf, void* recvbuf, size_t count,
     Tensor send = at.view(sendbuf, total, type, "sendbuf");
     Tensor recv = at.view(recvbuf, total, type, "recvbuf");
     send = apart_from(send, recv, at, /*whole_ok=*/true);
-    at.finish(g.all_to_all(recv, send), work);
+    at.finish(g.all_to_all(recv, send, {.async_op = work != nullptr}), work);
   });
 }
 
@@ -819,6 +829,7 @@ comm_result_t comm_all_to_allv(const void* sendbuf, const size_t* sendcounts,
     Tensor send = at.view(sendbuf, send_total, type, "sendbuf");
     Tensor recv = at.view(recvbuf, recv_total, type, "recvbuf");
     comm::AllToAllOptions options;
+    options.async_op = work != nullptr;
     for (int r = 0; r < g.size(); ++r) {
       options.input_split_sizes.push_back(
           static_cast<std::int64_t>(sendcounts[r]));
@@ -831,7 +842,9 @@ comm_result_t comm_all_to_allv(const void* sendbuf, const size_t* sendcounts,
 }
 
 comm_result_t comm_barrier(comm_group_t group, comm_work_t* work) {
-  return guarded(__func__, [&] { finish(group_of(group).barrier(), work); });
+  return guarded(__func__, [&] {
+    finish(group_of(group).barrier({.async_op = work != nullptr}), work);
+  });
 }
 
 comm_result_t comm_send(const void* buf, size_t count, comm_dtype_t dtype,
@@ -871,6 +884,7 @@ comm_result_t comm_all_reduce_dlpack(DLManagedTensor* tensor,
     Tensor t = view_dlpack(tensor, "tensor");
     Placement at(device_arg(t), stream);
     comm::AllReduceOptions options;
+    options.async_op = work != nullptr;
     options.op = op_of(op);
     at.finish(g.all_reduce(t, options), work);
   });
@@ -884,6 +898,7 @@ comm_result_t comm_broadcast_dlpack(DLManagedTensor* tensor, int root,
     Tensor t = view_dlpack(tensor, "tensor");
     Placement at(device_arg(t), stream);
     comm::BroadcastOptions options;
+    options.async_op = work != nullptr;
     options.root = root;
     at.finish(g.broadcast(t, options), work);
   });
@@ -897,6 +912,7 @@ comm_result_t comm_reduce_dlpack(DLManagedTensor* tensor, comm_reduce_op_t op,
     Tensor t = view_dlpack(tensor, "tensor");
     Placement at(device_arg(t), stream);
     comm::ReduceOptions options;
+    options.async_op = work != nullptr;
     options.op = op_of(op);
     options.root = root;
     at.finish(g.reduce(t, options), work);
@@ -911,7 +927,7 @@ comm_result_t comm_all_gather_dlpack(DLManagedTensor* output,
     Tensor out = view_dlpack(output, "output");
     Tensor in = view_dlpack(input, "input");
     Placement at(device_arg(out), stream);
-    at.finish(g.all_gather_into(out, in), work);
+    at.finish(g.all_gather_into(out, in, {.async_op = work != nullptr}), work);
   });
 }
 
@@ -941,6 +957,7 @@ comm_result_t comm_reduce_scatter_dlpack(DLManagedTensor* output,
     std::vector<Tensor> inputs = rows_like(
         view_dlpack(input, "input"), g.size(), out, "reduce_scatter: input");
     comm::ReduceScatterOptions options;
+    options.async_op = work != nullptr;
     options.op = op_of(op);
     at.finish(g.reduce_scatter(out, inputs, options), work);
   });
@@ -960,6 +977,7 @@ comm_result_t comm_gather_dlpack(DLManagedTensor* output,
                           "gather: output");
     }
     comm::GatherOptions options;
+    options.async_op = work != nullptr;
     options.root = root;
     at.finish(g.gather(outputs, in, options), work);
   });
@@ -979,6 +997,7 @@ comm_result_t comm_scatter_dlpack(DLManagedTensor* output,
                          "scatter: input");
     }
     comm::ScatterOptions options;
+    options.async_op = work != nullptr;
     options.root = root;
     at.finish(g.scatter(out, inputs, options), work);
   });
@@ -992,7 +1011,7 @@ comm_result_t comm_all_to_all_dlpack(DLManagedTensor* output,
     Tensor out = view_dlpack(output, "output");
     Tensor in = view_dlpack(input, "input");
     Placement at(device_arg(out), stream);
-    at.finish(g.all_to_all(out, in), work);
+    at.finish(g.all_to_all(out, in, {.async_op = work != nullptr}), work);
   });
 }
 

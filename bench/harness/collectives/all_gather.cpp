@@ -25,7 +25,8 @@ class AllGather final : public Collective {
   }
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {
-    started.push_back(group.all_gather_into(c.outputs[0], c.inputs[0]));
+    started.push_back(group.all_gather_into(c.outputs[0], c.inputs[0],
+                                            {.async_op = c.async_op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, static_cast<int>(index / c.count),

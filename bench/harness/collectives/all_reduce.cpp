@@ -21,11 +21,12 @@ class AllReduce final : public Collective {
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {
     if (c.source.defined()) {
-      started.push_back(
-          group.all_reduce_into(c.outputs[0], c.source, {.op = c.op}));
+      started.push_back(group.all_reduce_into(
+          c.outputs[0], c.source, {.op = c.op, .async_op = c.async_op}));
       return;
     }
-    started.push_back(group.all_reduce(c.outputs[0], {.op = c.op}));
+    started.push_back(
+        group.all_reduce(c.outputs[0], {.op = c.op, .async_op = c.async_op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return reduced_value(c.dtype, c.op, c.world, index);

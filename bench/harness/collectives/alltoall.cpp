@@ -23,7 +23,8 @@ class AllToAll final : public Collective {
   }
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {
-    started.push_back(group.all_to_all(c.outputs[0], c.inputs[0]));
+    started.push_back(
+        group.all_to_all(c.outputs[0], c.inputs[0], {.async_op = c.async_op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     const auto from = static_cast<int>(index / c.count);

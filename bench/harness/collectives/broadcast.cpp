@@ -22,8 +22,9 @@ class Broadcast final : public Collective {
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {
     refill_output(c);
-    started.push_back(
-        uses_output(c, group.broadcast(c.outputs[0], {.root = c.root})));
+    started.push_back(uses_output(
+        c, group.broadcast(c.outputs[0],
+                           {.root = c.root, .async_op = c.async_op})));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, c.root, index);

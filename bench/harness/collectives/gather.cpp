@@ -32,7 +32,8 @@ class Gather final : public Collective {
   }
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {
-    started.push_back(group.gather(c.outputs, c.inputs[0], {.root = c.root}));
+    started.push_back(group.gather(c.outputs, c.inputs[0],
+                                   {.root = c.root, .async_op = c.async_op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, static_cast<int>(index / c.count),

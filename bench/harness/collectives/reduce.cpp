@@ -23,7 +23,8 @@ class Reduce final : public Collective {
              std::vector<std::shared_ptr<Work>>& started) const override {
     refill_output(c);
     started.push_back(uses_output(
-        c, group.reduce(c.outputs[0], {.root = c.root, .op = c.op})));
+        c, group.reduce(c.outputs[0],
+                        {.root = c.root, .op = c.op, .async_op = c.async_op})));
   }
   double expected(const Case& c, std::size_t index) const override {
     if (c.rank != c.root) return std::numeric_limits<double>::quiet_NaN();

@@ -26,8 +26,8 @@ class ReduceScatter final : public Collective {
   }
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {
-    started.push_back(
-        group.reduce_scatter(c.outputs[0], c.inputs, {.op = c.op}));
+    started.push_back(group.reduce_scatter(
+        c.outputs[0], c.inputs, {.op = c.op, .async_op = c.async_op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return reduced_value(c.dtype, c.op, c.world,

@@ -33,7 +33,8 @@ class Scatter final : public Collective {
   }
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {
-    started.push_back(group.scatter(c.outputs[0], c.inputs, {.root = c.root}));
+    started.push_back(group.scatter(c.outputs[0], c.inputs,
+                                    {.root = c.root, .async_op = c.async_op}));
   }
   double expected(const Case& c, std::size_t index) const override {
     return input_value(c.dtype, c.op, c.rank, index);

@@ -464,7 +464,7 @@ def _rank_in(group, global_rank, what):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     if _not_member(group):
         return None
-    return _complete(_group(group).all_reduce(tensor, op), async_op,
+    return _complete(_group(group).all_reduce(tensor, op, async_op), async_op,
                      [tensor])
 
 
@@ -472,7 +472,7 @@ def broadcast(tensor, src, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, src, "src")
-    return _complete(_group(group).broadcast(tensor, root), async_op,
+    return _complete(_group(group).broadcast(tensor, root, async_op), async_op,
                      [tensor])
 
 
@@ -480,14 +480,15 @@ def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, dst, "dst")
-    return _complete(_group(group).reduce(tensor, root, op), async_op,
+    return _complete(_group(group).reduce(tensor, root, op, async_op), async_op,
                      [tensor])
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     if _not_member(group):
         return None
-    return _complete(_group(group).all_gather(tensor_list, tensor), async_op,
+    return _complete(_group(group).all_gather(tensor_list, tensor,
+                                                 async_op), async_op,
                      tensor_list)
 
 
@@ -496,7 +497,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None,
     if _not_member(group):
         return None
     return _complete(
-        _group(group).all_gather_into(output_tensor, input_tensor), async_op,
+        _group(group).all_gather_into(output_tensor, input_tensor,
+                                      async_op), async_op,
         [output_tensor])
 
 
@@ -505,7 +507,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, dst, "dst")
-    return _complete(_group(group).gather(tensor, gather_list, root),
+    return _complete(_group(group).gather(tensor, gather_list, root, async_op),
                      async_op, gather_list or [])
 
 
@@ -514,7 +516,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, src, "src")
-    return _complete(_group(group).scatter(tensor, scatter_list, root),
+    return _complete(_group(group).scatter(tensor, scatter_list, root, async_op),
                      async_op, [tensor])
 
 
@@ -522,7 +524,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None,
                    async_op=False):
     if _not_member(group):
         return None
-    return _complete(_group(group).reduce_scatter(output, input_list, op),
+    return _complete(_group(group).reduce_scatter(output, input_list, op,
+                                                   async_op),
                      async_op, [output])
 
 
@@ -550,7 +553,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None,
     flat = input.reshape(-1)
     blocks = [flat[r * count:(r + 1) * count].reshape(output.shape)
               for r in range(world)]
-    return _complete(g.reduce_scatter(output, blocks, op), async_op,
+    return _complete(g.reduce_scatter(output, blocks, op, async_op), async_op,
                      [output])
 
 
@@ -559,7 +562,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None,
     if _not_member(group):
         return None
     return _complete(
-        _group(group).all_to_all(output_tensor_list, input_tensor_list),
+        _group(group).all_to_all(output_tensor_list, input_tensor_list,
+                                 async_op),
         async_op, output_tensor_list)
 
 
@@ -570,7 +574,8 @@ def all_to_all_single(output, input, output_split_sizes=None,
     return _complete(
         _group(group).all_to_all_single(output, input,
                                         list(output_split_sizes or []),
-                                        list(input_split_sizes or [])),
+                                        list(input_split_sizes or []),
+                                        async_op),
         async_op, [output])
 
 
@@ -580,7 +585,7 @@ def barrier(group=None, async_op=False, device_ids=None):
     del device_ids
     if _not_member(group):
         return None
-    return _complete(_group(group).barrier(), async_op)
+    return _complete(_group(group).barrier(async_op), async_op)
 
 
 # A tag of its own, so that monitored_barrier's messages never meet a
