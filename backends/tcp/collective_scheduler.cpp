@@ -70,6 +70,7 @@ void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task,
     if (caller_waits && !running_ && queue_.empty()) {
       running_ = true;
     } else {
+      task->queue(detail::Clock::now(), weak_from_this());
       queue_.push_back(task);
       arm = claim_timer();
       caller_waits = false;

@@ -80,7 +80,7 @@ class CollectiveScheduler final
                                 std::chrono::milliseconds timeout,
                                 bool caller_waits, Body body) {
     auto task = std::make_shared<CollectiveTaskWith<Body>>(
-        call, timeout, std::move(body), rank_, weak_from_this());
+        call, timeout, std::move(body), rank_);
     submit(task, caller_waits);
     return task;
   }

@@ -21,12 +21,8 @@ class CollectiveScheduler;
 class CollectiveTask : public Work {
  public:
   CollectiveTask(const CallInfo& info, std::chrono::milliseconds limit,
-                 int rank, std::weak_ptr<CollectiveScheduler> scheduler)
-      : call(info),
-        timeout(limit),
-        queued_at(detail::Clock::now()),
-        rank_(rank),
-        scheduler_(std::move(scheduler)) {}
+                 int rank)
+      : call(info), timeout(limit), rank_(rank) {}
 
   // Runs the body (the algorithm with its staging, given the context of
   // the call: its connections, its deadline), once, and destroys it as it
@@ -41,7 +37,17 @@ class CollectiveTask : public Work {
   // task is queued; constant from then on.
   CallInfo call;
   const std::chrono::milliseconds timeout;
-  const detail::Clock::time_point queued_at;
+
+  // Called by the scheduler, under its mutex, as it queues the task: when
+  // it did (the worker starts it a grace later), and who runs it for a
+  // caller that waits (progress()). A task the scheduler runs at once is
+  // never queued, and its Work is complete before anyone can wait.
+  void queue(detail::Clock::time_point now,
+             std::weak_ptr<CollectiveScheduler> scheduler) {
+    queued_at = now;
+    scheduler_ = std::move(scheduler);
+  }
+  detail::Clock::time_point queued_at{};
 
  private:
   // Named only when a name is needed (an error, a log line).
@@ -63,10 +69,8 @@ template <typename Body>
 class CollectiveTaskWith final : public CollectiveTask {
  public:
   CollectiveTaskWith(const CallInfo& info, std::chrono::milliseconds limit,
-                     Body body, int rank,
-                     std::weak_ptr<CollectiveScheduler> scheduler)
-      : CollectiveTask(info, limit, rank, std::move(scheduler)),
-        body_(std::move(body)) {}
+                     Body body, int rank)
+      : CollectiveTask(info, limit, rank), body_(std::move(body)) {}
 
   void run_body(CollectiveContext& ctx) override {
     struct Destroy {
