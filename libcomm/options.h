@@ -8,7 +8,9 @@
 // form). A backend may then run the collective on that thread before the
 // call returns, and return its Work completed; nothing else changes (the
 // order of calls, the errors, which wait() still rethrows). A backend may
-// also ignore it. True, the default, promises nothing.
+// also ignore it. True, the default, promises nothing. A caller that says
+// false and then does not wait at once loses nothing but the overlap: the
+// call may have blocked until it was done.
 #pragma once
 
 #include <chrono>

@@ -77,9 +77,16 @@ void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task,
     }
   }
   if (caller_waits) {
+    // The turn goes back however run() ends: it fails the task rather than
+    // throw, but building a refusal's message may still run out of memory.
+    struct GiveBack {
+      CollectiveScheduler& scheduler;
+      ~GiveBack() {
+        std::lock_guard<std::mutex> lock(scheduler.mutex_);
+        scheduler.give_back_turn();
+      }
+    } give_back{*this};
     run(*task);
-    std::lock_guard<std::mutex> lock(mutex_);
-    give_back_turn();
     return;
   }
   if (arm.count() > 0) arm_timer(timer_fd_, arm);
@@ -142,7 +149,7 @@ void CollectiveScheduler::run_worker() {
     bool started = false;
     std::chrono::nanoseconds rearm{0};
     while (!stopping_ && !running_ && !queue_.empty()) {
-      const auto due = queue_.front()->queued_at + grace_;
+      const auto due = queue_.front()->queued_at() + grace_;
       const auto now = detail::Clock::now();
       if (now < due) {
         // Armed below, outside the mutex; nobody else arms it meanwhile.

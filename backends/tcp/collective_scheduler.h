@@ -1,12 +1,13 @@
 // comm::tcp::CollectiveScheduler: runs the TCP backend's collectives one
-// at a time, in the order they were issued, on the thread that waits for
-// one or on a worker thread of its own.
+// at a time, in the order they were issued, on the thread that issues or
+// waits for one, or on a worker thread of its own.
 //
 // One thread at a time holds the turn, so tasks run one after another in
-// issue order whether the worker or a waiting caller runs them. A caller
-// that waits at once runs its task itself (help()), without the two thread
-// hand-offs that cost more than a whole small collective; work nobody
-// waits on is started by the worker.
+// issue order whichever thread runs them. A caller that waits at once runs
+// its task itself (help()), without the two thread hand-offs that cost
+// more than a whole small collective, and one that said so as it issued
+// the call (async_op false) runs it before enqueue() returns, when nothing
+// is queued before it; work nobody waits on is started by the worker.
 //
 // The worker is woken by a timer, not by every enqueue, and the timer is
 // armed lazily: a task that finds it idle arms it for the grace, and nobody
@@ -109,9 +110,9 @@ class CollectiveScheduler final
   // Stamps `task` with the next sequence number and queues it, or runs it
   // on this thread where enqueue() says so.
   void submit(const std::shared_ptr<CollectiveTask>& task, bool caller_waits);
-  // Gives back the turn that help() or submit() took for the calling
-  // thread, and leaves what was queued meanwhile to the worker. Called with
-  // `mutex_` held.
+  // Gives back the turn that submit() took to run a task on the calling
+  // thread, and leaves to the worker what was queued meanwhile. Called
+  // with `mutex_` held.
   void give_back_turn();
   void run_worker();
   // Runs one task, on whichever thread holds the turn: refuses it when the

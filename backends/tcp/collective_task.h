@@ -34,20 +34,23 @@ class CollectiveTask : public Work {
   virtual void drop_body() = 0;
 
   // Stamped with the call's sequence number by the scheduler before the
-  // task is queued; constant from then on.
+  // task is queued or run; constant from then on.
   CallInfo call;
   const std::chrono::milliseconds timeout;
 
-  // Called by the scheduler, under its mutex, as it queues the task: when
-  // it did (the worker starts it a grace later), and who runs it for a
-  // caller that waits (progress()). A task the scheduler runs at once is
-  // never queued, and its Work is complete before anyone can wait.
+  // Called by the scheduler, under its mutex, as it queues the task. It
+  // records when the task was queued, which the worker reads (under the
+  // same mutex) to start it a grace later, and the scheduler that
+  // progress() asks to run it for a caller that waits. A task that the
+  // scheduler runs at once is never queued: its Work is complete before
+  // the caller can wait for it, so it needs neither.
   void queue(detail::Clock::time_point now,
              std::weak_ptr<CollectiveScheduler> scheduler) {
-    queued_at = now;
+    queued_at_ = now;
     scheduler_ = std::move(scheduler);
   }
-  detail::Clock::time_point queued_at{};
+  // When queue() was called; meaningless for a task never queued.
+  detail::Clock::time_point queued_at() const { return queued_at_; }
 
  private:
   // Named only when a name is needed (an error, a log line).
@@ -58,6 +61,7 @@ class CollectiveTask : public Work {
   void progress() override;
 
   const int rank_;
+  detail::Clock::time_point queued_at_{};
   std::weak_ptr<CollectiveScheduler> scheduler_;
 };
 

@@ -1,7 +1,8 @@
 // comm::TcpBackend: the CPU backend. A full mesh of TCP connections set up
-// through the group's Store, collectives run by one worker thread in the
-// order they were issued, and point-to-point traffic moved by a thread of
-// its own. CUDA tensors are staged through host memory.
+// through the group's Store, collectives run one at a time in the order
+// they were issued (by a worker thread, or by the caller that waits for
+// them: tcp/collective_scheduler.h), and point-to-point traffic moved by a
+// thread of its own. CUDA tensors are staged through host memory.
 //
 // A collective that fails (a peer died, ranks called different
 // collectives, a timeout) tells the other ranks on the control channel, so
@@ -83,7 +84,7 @@ class COMM_API TcpBackend final : public Backend {
   // the options' timeout, on the worker thread or on the thread that waits
   // for it, whichever comes first, always in issue order; with the
   // options' async_op false, on this thread before enqueue returns when
-  // nothing is queued before it (CollectiveScheduler::enqueue). `body` is
+  // nothing is queued or running (CollectiveScheduler::enqueue). `body` is
   // moved into the task, so a body keeps the caller's const tensors
   // through init-captures (`input = Tensor(input)`): a plain copy-capture
   // of a const reference makes a const member, which every move would copy

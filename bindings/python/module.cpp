@@ -797,93 +797,120 @@ PYBIND11_MODULE(_C, m) {
              }
              release_deferred();
            })
-      .def("broadcast",
-           [](Group& g, py::handle tensor, int root, bool async_op) {
-             Tensor t = to_tensor(tensor, true, "tensor");
-             return issue([&] {
-               return g.broadcast(t, {.root = root, .async_op = async_op});
-             });
-           })
-      .def("all_reduce",
-           [](Group& g, py::handle tensor, comm::ReduceOp op, bool async_op) {
-             Tensor t = to_tensor(tensor, true, "tensor");
-             return issue([&] {
-               return g.all_reduce(t, {.op = op, .async_op = async_op});
-             });
-           })
-      .def("reduce",
-           [](Group& g, py::handle tensor, int root, comm::ReduceOp op,
-              bool async_op) {
-             // The tree reduces into non-root tensors too, as in c10d.
-             Tensor t = to_tensor(tensor, true, "tensor");
-             return issue([&] {
-               return g.reduce(t,
-                               {.root = root, .op = op, .async_op = async_op});
-             });
-           })
-      .def("all_gather",
-           [](Group& g, const py::sequence& outputs, py::handle input,
-              bool async_op) {
-             std::vector<Tensor> out = to_tensors(outputs, true, "tensor_list");
-             Tensor in = to_tensor(input, false, "tensor");
-             return issue(
-                 [&] { return g.all_gather(out, in, {.async_op = async_op}); });
-           })
-      .def("all_gather_into",
-           [](Group& g, py::handle output, py::handle input, bool async_op) {
-             Tensor out = to_tensor(output, true, "output_tensor");
-             Tensor in = to_tensor(input, false, "input_tensor");
-             return issue([&] {
-               return g.all_gather_into(out, in, {.async_op = async_op});
-             });
-           })
-      .def("gather",
-           [](Group& g, py::handle input, std::optional<py::sequence> outputs,
-              int root, bool async_op) {
-             Tensor in = to_tensor(input, false, "tensor");
-             std::vector<Tensor> out;
-             if (outputs) out = to_tensors(*outputs, true, "gather_list");
-             return issue([&] {
-               return g.gather(out, in, {.root = root, .async_op = async_op});
-             });
-           })
-      .def("scatter",
-           [](Group& g, py::handle output, std::optional<py::sequence> inputs,
-              int root, bool async_op) {
-             Tensor out = to_tensor(output, true, "tensor");
-             std::vector<Tensor> in;
-             if (inputs) in = to_tensors(*inputs, false, "scatter_list");
-             return issue([&] {
-               return g.scatter(out, in, {.root = root, .async_op = async_op});
-             });
-           })
-      .def("reduce_scatter",
-           [](Group& g, py::handle output, const py::sequence& inputs,
-              comm::ReduceOp op, bool async_op) {
-             Tensor out = to_tensor(output, true, "output");
-             std::vector<Tensor> in = to_tensors(inputs, false, "input_list");
-             return issue([&] {
-               return g.reduce_scatter(out, in,
-                                       {.op = op, .async_op = async_op});
-             });
-           })
-      .def("all_to_all_single",
-           [](Group& g, py::handle output, py::handle input,
-              std::vector<std::int64_t> output_split_sizes,
-              std::vector<std::int64_t> input_split_sizes, bool async_op) {
-             Tensor out = to_tensor(output, true, "output");
-             Tensor in = to_tensor(input, false, "input");
-             comm::AllToAllOptions options;
-             options.async_op = async_op;
-             options.input_split_sizes = std::move(input_split_sizes);
-             options.output_split_sizes = std::move(output_split_sizes);
-             return issue([&] { return g.all_to_all(out, in, options); });
-           })
-      .def("all_to_all", &all_to_all_lists)
-      .def("barrier",
-           [](Group& g, bool async_op) {
-             return issue([&] { return g.barrier({.async_op = async_op}); });
-           })
+      .def(
+          "broadcast",
+          [](Group& g, py::handle tensor, int root, bool async_op) {
+            Tensor t = to_tensor(tensor, true, "tensor");
+            return issue([&] {
+              return g.broadcast(t, {.root = root, .async_op = async_op});
+            });
+          },
+          py::arg("tensor"), py::arg("root"), py::arg("async_op") = true)
+      .def(
+          "all_reduce",
+          [](Group& g, py::handle tensor, comm::ReduceOp op, bool async_op) {
+            Tensor t = to_tensor(tensor, true, "tensor");
+            return issue([&] {
+              return g.all_reduce(t, {.op = op, .async_op = async_op});
+            });
+          },
+          py::arg("tensor"), py::arg("op"), py::arg("async_op") = true)
+      .def(
+          "reduce",
+          [](Group& g, py::handle tensor, int root, comm::ReduceOp op,
+             bool async_op) {
+            // The tree reduces into non-root tensors too, as in c10d.
+            Tensor t = to_tensor(tensor, true, "tensor");
+            return issue([&] {
+              return g.reduce(t,
+                              {.root = root, .op = op, .async_op = async_op});
+            });
+          },
+          py::arg("tensor"), py::arg("root"), py::arg("op"),
+          py::arg("async_op") = true)
+      .def(
+          "all_gather",
+          [](Group& g, const py::sequence& outputs, py::handle input,
+             bool async_op) {
+            std::vector<Tensor> out = to_tensors(outputs, true, "tensor_list");
+            Tensor in = to_tensor(input, false, "tensor");
+            return issue(
+                [&] { return g.all_gather(out, in, {.async_op = async_op}); });
+          },
+          py::arg("tensor_list"), py::arg("tensor"), py::arg("async_op") = true)
+      .def(
+          "all_gather_into",
+          [](Group& g, py::handle output, py::handle input, bool async_op) {
+            Tensor out = to_tensor(output, true, "output_tensor");
+            Tensor in = to_tensor(input, false, "input_tensor");
+            return issue([&] {
+              return g.all_gather_into(out, in, {.async_op = async_op});
+            });
+          },
+          py::arg("output_tensor"), py::arg("input_tensor"),
+          py::arg("async_op") = true)
+      .def(
+          "gather",
+          [](Group& g, py::handle input, std::optional<py::sequence> outputs,
+             int root, bool async_op) {
+            Tensor in = to_tensor(input, false, "tensor");
+            std::vector<Tensor> out;
+            if (outputs) out = to_tensors(*outputs, true, "gather_list");
+            return issue([&] {
+              return g.gather(out, in, {.root = root, .async_op = async_op});
+            });
+          },
+          py::arg("tensor"), py::arg("gather_list"), py::arg("root"),
+          py::arg("async_op") = true)
+      .def(
+          "scatter",
+          [](Group& g, py::handle output, std::optional<py::sequence> inputs,
+             int root, bool async_op) {
+            Tensor out = to_tensor(output, true, "tensor");
+            std::vector<Tensor> in;
+            if (inputs) in = to_tensors(*inputs, false, "scatter_list");
+            return issue([&] {
+              return g.scatter(out, in, {.root = root, .async_op = async_op});
+            });
+          },
+          py::arg("tensor"), py::arg("scatter_list"), py::arg("root"),
+          py::arg("async_op") = true)
+      .def(
+          "reduce_scatter",
+          [](Group& g, py::handle output, const py::sequence& inputs,
+             comm::ReduceOp op, bool async_op) {
+            Tensor out = to_tensor(output, true, "output");
+            std::vector<Tensor> in = to_tensors(inputs, false, "input_list");
+            return issue([&] {
+              return g.reduce_scatter(out, in,
+                                      {.op = op, .async_op = async_op});
+            });
+          },
+          py::arg("output"), py::arg("input_list"), py::arg("op"),
+          py::arg("async_op") = true)
+      .def(
+          "all_to_all_single",
+          [](Group& g, py::handle output, py::handle input,
+             std::vector<std::int64_t> output_split_sizes,
+             std::vector<std::int64_t> input_split_sizes, bool async_op) {
+            Tensor out = to_tensor(output, true, "output");
+            Tensor in = to_tensor(input, false, "input");
+            comm::AllToAllOptions options;
+            options.async_op = async_op;
+            options.input_split_sizes = std::move(input_split_sizes);
+            options.output_split_sizes = std::move(output_split_sizes);
+            return issue([&] { return g.all_to_all(out, in, options); });
+          },
+          py::arg("output"), py::arg("input"), py::arg("output_split_sizes"),
+          py::arg("input_split_sizes"), py::arg("async_op") = true)
+      .def("all_to_all", &all_to_all_lists, py::arg("output_tensor_list"),
+           py::arg("input_tensor_list"), py::arg("async_op") = true)
+      .def(
+          "barrier",
+          [](Group& g, bool async_op) {
+            return issue([&] { return g.barrier({.async_op = async_op}); });
+          },
+          py::arg("async_op") = true)
       .def("isend",
            [](Group& g, py::handle tensor, int dst, int tag) {
              Tensor t = to_tensor(tensor, false, "tensor");

@@ -580,6 +580,16 @@ TEST_CASE("a blocking call that fails returns a Work that rethrows", "[tcp]") {
         } catch (const comm::MismatchError& e) {
           seen[group.rank()] = e.what();
         }
+        // A blocking call after the failure is refused the same way.
+        auto refused = group.barrier({.async_op = false});
+        try {
+          refused->wait();
+          expect(false, "a barrier after the failure ran");
+        } catch (const comm::BackendError& e) {
+          expect(
+              std::string(e.what()).find("failed earlier") != std::string::npos,
+              std::string("the refusal says why: ") + e.what());
+        }
       },
       10s);
   check_all_ok(errors);
@@ -588,14 +598,48 @@ TEST_CASE("a blocking call that fails returns a Work that rethrows", "[tcp]") {
   }
 }
 
+TEST_CASE("a call that promises nothing (async_op true) returns at once",
+          "[tcp]") {
+  // Rank 0 issues its all_reduce before the others, who wait until that
+  // call has returned: were it to run before returning, it would wait for
+  // them, and they for it, until the time-out.
+  std::atomic<bool> issued{false};
+  auto errors = run_ranks(
+      3,
+      [&](ProcessGroup& group) {
+        Tensor t = Tensor::full({32}, group.rank() + 1, DType::kI32);
+        std::shared_ptr<comm::Work> work;
+        if (group.rank() == 0) {
+          work = group.all_reduce(t);
+          issued = true;
+        } else {
+          // Bounded: 10 s of 1 ms naps.
+          for (int nap = 0; nap < 10000 && !issued; ++nap) {
+            std::this_thread::sleep_for(1ms);
+          }
+          expect(issued.load(), "rank 0's call returned before it ran");
+          work = group.all_reduce(t);
+        }
+        work->wait();
+        expect(t.data<std::int32_t>()[31] == 6, "its result");
+      },
+      20s);
+  check_all_ok(errors);
+}
+
 TEST_CASE("work nobody waits on starts by itself even after waited-on calls",
           "[tcp]") {
+  // Waited-on calls leave the worker nothing to do, which lengthens the
+  // time it leaves new work to its caller, and blocking calls (async_op
+  // false) never even arm its timer; work that is never waited on must
+  // still start by itself.
+  const bool blocking = GENERATE(false, true);
+  CAPTURE(blocking);
   auto errors = run_ranks(3, [&](ProcessGroup& group) {
-    // Waited-on calls leave the worker nothing to do, which lengthens the
-    // time it leaves new work to its caller; work that is never waited on
-    // must still start by itself.
     Tensor t = Tensor::zeros({16}, DType::kI32);
-    for (int i = 0; i < 200; ++i) group.all_reduce(t)->wait();
+    for (int i = 0; i < 200; ++i) {
+      group.all_reduce(t, {.async_op = !blocking})->wait();
+    }
     for (int round = 0; round < 3; ++round) {
       Tensor async = Tensor::full({16}, round, DType::kI32);
       auto work = group.all_reduce(async);

@@ -15,6 +15,19 @@
 namespace commdist_c10d {
 namespace {
 
+// Whether a call's caller may leave it running (comm's async_op): the
+// options of newer torch versions say so in asyncOp, false when
+// torch.distributed waits for the call at once; older ones say nothing,
+// which promises nothing.
+template <typename TorchOptions>
+bool async_op_of(const TorchOptions& opts) {
+  if constexpr (requires { opts.asyncOp; }) {
+    return opts.asyncOp;
+  } else {
+    return true;
+  }
+}
+
 std::string where(const char* call) {
   return std::string("libcomm's torch backend, ") + call + ": ";
 }
@@ -534,7 +547,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::broadcast(
   return run(c10d::OpType::BROADCAST, staging, tensors,
              [&](comm::ProcessGroup& group) {
                return group.broadcast(tensor, {.root = int(opts.rootRank),
-                                               .timeout = opts.timeout});
+                                               .timeout = opts.timeout,
+                                               .async_op = async_op_of(opts)});
              });
 }
 
@@ -545,9 +559,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allreduce(
   comm::Tensor tensor = staging.output(single(tensors, call));
   return run(c10d::OpType::ALLREDUCE, staging, tensors,
              [&](comm::ProcessGroup& group) {
-               return group.all_reduce(
-                   tensor,
-                   {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+               return group.all_reduce(tensor,
+                                       {.op = op_of(opts.reduceOp, call),
+                                        .timeout = opts.timeout,
+                                        .async_op = async_op_of(opts)});
              });
 }
 
@@ -561,9 +576,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allreduce_coalesced(
   comm::Tensor tensor = view_of(flat, call);
   return run(c10d::OpType::ALLREDUCE_COALESCED, staging, tensors,
              [&](comm::ProcessGroup& group) {
-               return group.all_reduce(
-                   tensor,
-                   {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+               return group.all_reduce(tensor,
+                                       {.op = op_of(opts.reduceOp, call),
+                                        .timeout = opts.timeout,
+                                        .async_op = async_op_of(opts)});
              });
 }
 
@@ -577,7 +593,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce(
              [&](comm::ProcessGroup& group) {
                return group.reduce(tensor, {.root = int(opts.rootRank),
                                             .op = op_of(opts.reduceOp, call),
-                                            .timeout = opts.timeout});
+                                            .timeout = opts.timeout,
+                                            .async_op = async_op_of(opts)});
              });
 }
 
@@ -595,7 +612,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather(
     views.push_back(staging.output(target));
   return run(c10d::OpType::ALLGATHER, staging, targets,
              [&](comm::ProcessGroup& group) {
-               return group.all_gather(views, input, {.timeout = opts.timeout});
+               return group.all_gather(
+                   views, input,
+                   {.timeout = opts.timeout, .async_op = async_op_of(opts)});
              });
 }
 
@@ -607,7 +626,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_allgather_base(
   comm::Tensor out = staging.output(output);
   return run(c10d::OpType::_ALLGATHER_BASE, staging, {output},
              [&](comm::ProcessGroup& group) {
-               return group.all_gather_into(out, in, {.timeout = opts.timeout});
+               return group.all_gather_into(
+                   out, in,
+                   {.timeout = opts.timeout, .async_op = async_op_of(opts)});
              });
 }
 
@@ -650,7 +671,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather_coalesced(
   comm::Tensor out = view_of(flat_output, call);
   return run(c10d::OpType::ALLGATHER_COALESCED, staging, std::move(results),
              [&](comm::ProcessGroup& group) {
-               return group.all_gather_into(out, in, {.timeout = opts.timeout});
+               return group.all_gather_into(
+                   out, in,
+                   {.timeout = opts.timeout, .async_op = async_op_of(opts)});
              });
 }
 
@@ -673,9 +696,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::gather(
   }
   return run(c10d::OpType::GATHER, staging, std::move(results),
              [&](comm::ProcessGroup& group) {
-               return group.gather(
-                   views, input,
-                   {.root = int(opts.rootRank), .timeout = opts.timeout});
+               return group.gather(views, input,
+                                   {.root = int(opts.rootRank),
+                                    .timeout = opts.timeout,
+                                    .async_op = async_op_of(opts)});
              });
 }
 
@@ -698,9 +722,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::scatter(
   }
   return run(c10d::OpType::SCATTER, staging, outputs,
              [&](comm::ProcessGroup& group) {
-               return group.scatter(
-                   output, views,
-                   {.root = int(opts.rootRank), .timeout = opts.timeout});
+               return group.scatter(output, views,
+                                    {.root = int(opts.rootRank),
+                                     .timeout = opts.timeout,
+                                     .async_op = async_op_of(opts)});
              });
 }
 
@@ -718,9 +743,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce_scatter(
   }
   return run(c10d::OpType::REDUCE_SCATTER, staging, outputs,
              [&](comm::ProcessGroup& group) {
-               return group.reduce_scatter(
-                   output, views,
-                   {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+               return group.reduce_scatter(output, views,
+                                           {.op = op_of(opts.reduceOp, call),
+                                            .timeout = opts.timeout,
+                                            .async_op = async_op_of(opts)});
              });
 }
 
@@ -747,9 +773,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::_reduce_scatter_base(
   }
   return run(c10d::OpType::_REDUCE_SCATTER_BASE, staging, {output},
              [&](comm::ProcessGroup& group) {
-               return group.reduce_scatter(
-                   out, views,
-                   {.op = op_of(opts.reduceOp, call), .timeout = opts.timeout});
+               return group.reduce_scatter(out, views,
+                                           {.op = op_of(opts.reduceOp, call),
+                                            .timeout = opts.timeout,
+                                            .async_op = async_op_of(opts)});
              });
 }
 
@@ -768,7 +795,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::alltoall_base(
                    out, in,
                    {.input_split_sizes = input_split_sizes,
                     .output_split_sizes = output_split_sizes,
-                    .timeout = opts.timeout});
+                    .timeout = opts.timeout,
+                    .async_op = async_op_of(opts)});
              });
 }
 
@@ -806,7 +834,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::alltoall(
         return group.all_to_all(out, in,
                                 {.input_split_sizes = std::move(input_splits),
                                  .output_split_sizes = std::move(output_splits),
-                                 .timeout = opts.timeout});
+                                 .timeout = opts.timeout,
+                                 .async_op = async_op_of(opts)});
       });
 }
 
@@ -846,7 +875,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::recvAnysource(
 c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::barrier(
     const c10d::BarrierOptions& opts) {
   // On the CPU group, as gloo's: it orders the ranks, not CUDA streams.
-  auto work = group_->barrier({.timeout = opts.timeout});
+  auto work =
+      group_->barrier({.timeout = opts.timeout, .async_op = async_op_of(opts)});
   return c10::make_intrusive<WorkLibcomm>(
       getRank(), c10d::OpType::BARRIER, std::move(work),
       std::vector<at::Tensor>(), std::function<void()>(), completion_,
@@ -855,7 +885,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::barrier(
 
 void ProcessGroupLibcomm::monitoredBarrier(const c10d::BarrierOptions& opts,
                                            bool /*wait_all_ranks*/) {
-  group_->barrier({.timeout = opts.timeout})->wait();
+  group_->barrier({.timeout = opts.timeout, .async_op = false})->wait();
 }
 
 }  // namespace commdist_c10d
