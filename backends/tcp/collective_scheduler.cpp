@@ -58,8 +58,27 @@ CollectiveScheduler::~CollectiveScheduler() {
   close(interrupt_fd_);
 }
 
-void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task,
-                                 bool caller_waits) {
+std::optional<CollectiveScheduler::Turn> CollectiveScheduler::take_turn(
+    CallInfo& call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (stopping_) {
+    throw BackendError("the process group was shut down; create a new one");
+  }
+  if (running_ || !queue_.empty()) return std::nullopt;
+  running_ = true;
+  call.sequence = next_sequence_++;
+  return std::optional<Turn>(std::in_place, *this);
+}
+
+CollectiveScheduler::Turn::~Turn() {
+  std::lock_guard<std::mutex> lock(scheduler_.mutex_);
+  scheduler_.end_turn();
+  if (!scheduler_.stopping_ && !scheduler_.queue_.empty()) {
+    scheduler_.wake_worker_later();
+  }
+}
+
+void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task) {
   std::chrono::nanoseconds arm{0};
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -67,38 +86,16 @@ void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task,
       throw BackendError("the process group was shut down; create a new one");
     }
     task->call.sequence = next_sequence_++;
-    if (caller_waits && !running_ && queue_.empty()) {
-      running_ = true;
-    } else {
-      task->queue(detail::Clock::now(), weak_from_this());
-      queue_.push_back(task);
-      arm = claim_timer();
-      caller_waits = false;
-    }
-  }
-  if (caller_waits) {
-    // The turn goes back however run() ends: it fails the task rather than
-    // throw, but building a refusal's message may still run out of memory.
-    struct GiveBack {
-      CollectiveScheduler& scheduler;
-      ~GiveBack() {
-        std::lock_guard<std::mutex> lock(scheduler.mutex_);
-        scheduler.give_back_turn();
-      }
-    } give_back{*this};
-    run(*task);
-    return;
+    task->queue(detail::Clock::now(), weak_from_this());
+    queue_.push_back(task);
+    arm = claim_timer();
   }
   if (arm.count() > 0) arm_timer(timer_fd_, arm);
 }
 
-void CollectiveScheduler::give_back_turn() {
+void CollectiveScheduler::end_turn() {
   running_ = false;
-  if (stopping_) {
-    changed_.notify_all();  // shutdown() waits for it
-  } else if (!queue_.empty()) {
-    wake_worker_later();
-  }
+  if (stopping_) changed_.notify_all();  // shutdown() may wait for it
 }
 
 void CollectiveScheduler::check_open() const {
@@ -128,8 +125,7 @@ void CollectiveScheduler::help(Work& target) {
     lock.unlock();
     run(*task);
     lock.lock();
-    running_ = false;
-    if (stopping_) changed_.notify_all();  // shutdown() may wait for it
+    end_turn();
   }
   // Whatever is left belongs to the worker.
   if (!stopping_ && !queue_.empty()) wake_worker_later();
@@ -165,8 +161,7 @@ void CollectiveScheduler::run_worker() {
       lock.unlock();
       run(*task);
       lock.lock();
-      running_ = false;
-      if (stopping_) changed_.notify_all();  // shutdown() may wait for it
+      end_turn();
     }
     if (!started && rearm.count() == 0) grace_ = kWaitedGrace;  // wasted
     if (stopping_) return;

@@ -35,7 +35,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 #include "backends/tcp/collective_task.h"
 
@@ -65,24 +68,43 @@ class CollectiveScheduler final
   CollectiveScheduler(const CollectiveScheduler&) = delete;
   CollectiveScheduler& operator=(const CollectiveScheduler&) = delete;
 
-  // Queues a collective whose body is `body` (see CollectiveTaskWith):
-  // stamps `call` with the next sequence number and returns its Work.
-  // Throws BackendError once shut down.
+  // Queues a collective whose body is `body`, a callable taking
+  // CollectiveContext& and then a reference to each of `held` (see
+  // CollectiveTaskWith): stamps `call` with the next sequence number and
+  // returns its Work. The task keeps copies of `held` (moves, for an
+  // rvalue) and of `body` until its body has run. Throws BackendError once
+  // shut down.
   //
   // With `caller_waits` (the options' async_op false: the caller waits for
   // the Work at once, on this thread) and nothing queued or running, the
-  // task runs here instead, before enqueue returns, and its Work comes back
-  // completed: the caller would run it in wait() anyway (help()), and
-  // running it now saves the queue's round trip and the second turn of the
-  // mutex. Otherwise it is queued behind the others, as any task is, so
-  // calls still run in issue order.
-  template <typename Body>
+  // task runs here instead, before enqueue returns, with `body` and `held`
+  // where the caller has them (CollectiveTaskInPlace), and its Work comes
+  // back completed: the caller would run it in wait() anyway (help()), and
+  // running it now saves the queue's round trip, the second turn of the
+  // mutex and the copies. Otherwise it is queued behind the others, as any
+  // task is, so calls still run in issue order.
+  template <typename Body, typename... Held>
   std::shared_ptr<Work> enqueue(const CallInfo& call,
                                 std::chrono::milliseconds timeout,
-                                bool caller_waits, Body body) {
-    auto task = std::make_shared<CollectiveTaskWith<Body>>(
-        call, timeout, std::move(body), rank_);
-    submit(task, caller_waits);
+                                bool caller_waits, Body&& body,
+                                Held&&... held) {
+    if (caller_waits) {
+      // Made before the turn is taken, so that nothing can fail between
+      // stamping a sequence number and running the call.
+      auto run_in_place = [&](CollectiveContext& ctx) { body(ctx, held...); };
+      auto task =
+          std::make_shared<CollectiveTaskInPlace<decltype(run_in_place)>>(
+              call, timeout, rank_, run_in_place);
+      if (auto turn = take_turn(task->call)) {
+        run(*task);
+        return task;
+      }
+    }
+    auto task = std::make_shared<
+        CollectiveTaskWith<std::decay_t<Body>, std::decay_t<Held>...>>(
+        call, timeout, rank_, std::forward<Body>(body),
+        std::forward<Held>(held)...);
+    submit(task);
     return task;
   }
 
@@ -107,13 +129,28 @@ class CollectiveScheduler final
 
  private:
   explicit CollectiveScheduler(int rank, Execute execute);
-  // Stamps `task` with the next sequence number and queues it, or runs it
-  // on this thread where enqueue() says so.
-  void submit(const std::shared_ptr<CollectiveTask>& task, bool caller_waits);
-  // Gives back the turn that submit() took to run a task on the calling
-  // thread, and leaves to the worker what was queued meanwhile. Called
-  // with `mutex_` held.
-  void give_back_turn();
+  // The turn that enqueue() takes to run a task on the calling thread.
+  // Its destructor gives the turn back and leaves to the worker what was
+  // queued meanwhile.
+  class Turn {
+   public:
+    explicit Turn(CollectiveScheduler& scheduler) : scheduler_(scheduler) {}
+    ~Turn();
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+
+   private:
+    CollectiveScheduler& scheduler_;
+  };
+  // Takes the turn and stamps `call` with the next sequence number when
+  // nothing is queued or running; returns nothing otherwise. Throws
+  // BackendError once shut down.
+  std::optional<Turn> take_turn(CallInfo& call);
+  // Stamps `task` with the next sequence number and queues it.
+  void submit(const std::shared_ptr<CollectiveTask>& task);
+  // Gives back the turn, which the calling thread held to run a task, and
+  // wakes shutdown() if it waits for it. Called with `mutex_` held.
+  void end_turn();
   void run_worker();
   // Runs one task, on whichever thread holds the turn: refuses it when the
   // scheduler is broken, and breaks the scheduler when it fails.

@@ -1,12 +1,15 @@
-// comm::tcp::CollectiveTask: a queued collective of the TCP backend and the
-// Work handed to its caller, with what the collective runs, in one
-// allocation.
+// comm::tcp::CollectiveTask: a collective of the TCP backend and the Work
+// handed to its caller, with what the collective runs, in one allocation:
+// its body and copies of the call's tensors while it is queued
+// (CollectiveTaskWith), or a reference to a body on the caller's stack when
+// it runs before the call returns (CollectiveTaskInPlace).
 #pragma once
 
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "backends/tcp/message_header.h"
@@ -65,28 +68,63 @@ class CollectiveTask : public Work {
   std::weak_ptr<CollectiveScheduler> scheduler_;
 };
 
-// A task whose body is a `Body`, a callable taking CollectiveContext&, held
-// in the task itself: a body in a std::function of its own would cost a
-// heap allocation in every call, its captures being larger than the
-// function's inline buffer.
-template <typename Body>
+// A task whose body is a `Body`, a callable taking CollectiveContext& and
+// then a `Held&` for each of `held`, which the task keeps until the body is
+// gone: the call's tensors, copied (or moved) into the task because it may
+// run after the call returned. Held in the task itself: a body in a
+// std::function of its own would cost a heap allocation in every call, its
+// captures being larger than the function's inline buffer.
+template <typename Body, typename... Held>
 class CollectiveTaskWith final : public CollectiveTask {
  public:
+  template <typename B, typename... H>
   CollectiveTaskWith(const CallInfo& info, std::chrono::milliseconds limit,
-                     Body body, int rank)
-      : CollectiveTask(info, limit, rank), body_(std::move(body)) {}
+                     int rank, B&& body, H&&... held)
+      : CollectiveTask(info, limit, rank) {
+    parts_.emplace(std::forward<B>(body), std::forward<H>(held)...);
+  }
 
   void run_body(CollectiveContext& ctx) override {
     struct Destroy {
-      std::optional<Body>& body;
-      ~Destroy() { body.reset(); }
-    } destroy{body_};
-    (*body_)(ctx);
+      std::optional<Parts>& parts;
+      ~Destroy() { parts.reset(); }
+    } destroy{parts_};
+    std::apply([&](Held&... held) { parts_->body(ctx, held...); },
+               parts_->held);
   }
-  void drop_body() override { body_.reset(); }
+  void drop_body() override { parts_.reset(); }
 
  private:
-  std::optional<Body> body_;
+  struct Parts {
+    template <typename B, typename... H>
+    explicit Parts(B&& b, H&&... h)
+        : body(std::forward<B>(b)), held(std::forward<H>(h)...) {}
+    Body body;
+    std::tuple<Held...> held;
+  };
+  std::optional<Parts> parts_;
+};
+
+// A task run before the call that issued it returns (the caller waits, and
+// the scheduler's turn was free): its body, a callable taking
+// CollectiveContext&, stays where the caller made it, with the call's
+// tensors by reference, so the call copies none of them. Valid only within
+// the call: the body is gone once run_body() or drop_body() returns.
+template <typename Body>
+class CollectiveTaskInPlace final : public CollectiveTask {
+ public:
+  CollectiveTaskInPlace(const CallInfo& info, std::chrono::milliseconds limit,
+                        int rank, Body& body)
+      : CollectiveTask(info, limit, rank), body_(&body) {}
+
+  void run_body(CollectiveContext& ctx) override {
+    Body* body = std::exchange(body_, nullptr);
+    (*body)(ctx);
+  }
+  void drop_body() override { body_ = nullptr; }
+
+ private:
+  Body* body_;
 };
 
 }  // namespace comm::tcp

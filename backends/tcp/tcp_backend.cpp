@@ -49,9 +49,9 @@ Tensor on_host(const Tensor& tensor, bool copy_in) {
                  : Tensor::empty(tensor.shape(), tensor.dtype(), Device::cpu());
 }
 
-// The same without copying a CPU tensor's handle (which allocates its
-// shape and strides): a CUDA tensor's host copy goes into `staged`, which
-// must outlive the reference returned.
+// The same without copying a CPU tensor's handle (two shared reference
+// counts to bump and drop): a CUDA tensor's host copy goes into `staged`,
+// which must outlive the reference returned.
 const Tensor& on_host(const Tensor& tensor, bool copy_in, Tensor& staged) {
   if (tensor.device().is_cpu()) return tensor;
   staged = on_host(tensor, copy_in);
@@ -212,11 +212,13 @@ std::chrono::milliseconds TcpBackend::resolve(OpTimeout timeout) const {
   return timeout == kDefaultTimeout ? timeout_ : timeout;
 }
 
-template <typename Options, typename Body>
+template <typename Options, typename Body, typename... Held>
 std::shared_ptr<Work> TcpBackend::enqueue(const CallInfo& call,
-                                          const Options& options, Body body) {
+                                          const Options& options, Body&& body,
+                                          Held&&... held) {
   return scheduler_->enqueue(call, resolve(options.timeout), !options.async_op,
-                             std::move(body));
+                             std::forward<Body>(body),
+                             std::forward<Held>(held)...);
 }
 
 void TcpBackend::execute(tcp::CollectiveTask& task) {
@@ -252,13 +254,15 @@ std::shared_ptr<Work> TcpBackend::do_broadcast(
                 tensor.dtype(),         tensor.numel(),
                 ReduceOp::kSum,         options.root};
   return enqueue(
-      call, options, [this, tensor, options](CollectiveContext& ctx) mutable {
+      call, options,
+      [this, options](CollectiveContext& ctx, Tensor& buffer) {
         const bool is_root = rank() == options.root;
         Tensor staged;
-        const Tensor& host = on_host(tensor, is_root, staged);
+        const Tensor& host = on_host(buffer, is_root, staged);
         alg::broadcast(ctx, host.data_ptr(), host.nbytes(), options.root);
-        from_host(tensor, host);
-      });
+        from_host(buffer, host);
+      },
+      tensor);
 }
 
 std::shared_ptr<Work> TcpBackend::do_reduce(Tensor& tensor,
@@ -266,9 +270,10 @@ std::shared_ptr<Work> TcpBackend::do_reduce(Tensor& tensor,
   CallInfo call{Collective::kReduce, 0,          tensor.dtype(),
                 tensor.numel(),      options.op, options.root};
   return enqueue(
-      call, options, [this, tensor, options](CollectiveContext& ctx) mutable {
+      call, options,
+      [this, options](CollectiveContext& ctx, Tensor& buffer) {
         Tensor staged;
-        const Tensor& host = on_host(tensor, true, staged);
+        const Tensor& host = on_host(buffer, true, staged);
         alg::reduce(ctx, host.data_ptr(),
                     static_cast<std::size_t>(host.numel()), host.dtype(),
                     options.op, options.root);
@@ -277,9 +282,10 @@ std::shared_ptr<Work> TcpBackend::do_reduce(Tensor& tensor,
             divide_by(host.dtype(), host.data_ptr(),
                       static_cast<std::size_t>(host.numel()), size());
           }
-          from_host(tensor, host);
+          from_host(buffer, host);
         }
-      });
+      },
+      tensor);
 }
 
 std::shared_ptr<Work> TcpBackend::do_all_reduce(
@@ -292,22 +298,23 @@ std::shared_ptr<Work> TcpBackend::do_all_reduce_into(
   // In place or not, the same call on the wire: ranks may mix the forms.
   CallInfo call{Collective::kAllReduce, 0,          input.dtype(),
                 input.numel(),          options.op, -1};
-  return enqueue(call, options,
-                 [this, output, input = Tensor(input),
-                  options](CollectiveContext& ctx) mutable {
-                   const bool in_place = output.data_ptr() == input.data_ptr();
-                   Tensor staged_output, staged_input;
-                   const Tensor& host =
-                       on_host(output, in_place, staged_output);
-                   const Tensor& host_input =
-                       in_place ? host : on_host(input, true, staged_input);
-                   const auto count = static_cast<std::size_t>(host.numel());
-                   alg::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(),
-                                   count, host.dtype(), options.op);
-                   if (options.op == ReduceOp::kAvg)
-                     divide_by(host.dtype(), host.data_ptr(), count, size());
-                   from_host(output, host);
-                 });
+  return enqueue(
+      call, options,
+      [this, options](CollectiveContext& ctx, Tensor& result,
+                      const Tensor& operand) {
+        const bool in_place = result.data_ptr() == operand.data_ptr();
+        Tensor staged_output, staged_input;
+        const Tensor& host = on_host(result, in_place, staged_output);
+        const Tensor& host_input =
+            in_place ? host : on_host(operand, true, staged_input);
+        const auto count = static_cast<std::size_t>(host.numel());
+        alg::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
+                        host.dtype(), options.op);
+        if (options.op == ReduceOp::kAvg)
+          divide_by(host.dtype(), host.data_ptr(), count, size());
+        from_host(result, host);
+      },
+      output, input);
 }
 
 std::shared_ptr<Work> TcpBackend::do_all_gather(
@@ -317,23 +324,26 @@ std::shared_ptr<Work> TcpBackend::do_all_gather(
                 ReduceOp::kSum,         -1};
   return enqueue(
       call, options,
-      [this, outputs, input = Tensor(input)](CollectiveContext& ctx) mutable {
+      [this](CollectiveContext& ctx, std::vector<Tensor>& results,
+             const Tensor& contribution) {
         std::vector<Tensor> hosts;
         std::vector<void*> blocks;
-        hosts.reserve(outputs.size());
-        blocks.reserve(outputs.size());
+        hosts.reserve(results.size());
+        blocks.reserve(results.size());
         for (int r = 0; r < size(); ++r) {
-          hosts.push_back(on_host(outputs[r], false));
+          hosts.push_back(on_host(results[r], false));
           blocks.push_back(hosts.back().data_ptr());
         }
         Tensor staged;
-        const Tensor& mine = on_host(input, true, staged);
+        const Tensor& mine = on_host(contribution, true, staged);
         const bool apart =
             std::none_of(hosts.begin(), hosts.end(),
                          [&](const Tensor& h) { return overlaps(h, mine); });
-        all_gather_from(ctx, blocks, mine.data_ptr(), input.nbytes(), apart);
-        for (int r = 0; r < size(); ++r) from_host(outputs[r], hosts[r]);
-      });
+        all_gather_from(ctx, blocks, mine.data_ptr(), contribution.nbytes(),
+                        apart);
+        for (int r = 0; r < size(); ++r) from_host(results[r], hosts[r]);
+      },
+      outputs, input);
 }
 
 std::shared_ptr<Work> TcpBackend::do_all_gather_into(
@@ -342,9 +352,10 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
                 ReduceOp::kSum,         -1};
   return enqueue(
       call, options,
-      [this, output, input = Tensor(input)](CollectiveContext& ctx) mutable {
-        Tensor host = on_host(output, false);
-        const std::size_t bytes = input.nbytes();
+      [this](CollectiveContext& ctx, Tensor& result,
+             const Tensor& contribution) {
+        Tensor host = on_host(result, false);
+        const std::size_t bytes = contribution.nbytes();
         // On the stack while they fit: a heap allocation is a good part of
         // a small call.
         alignas(std::max_align_t) std::byte blocks_memory[512];
@@ -355,11 +366,12 @@ std::shared_ptr<Work> TcpBackend::do_all_gather_into(
         for (int r = 0; r < size(); ++r)
           blocks[static_cast<std::size_t>(r)] = bytes_of(host) + r * bytes;
         Tensor staged;
-        const Tensor& mine = on_host(input, true, staged);
+        const Tensor& mine = on_host(contribution, true, staged);
         all_gather_from(ctx, blocks, mine.data_ptr(), bytes,
                         !overlaps(host, mine));
-        from_host(output, host);
-      });
+        from_host(result, host);
+      },
+      output, input);
 }
 
 std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
@@ -367,16 +379,18 @@ std::shared_ptr<Work> TcpBackend::do_gather(std::vector<Tensor>& outputs,
                                             const GatherOptions& options) {
   CallInfo call{Collective::kGather, 0,           input.dtype(), input.numel(),
                 ReduceOp::kSum,      options.root};
-  return enqueue(call, options,
-                 [this, outputs, input = Tensor(input),
-                  options](CollectiveContext& ctx) mutable {
-                   Tensor staged;
-                   const Tensor& mine = on_host(input, true, staged);
-                   const OnHostList<void*> blocks(outputs, false);
-                   alg::gather(ctx, mine.data_ptr(), blocks.pointers(),
-                               input.nbytes(), options.root);
-                   blocks.copy_back(outputs);
-                 });
+  return enqueue(
+      call, options,
+      [options](CollectiveContext& ctx, std::vector<Tensor>& results,
+                const Tensor& contribution) {
+        Tensor staged;
+        const Tensor& mine = on_host(contribution, true, staged);
+        const OnHostList<void*> blocks(results, false);
+        alg::gather(ctx, mine.data_ptr(), blocks.pointers(),
+                    contribution.nbytes(), options.root);
+        blocks.copy_back(results);
+      },
+      outputs, input);
 }
 
 std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
@@ -385,16 +399,18 @@ std::shared_ptr<Work> TcpBackend::do_scatter(Tensor& output,
   CallInfo call{Collective::kScatter, 0,
                 output.dtype(),       output.numel(),
                 ReduceOp::kSum,       options.root};
-  return enqueue(call, options,
-                 [output, inputs = std::vector<Tensor>(inputs),
-                  options](CollectiveContext& ctx) mutable {
-                   Tensor staged;
-                   const Tensor& host = on_host(output, false, staged);
-                   const OnHostList<const void*> blocks(inputs, true);
-                   alg::scatter(ctx, blocks.pointers(), host.data_ptr(),
-                                output.nbytes(), options.root);
-                   from_host(output, host);
-                 });
+  return enqueue(
+      call, options,
+      [options](CollectiveContext& ctx, Tensor& result,
+                const std::vector<Tensor>& sources) {
+        Tensor staged;
+        const Tensor& host = on_host(result, false, staged);
+        const OnHostList<const void*> blocks(sources, true);
+        alg::scatter(ctx, blocks.pointers(), host.data_ptr(), result.nbytes(),
+                     options.root);
+        from_host(result, host);
+      },
+      output, inputs);
 }
 
 std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
@@ -408,35 +424,37 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
                 -1};
   return enqueue(
       call, options,
-      [this, output, inputs = std::vector<Tensor>(inputs),
-       options](CollectiveContext& ctx) mutable {
-        // The algorithm writes partial sums into the output before
-        // it has read every input, so a CPU output that is one of the
-        // inputs (in place) gets a buffer of its own, from the call's
-        // workspace. (A CUDA output is staged on the host anyway, apart
-        // from the inputs' host copies.)
+      [this, options](CollectiveContext& ctx, Tensor& reduced,
+                      const std::vector<Tensor>& operands) {
+        // The algorithm writes partial sums into the reduced before
+        // it has read every input, so a CPU reduced that is one of the
+        // operands (in place) gets a buffer of its own, from the call's
+        // workspace. (A CUDA reduced is staged on the host anyway, apart
+        // from the operands' host copies.)
         const bool aliased =
-            output.device().is_cpu() &&
-            std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& in) {
-              return in.data_ptr() == output.data_ptr();
-            });
-        const std::size_t bytes = output.nbytes();
+            reduced.device().is_cpu() &&
+            std::any_of(operands.begin(), operands.end(),
+                        [&](const Tensor& in) {
+                          return in.data_ptr() == reduced.data_ptr();
+                        });
+        const std::size_t bytes = reduced.nbytes();
         Tensor staged;
         void* result = aliased ? ctx.workspace()->take(bytes)
-                               : on_host(output, false, staged).data_ptr();
-        const OnHostList<const void*> blocks(inputs, true);
-        const auto count = static_cast<std::size_t>(output.numel());
+                               : on_host(reduced, false, staged).data_ptr();
+        const OnHostList<const void*> blocks(operands, true);
+        const auto count = static_cast<std::size_t>(reduced.numel());
         alg::reduce_scatter(ctx, blocks.pointers(), result, count,
-                            output.dtype(), options.op);
+                            reduced.dtype(), options.op);
         if (options.op == ReduceOp::kAvg) {
-          divide_by(output.dtype(), result, count, size());
+          divide_by(reduced.dtype(), result, count, size());
         }
         if (aliased) {
-          detail::copy_bytes(output.data_ptr(), result, bytes);
+          detail::copy_bytes(reduced.data_ptr(), result, bytes);
         } else {
-          from_host(output, staged);
+          from_host(reduced, staged);
         }
-      });
+      },
+      output, inputs);
 }
 
 std::shared_ptr<Work> TcpBackend::do_all_to_all(
@@ -447,29 +465,31 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
                                 options.output_split_sizes, size());
   layout.scale(input.element_size());
   CallInfo call{Collective::kAllToAll, 0, input.dtype(), 0, ReduceOp::kSum, -1};
-  // The layout moves into the task: in a large group its arrays are a heap
-  // allocation, which a copy would make again.
-  return enqueue(call, options,
-                 [output, input = Tensor(input),
-                  layout = std::move(layout)](CollectiveContext& ctx) mutable {
-                   Tensor staged;
-                   const Tensor& in = on_host(input, true, staged);
-                   Tensor out = on_host(output, false);
-                   // In place (one buffer for both), a block received early
-                   // would overwrite one not yet sent: send from a copy, in the
-                   // workspace.
-                   const std::uint8_t* from = bytes_of(in);
-                   if (overlaps(in, out)) {
-                     std::uint8_t* copy = ctx.workspace()->take(in.nbytes());
-                     detail::copy_bytes(copy, from, in.nbytes());
-                     from = copy;
-                   }
-                   alg::all_to_all(ctx, from, layout.send_offsets(),
-                                   layout.send_counts(), bytes_of(out),
-                                   layout.receive_offsets(),
-                                   layout.receive_counts());
-                   from_host(output, out);
-                 });
+  // The layout moves into the body (and with it into a queued task): in a
+  // large group its arrays are a heap allocation, which a copy would make
+  // again.
+  return enqueue(
+      call, options,
+      [layout = std::move(layout)](CollectiveContext& ctx, Tensor& result,
+                                   const Tensor& source) {
+        Tensor staged;
+        const Tensor& in = on_host(source, true, staged);
+        Tensor out = on_host(result, false);
+        // In place (one buffer for both), a block received early
+        // would overwrite one not yet sent: send from a copy, in the
+        // workspace.
+        const std::uint8_t* from = bytes_of(in);
+        if (overlaps(in, out)) {
+          std::uint8_t* copy = ctx.workspace()->take(in.nbytes());
+          detail::copy_bytes(copy, from, in.nbytes());
+          from = copy;
+        }
+        alg::all_to_all(ctx, from, layout.send_offsets(), layout.send_counts(),
+                        bytes_of(out), layout.receive_offsets(),
+                        layout.receive_counts());
+        from_host(result, out);
+      },
+      output, input);
 }
 
 std::shared_ptr<Work> TcpBackend::do_barrier(const BarrierOptions& options) {

@@ -80,18 +80,18 @@ class COMM_API TcpBackend final : public Backend {
                                 const RecvOptions& options) override;
 
   // Queues a collective: stamps it with the next sequence number; `body`,
-  // a callable taking tcp::CollectiveContext&, runs with the deadline of
-  // the options' timeout, on the worker thread or on the thread that waits
-  // for it, whichever comes first, always in issue order; with the
-  // options' async_op false, on this thread before enqueue returns when
-  // nothing is queued or running (CollectiveScheduler::enqueue). `body` is
-  // moved into the task, so a body keeps the caller's const tensors
-  // through init-captures (`input = Tensor(input)`): a plain copy-capture
-  // of a const reference makes a const member, which every move would copy
-  // (reference counts for a tensor, an allocation for a list).
-  template <typename Options, typename Body>
+  // a callable taking tcp::CollectiveContext& and then a reference to each
+  // of `held` (the call's tensors), runs with the deadline of the options'
+  // timeout, on the worker thread or on the thread that waits for it,
+  // whichever comes first, always in issue order; with the options'
+  // async_op false, on this thread before enqueue returns when nothing is
+  // queued or running (CollectiveScheduler::enqueue). A queued call keeps
+  // copies of `held` and of `body`'s captures until it has run; one run at
+  // once uses the caller's, and copies nothing.
+  template <typename Options, typename Body, typename... Held>
   std::shared_ptr<Work> enqueue(const tcp::CallInfo& call,
-                                const Options& options, Body body);
+                                const Options& options, Body&& body,
+                                Held&&... held);
   // Runs one collective's body within its timeout, on whichever thread
   // holds the scheduler's turn; a failure is reported to the other ranks
   // (unless they reported it) and thrown.

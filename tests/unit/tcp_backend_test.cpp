@@ -566,6 +566,45 @@ TEST_CASE("a call whose caller waits (async_op false) keeps issue order",
   check_all_ok(errors);
 }
 
+TEST_CASE("a queued call keeps its own handles of the caller's tensors",
+          "[tcp]") {
+  // A call that runs after it returned must not refer to the caller's
+  // Tensor objects, which may be gone by then: here they are destroyed
+  // before the call runs, and only other handles to the same memory
+  // remain. The call is queued because nobody waits for it, or because
+  // the caller waits but an earlier call is still queued.
+  const bool blocking = GENERATE(false, true);
+  CAPTURE(blocking);
+  auto errors = run_ranks(3, [&](ProcessGroup& group) {
+    const int rank = group.rank();
+    for (int round = 0; round < 5; ++round) {
+      auto earlier = group.barrier();
+      Tensor summed_view, gathered_view;
+      std::shared_ptr<comm::Work> sum, gather;
+      {
+        Tensor summed = Tensor::full({4}, rank + round, DType::kI32);
+        summed_view = summed;
+        std::vector<Tensor> gathered;
+        for (int r = 0; r < 3; ++r) {
+          gathered.push_back(Tensor::zeros({2}, DType::kI32));
+        }
+        gathered_view = gathered[2];
+        sum = group.all_reduce(summed, {.async_op = !blocking});
+        gather =
+            group.all_gather(gathered, Tensor::full({2}, rank, DType::kI32),
+                             {.async_op = !blocking});
+      }
+      gather->wait();
+      expect(earlier->is_completed() && sum->is_completed(), "issue order");
+      expect(summed_view.data<std::int32_t>()[3] == 3 + 3 * round,
+             "round " + std::to_string(round) + ": the sum");
+      expect(gathered_view.data<std::int32_t>()[1] == 2,
+             "round " + std::to_string(round) + ": rank 2's block");
+    }
+  });
+  check_all_ok(errors);
+}
+
 TEST_CASE("a blocking call that fails returns a Work that rethrows", "[tcp]") {
   std::vector<std::string> seen(2);
   auto errors = run_ranks(
