@@ -23,10 +23,13 @@ The programs, each timing every selected collective over 1 KiB to 64 MiB
   bench/peers/gloo_collectives.py; torch 1.13's gloo has no reduce_scatter.
 
 Every program runs as the others do: all sizes of a collective in one
-process, in ascending order, 64 MiB / size timed iterations (3 to 200)
+process, in ascending order, 64 MiB / size timed iterations (3 to 20000)
 after 2 warm-up calls, blocking (each call waits before the next is
 issued), the time being the slowest rank's mean per call (all_reduce_perf
--z 1 -a 3). libcomm's time is its out-of-place column, except for
+-z 1 -a 3). The small sizes get up to 20000 calls so that each is timed
+over tens of milliseconds: 200 calls of 1 KiB last a fifth of a
+millisecond, which times a process's first moments and single scheduler
+hiccups more than the call. libcomm's time is its out-of-place column, except for
 broadcast: every peer broadcasts in place (MPI_Bcast has one buffer, as has
 torch.distributed.broadcast), where libcomm's out-of-place broadcast_perf
 also copies the input into the output on every rank before each call, so
@@ -108,7 +111,7 @@ def run_ours(build, ranks, collectives, transport, fresh_inputs):
     times = {}
     for name in collectives:
         output = run([os.path.join(build, "bench", name + "_perf"), "-np", str(ranks),
-                      "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-n", "200",
+                      "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-n", "20000",
                       "--iteration-bytes", str(64 << 20), "-w", "2", "-c", "0",
                       "-z", "1", "-a", "3"]
                      + (["--fresh-inputs"] if fresh_inputs else []), env=env)
