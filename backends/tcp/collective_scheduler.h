@@ -71,9 +71,9 @@ class CollectiveScheduler final
   // Queues a collective whose body is `body`, a callable taking
   // CollectiveContext& and then a reference to each of `held` (see
   // CollectiveTaskWith): stamps `call` with the next sequence number and
-  // returns its Work. The task keeps copies of `held` (moves, for an
-  // rvalue) and of `body` until its body has run. Throws BackendError once
-  // shut down.
+  // returns its Work. A queued task keeps copies of `held` (moves, for an
+  // rvalue) and of `body` until its body has run or been dropped (refused,
+  // or abandoned at shutdown). Throws BackendError once shut down.
   //
   // With `caller_waits` (the options' async_op false: the caller waits for
   // the Work at once, on this thread) and nothing queued or running, the
@@ -90,7 +90,8 @@ class CollectiveScheduler final
                                 Held&&... held) {
     if (caller_waits) {
       // Made before the turn is taken, so that nothing can fail between
-      // stamping a sequence number and running the call.
+      // stamping a sequence number and running the call; a call that finds
+      // the turn held frees it and makes the queued kind.
       auto run_in_place = [&](CollectiveContext& ctx) { body(ctx, held...); };
       auto task =
           std::make_shared<CollectiveTaskInPlace<decltype(run_in_place)>>(

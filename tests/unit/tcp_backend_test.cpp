@@ -572,12 +572,22 @@ TEST_CASE("a queued call keeps its own handles of the caller's tensors",
   // Tensor objects, which may be gone by then: here they are destroyed
   // before the call runs, and only other handles to the same memory
   // remain. The call is queued because nobody waits for it, or because
-  // the caller waits but an earlier call is still queued.
+  // the caller waits but an earlier call is still queued: ranks 1 and 2
+  // issue theirs behind a barrier that rank 0 joins only once they have
+  // seen their calls still pending.
   const bool blocking = GENERATE(false, true);
   CAPTURE(blocking);
+  std::atomic<int> pending_seen{0};
   auto errors = run_ranks(3, [&](ProcessGroup& group) {
     const int rank = group.rank();
     for (int round = 0; round < 5; ++round) {
+      if (rank == 0) {
+        // Bounded: 10 s of 1 ms naps.
+        for (int nap = 0; nap < 10000 && pending_seen < 2 * (round + 1);
+             ++nap) {
+          std::this_thread::sleep_for(1ms);
+        }
+      }
       auto earlier = group.barrier();
       Tensor summed_view, gathered_view;
       std::shared_ptr<comm::Work> sum, gather;
@@ -593,6 +603,11 @@ TEST_CASE("a queued call keeps its own handles of the caller's tensors",
         gather =
             group.all_gather(gathered, Tensor::full({2}, rank, DType::kI32),
                              {.async_op = !blocking});
+      }
+      if (rank != 0) {
+        expect(!sum->is_completed() && !gather->is_completed(),
+               "the calls were queued behind the barrier");
+        ++pending_seen;
       }
       gather->wait();
       expect(earlier->is_completed() && sum->is_completed(), "issue order");
