@@ -22,7 +22,7 @@ const IntParam kDirectThresholdBytes{
 const IntParam kDirectFromRootThresholdBytes{
     "COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", 4 << 20, 1,
     std::numeric_limits<std::int64_t>::max(),
-    "the smallest broadcast (of three ranks or more) or scatter whose "
+    "the smallest broadcast or scatter of three ranks or more whose "
     "ranks, all on one host, read the root's buffer directly"};
 const IntParam kDirectToRootThresholdBytes{
     "COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", std::int64_t{1} << 30, 1,

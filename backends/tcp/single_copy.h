@@ -60,13 +60,13 @@ enum class DirectKind {
 
 // Whether a collective reads directly at all when its group has two
 // ranks. Where two ranks' rings take as few steps as the direct algorithm
-// (broadcast's tree: one message; all_reduce's and reduce_scatter's ring:
-// one exchange each way per half; all_gather and all_to_all: one exchange),
-// the ring copies on both cores at once, while a direct read adds the
-// kernel's copy, which pins every page it reads, and the algorithm's
-// synchronisation steps; those collectives keep the rings at two ranks
-// (bench/README.md, "Single copy"). gather, reduce and scatter answer to
-// their own thresholds and read directly at two ranks too.
+// (broadcast's tree and scatter: one message; all_reduce's and
+// reduce_scatter's ring: one exchange each way per half; all_gather and
+// all_to_all: one exchange), the ring copies on both cores at once, while
+// a direct read adds the kernel's copy, which pins every page it reads,
+// and the algorithm's synchronisation steps; those collectives keep the
+// rings at two ranks (bench/README.md, "Single copy"). gather and reduce
+// answer to their own threshold and read directly at two ranks too.
 enum class AtTwoRanks { kReadDirectly, kKeepRings };
 
 // The smallest collective of `kind` that reads the peers' memory, in the
