@@ -27,7 +27,7 @@ process, in ascending order, 64 MiB / size timed iterations (3 to 20000)
 after 2 warm-up calls, blocking (each call waits before the next is
 issued), the time being the slowest rank's mean per call (all_reduce_perf
 -z 1 -a 3). The small sizes get up to 20000 calls so that each is timed
-over tens of milliseconds: 200 calls of 1 KiB last a fifth of a
+over tens of milliseconds: 200 calls of 1 KiB last a third of a
 millisecond, which times a process's first moments and single scheduler
 hiccups more than the call. libcomm's time is its out-of-place column, except for
 broadcast: every peer broadcasts in place (MPI_Bcast has one buffer, as has

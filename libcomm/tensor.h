@@ -3,8 +3,8 @@
 // A Tensor is a cheap handle: copying it makes another view of the same
 // memory (as in PyTorch), and the memory lives until the last view is gone.
 // A copy shares the original's shape and strides too, which never change
-// once a tensor is made, so copying allocates nothing: every collective
-// call copies its tensors into its Work and its task.
+// once a tensor is made, so copying allocates nothing: a collective call
+// that is queued keeps copies of its tensors until it has run.
 // Collectives need contiguous tensors and say so when they get another kind.
 #pragma once
 

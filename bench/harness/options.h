@@ -60,8 +60,8 @@ struct Options {
   std::vector<std::int64_t> sizes(
       std::size_t limit = std::numeric_limits<std::size_t>::max()) const;
   // Timed iterations at `size`: -n, or with --iteration-bytes B, B / size
-  // but at least 3 and at most -n, as the loops of ../shared/peers count
-  // theirs (64 MiB / size, 3 to 200), so that one sweep can match them.
+  // but at least 3 and at most -n, as the loops of bench/peers count
+  // theirs (64 MiB / size, 3 to 20000), so that one sweep can match them.
   int iterations_for(std::int64_t size) const;
 };
 
