@@ -214,7 +214,6 @@ int Exchange::add(Transfer::Kind kind, int peer, std::span<const Part> parts,
           chunk, std::max<std::size_t>(64, ring->capacity() / 4 / 64 * 64));
     }
     t.scratch_bytes = std::min(largest_reduced, chunk);
-    t.scratch = {workspace_, t.scratch_bytes};
   }
   if (kind == Transfer::Kind::kSend) {
     MessageHeader header;
@@ -1007,6 +1006,7 @@ void Exchange::progress_recv(Transfer& t) {
       if (chunk == 0) {
         chunk = std::min(t.scratch_bytes, part->bytes - t.part_done);
       }
+      if (t.scratch.get() == nullptr) t.scratch = {workspace_, t.scratch_bytes};
       parts[count++] = {t.scratch.get() + t.scratch_filled,
                         chunk - t.scratch_filled};
     } else if (part != nullptr) {

@@ -245,7 +245,9 @@ class Exchange final : public CollectiveStep {
     std::size_t part = 0;
     std::size_t part_done = 0;
     // One chunk, for reduced parts; left uninitialised, as every byte is
-    // received before it is read.
+    // received before it is read. Taken when a chunk is first copied out:
+    // over a ring, where the bytes are reduced in place, only a misaligned
+    // payload needs it.
     WorkspaceBuffer scratch;
     std::size_t scratch_bytes = 0;
     std::size_t scratch_filled = 0;

@@ -303,10 +303,10 @@ std::shared_ptr<Work> TcpBackend::do_all_reduce_into(
       [this, options](CollectiveContext& ctx, Tensor& result,
                       const Tensor& operand) {
         const bool in_place = result.data_ptr() == operand.data_ptr();
-        Tensor staged_output, staged_input;
-        const Tensor& host = on_host(result, in_place, staged_output);
+        Tensor staged_result, staged_operand;
+        const Tensor& host = on_host(result, in_place, staged_result);
         const Tensor& host_input =
-            in_place ? host : on_host(operand, true, staged_input);
+            in_place ? host : on_host(operand, true, staged_operand);
         const auto count = static_cast<std::size_t>(host.numel());
         alg::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
                         host.dtype(), options.op);
