@@ -80,8 +80,20 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, std::int64_t offset,
                Shape shape, Strides strides, DType dtype)
     : storage_(std::move(storage)),
       offset_(offset),
-      layout_(std::make_shared<const Layout>(
-          Layout{std::move(shape), std::move(strides)})),
+      layout_([&] {
+        auto layout = std::make_shared<Layout>();
+        layout->shape = std::move(shape);
+        layout->strides = std::move(strides);
+        std::int64_t expected = 1;
+        for (std::size_t d = layout->shape.size(); d-- > 0;) {
+          if (layout->shape[d] != 1 && layout->strides[d] != expected) {
+            layout->contiguous = false;
+            break;
+          }
+          expected *= layout->shape[d];
+        }
+        return layout;
+      }()),
       numel_(checked_numel(layout_->shape)),
       dtype_(dtype) {}
 
@@ -160,13 +172,7 @@ std::int64_t Tensor::size(std::int64_t d) const {
 }
 
 bool Tensor::is_contiguous() const {
-  if (numel_ == 0) return true;
-  std::int64_t expected = 1;
-  for (std::int64_t d = dim() - 1; d >= 0; --d) {
-    if (shape()[d] != 1 && strides()[d] != expected) return false;
-    expected *= shape()[d];
-  }
-  return true;
+  return numel_ == 0 || layout().contiguous;
 }
 
 void* Tensor::data_ptr() const {

@@ -121,6 +121,9 @@ class COMM_API Tensor {
   struct Layout {
     Shape shape;
     Strides strides;
+    // Row-major without gaps (is_contiguous()), worked out once: every
+    // collective checks it, and a small call cannot afford the loop.
+    bool contiguous = true;
   };
   // An undefined tensor's: no dimensions.
   static const Layout kNoLayout;
