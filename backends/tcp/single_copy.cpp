@@ -14,13 +14,13 @@ namespace comm::tcp::algorithms {
 namespace {
 
 const IntParam kDirectThresholdBytes{
-    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 4 << 20, 1,
+    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 64 << 20, 1,
     std::numeric_limits<std::int64_t>::max(),
     "the smallest all_reduce, all_gather, reduce_scatter or all_to_all of "
     "three ranks or more whose ranks, all on one host, read each other's "
     "buffers directly instead of through the shared-memory rings"};
 const IntParam kDirectFromRootThresholdBytes{
-    "COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", 4 << 20, 1,
+    "COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", 32 << 20, 1,
     std::numeric_limits<std::int64_t>::max(),
     "the smallest broadcast or scatter of three ranks or more whose "
     "ranks, all on one host, read the root's buffer directly"};

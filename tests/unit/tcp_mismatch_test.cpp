@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <functional>
 #include <future>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -18,12 +19,14 @@
 #include "libcomm/error.h"
 #include "libcomm/logging.h"
 #include "support/capture_stderr.h"
+#include "support/env_is.h"
 #include "support/thread_ranks.h"
 
 using comm::DType;
 using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::Tensor;
+using comm::testing::EnvIs;
 using comm::testing::run_ranks;
 using namespace std::chrono_literals;
 
@@ -199,19 +202,26 @@ TEST_CASE(
     "is read",
     "[tcp][mismatch][all_to_all]") {
   // Over shared memory, among three ranks, a part of 1 Mi int32 (4 MiB)
-  // is read from its sender's memory, and its sender sends a Region (16
-  // bytes) in its place; a part of 4 int32 (16 bytes) travels. Where the two
+  // is read from its sender's memory where the threshold lets three parts
+  // of its size (12 MiB) be read, and its sender sends a Region (16 bytes)
+  // in its place; a part of 4 int32 (16 bytes) travels. Where the two
   // ends disagree, the message's lengths agree: only its mark as an address
   // tells them apart. Over sockets, and where every part is read, the
   // sizes differ plainly.
   const std::int64_t small = 4;
   const std::int64_t large = 1 << 20;
-  // The plain run of this program, over shared memory with the default
-  // thresholds, is the one where only the mark decides; its `_over_tcp`
-  // and `_single_copy` copies set these.
+  // The plain run of this program, over shared memory, is the one where
+  // only the mark decides, with the threshold at the large part's; its
+  // `_over_tcp` and `_single_copy` copies set their own.
   const bool by_mark =
       std::getenv("COMM_TRANSPORT") == nullptr &&
       std::getenv("COMM_SHM_DIRECT_THRESHOLD_BYTES") == nullptr;
+  std::optional<EnvIs> reads_large;
+  if (by_mark) {
+    reads_large.emplace(
+        std::initializer_list<std::pair<const char*, const char*>>{
+            {"COMM_SHM_DIRECT_THRESHOLD_BYTES", "12582912"}});
+  }
   SECTION("the receiver reads, the sender sends data") {
     // The part's second 8 bytes say 4 MiB, as a Region's size would.
     const auto thrown = disagreeing_all_to_all(
