@@ -84,6 +84,9 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, std::int64_t offset,
         auto layout = std::make_shared<Layout>();
         layout->shape = std::move(shape);
         layout->strides = std::move(strides);
+        // A tensor of no elements is contiguous; for the others the
+        // products of trailing sizes fit, as the count does.
+        if (checked_numel(layout->shape) == 0) return layout;
         std::int64_t expected = 1;
         for (std::size_t d = layout->shape.size(); d-- > 0;) {
           if (layout->shape[d] != 1 && layout->strides[d] != expected) {

@@ -4,13 +4,16 @@
 // Sends and receives run concurrently (a rank may send to its right
 // neighbour while receiving from its left, or exchange with one partner in
 // both directions) through non-blocking sockets and poll(). A receive may
-// reduce as it goes: it reads the payload into a scratch buffer of one chunk
-// (over a shared-memory ring, at most a quarter of the ring) and reduces
-// each chunk into its destination while the kernel, or the sender, keeps
-// delivering the next one, so scratch memory is O(chunk), not O(message),
+// reduce as it goes: from a socket it reads the payload into a scratch
+// buffer of one chunk and reduces each chunk into its destination while
+// the kernel delivers the next one; from a shared-memory ring it reduces
+// the bytes where they lie, at most a quarter of the ring at a time, while
+// the sender writes the next (only a payload that lies misaligned there
+// goes through scratch). So scratch memory is O(chunk), not O(message),
 // per reducing receive. Taken from the call's Workspace, a step's chunks
-// stay with the call until it ends, so a call holds one per reducing step
-// (n - 1 in a ring of n ranks) and the next call finds them again.
+// stay with the call until it ends, so a call holds at most one per
+// reducing step (n - 1 in a ring of n ranks) and the next call finds them
+// again.
 //
 // A step that must wait first polls its sockets without sleeping for a
 // short, bounded time (spin_budget()), yielding the processor between
@@ -246,8 +249,9 @@ class Exchange final : public CollectiveStep {
     std::size_t part_done = 0;
     // One chunk, for reduced parts; left uninitialised, as every byte is
     // received before it is read. Taken when a chunk is first copied out:
-    // over a ring, where the bytes are reduced in place, only a misaligned
-    // payload needs it.
+    // over a ring, where the bytes are reduced where they lie, only a
+    // payload that lies misaligned, or an element published in part,
+    // needs it.
     WorkspaceBuffer scratch;
     std::size_t scratch_bytes = 0;
     std::size_t scratch_filled = 0;

@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -19,6 +21,7 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"
+#include "support/env_is.h"
 #include "support/rank_checks.h"
 #include "support/thread_ranks.h"
 
@@ -27,6 +30,7 @@ using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::Tensor;
 using comm::testing::check_all_ok;
+using comm::testing::EnvIs;
 using comm::testing::expect;
 using comm::testing::run_ranks;
 using namespace std::chrono_literals;
@@ -378,11 +382,20 @@ TEST_CASE("all_to_all where some ranks send small and others large splits",
 TEST_CASE("all_to_all where only one pair of ranks has a large part",
           "[tcp][all_to_all]") {
   // Rank 0 sends rank 1 1 Mi int32 (4 MiB, which rank 1 reads from rank
-  // 0's memory over shared memory); every other part is one int32, so
-  // ranks 2 and 3 read nothing and run the plain direct step beside the
-  // two that read.
+  // 0's memory over shared memory where the threshold lets four parts of
+  // its size, 16 MiB, be read: the plain run sets that, its `_over_tcp`
+  // and `_single_copy` copies their own); every other part is one int32,
+  // so ranks 2 and 3 read nothing and run the plain direct step beside
+  // the two that read.
   const int world = 4;
   const std::int64_t large = 1 << 20;
+  std::optional<EnvIs> reads_large;
+  if (std::getenv("COMM_TRANSPORT") == nullptr &&
+      std::getenv("COMM_SHM_DIRECT_THRESHOLD_BYTES") == nullptr) {
+    reads_large.emplace(
+        std::initializer_list<std::pair<const char*, const char*>>{
+            {"COMM_SHM_DIRECT_THRESHOLD_BYTES", "16777216"}});
+  }
   auto rows = [&](int from, int to) -> std::int64_t {
     return from == 0 && to == 1 ? large : 1;
   };

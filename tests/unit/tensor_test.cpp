@@ -41,6 +41,14 @@ TEST_CASE("factories make contiguous CPU tensors", "[tensor]") {
   Tensor nothing = Tensor::empty({0, 4}, DType::kF32);
   CHECK(nothing.numel() == 0);
   CHECK(nothing.is_contiguous());
+  // No elements: contiguous whatever the strides, and sizes whose product
+  // would overflow are never multiplied.
+  float unused = 0;
+  Tensor huge_and_empty = Tensor::from_blob(
+      &unused, {0, std::int64_t{1} << 40, std::int64_t{1} << 40},
+      {0, std::int64_t{1} << 40, 1}, DType::kF32);
+  CHECK(huge_and_empty.numel() == 0);
+  CHECK(huge_and_empty.is_contiguous());
 }
 
 TEST_CASE("bad shapes and types are InvalidArgument", "[tensor]") {
