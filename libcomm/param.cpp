@@ -71,7 +71,7 @@ void Param::load_quietly() const {
   loaded_.store(true, std::memory_order_release);
 }
 
-void Param::load() const {
+void Param::load_or_throw() const {
   load_quietly();
   if (!error_.empty()) throw InvalidArgument(error_);
 }

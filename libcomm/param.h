@@ -56,7 +56,11 @@ class COMM_API Param {
 
   // Reads the environment now if that has not happened yet. Throws the
   // knob's InvalidArgument if its value is bad.
-  void load() const;
+  void load() const {
+    // Inline, as knobs read on every call come here each time.
+    if (!loaded_.load(std::memory_order_acquire) || !error_.empty())
+      load_or_throw();
+  }
 
   // Forgets the cached value, so that the next use reads the environment
   // again. For tests; see reset_params(). Declarations are const objects,
@@ -96,6 +100,8 @@ class COMM_API Param {
   // Reads and parses the environment once; records a bad value's message
   // instead of throwing it.
   void load_quietly() const;
+  // load() past its fast path.
+  void load_or_throw() const;
 
   std::string name_;
   std::string meaning_;

@@ -206,9 +206,8 @@ std::optional<ControlChannel::Report> ControlChannel::begin_call(
   return check(call);
 }
 
-std::optional<ControlChannel::Report> ControlChannel::check(
+std::optional<ControlChannel::Report> ControlChannel::check_recorded(
     const CallInfo& call) {
-  if (events_.load(std::memory_order_acquire) == 0) return std::nullopt;
   std::uint64_t drained;
   (void)!read(alarm_fd_, &drained, sizeof(drained));
   std::lock_guard<std::mutex> lock(mutex_);

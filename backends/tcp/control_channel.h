@@ -99,7 +99,12 @@ class ControlChannel {
   // MismatchError when a peer answered that its collective of the same
   // number is another call. Reports of later collectives (a peer that went
   // ahead and failed there) do not fail `call`. Clears the alarm.
-  std::optional<Report> check(const CallInfo& call);
+  std::optional<Report> check(const CallInfo& call) {
+    // Inline, as every call asks at least twice and nothing is recorded
+    // almost always.
+    if (events_.load(std::memory_order_acquire) == 0) return std::nullopt;
+    return check_recorded(call);
+  }
 
   // Whether `peer`'s control connection has been read to its end (the
   // peer closed it: it exited or destroyed its group), or reading it
@@ -139,6 +144,8 @@ class ControlChannel {
   };
 
   void run();
+  // check() once something was recorded.
+  std::optional<Report> check_recorded(const CallInfo& call);
   // All need mutex_.
   void queue(int peer, std::vector<std::uint8_t> bytes);
   void flush(int peer);
