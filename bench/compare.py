@@ -7,7 +7,7 @@ that ratio over the rounds.
     bench/compare.py [--np 2] [--runs 5] [--collectives all_reduce,broadcast]
                      [--ours-tcp] [--skip-gloo] [--skip-mpi-default]
                      [--skip-mpi-tcp] [--skip-iperf] [--fresh-inputs]
-                     [--build build]
+                     [--two-hosts] [--build build]
 
 The programs, each timing every selected collective over 1 KiB to 64 MiB
 (x4), float32, sum where it reduces, root 0:
@@ -56,23 +56,44 @@ ceiling) and prints, for the largest size, the loopback traffic libcomm's
 ring would move per second as a share of it (with --ours-tcp, the TCP
 path's).
 
+With --two-hosts the ranks stand on two hosts: the first half of them in
+one network namespace and the second half in another, joined by a veth
+pair, both made for the run and removed after it (root and iproute2 are
+needed; --np must be even). libcomm then uses shared memory inside each
+namespace and TCP between them (its hierarchical algorithms), and
+libcomm-tcp TCP throughout. Open MPI runs as a job of two nodes: mpirun
+in the first namespace, and its daemon for the second started there
+through a launch agent in place of ssh (in a UTS namespace of its own,
+so that the two nodes have different host names). mpi-default is then
+shared memory inside each node and TCP between, and mpi-tcp TCP
+throughout, both over the veth addresses. Ranks are bound as mpirun binds
+them: a rank's index on its host, mod the CPUs. iperf3 runs between the
+two namespaces. The Gloo peer does not run (add --skip-gloo).
+
 Installs what the peers need when it is missing (tools/install_packages):
 openmpi-bin and libopenmpi-dev (the MPI peer is compiled into the build
 directory on first use), python3-torch for Gloo, iperf3.
 """
 import argparse
+import contextlib
+import itertools
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COLLECTIVES = ["all_reduce", "all_gather", "broadcast", "reduce", "reduce_scatter",
                "alltoall", "gather", "scatter"]
 SIZES = [1024 << (2 * i) for i in range(9)]  # 1 KiB to 64 MiB
+# The store ports of --two-hosts runs, a new one for each run, in namespaces
+# made for this process.
+STORE_PORTS = itertools.count(29400)
 
 
 def run(command, env=None):
@@ -101,20 +122,141 @@ def peer_rows(output):
 IN_PLACE = {"broadcast"}
 
 
-def run_ours(build, ranks, collectives, transport, fresh_inputs):
+class TwoHosts:
+    """Two network namespaces joined by a veth pair, standing for two hosts:
+    address(0) in the first, address(1) in the second, each with its
+    loopback up. Made on entering, removed on leaving, whatever happened in
+    between."""
+
+    def __init__(self):
+        tag = "%d" % (os.getpid() % 100000)
+        self.names = ["lcbench-%s-a" % tag, "lcbench-%s-b" % tag]
+        self.links = ["lcb%sa" % tag, "lcb%sb" % tag]  # at most 15 characters
+        self.made = []
+        self.agent_dir = None
+
+    @staticmethod
+    def address(host):
+        return "10.214.0.%d" % (host + 1)
+
+    def exec_prefix(self, host):
+        return ["ip", "netns", "exec", self.names[host]]
+
+    def __enter__(self):
+        if os.geteuid() != 0:
+            sys.exit("bench/compare.py: --two-hosts makes network namespaces, "
+                     "which needs root")
+        steps = [["ip", "netns", "add", self.names[0]],
+                 ["ip", "netns", "add", self.names[1]],
+                 ["ip", "link", "add", self.links[0], "netns", self.names[0], "type",
+                  "veth", "peer", "name", self.links[1], "netns", self.names[1]]]
+        for host in range(2):
+            steps += [["ip", "-n", self.names[host], "addr", "add",
+                       self.address(host) + "/24", "dev", self.links[host]],
+                      ["ip", "-n", self.names[host], "link", "set", self.links[host], "up"],
+                      ["ip", "-n", self.names[host], "link", "set", "lo", "up"]]
+        try:
+            for step in steps:
+                result = subprocess.run(step, capture_output=True, text=True, timeout=30)
+                if result.returncode != 0:
+                    sys.exit("bench/compare.py: '%s' failed (iproute2 and root are "
+                             "needed): %s" % (" ".join(step), result.stderr.strip()))
+                if step[:3] == ["ip", "netns", "add"]:
+                    self.made.append(step[3])
+            # Open MPI starts the daemon of the second node through this
+            # agent instead of ssh: `agent HOST COMMAND...`, COMMAND being a
+            # shell command line.
+            self.agent_dir = tempfile.mkdtemp(prefix="lcbench-")
+            self.agent = os.path.join(self.agent_dir, "netns-agent")
+            with open(self.agent, "w") as f:
+                f.write("#!/bin/sh\nshift\nexec ip netns exec %s unshare --uts "
+                        "sh -c 'hostname %s && exec sh -c \"$0\"' \"$*\"\n"
+                        % (self.names[1], self.names[1]))
+            os.chmod(self.agent, 0o755)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        # Removing a namespace removes its end of the veth pair, and so both.
+        for name in self.made:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        self.made = []
+        if self.agent_dir:
+            for entry in os.listdir(self.agent_dir):
+                os.unlink(os.path.join(self.agent_dir, entry))
+            os.rmdir(self.agent_dir)
+            self.agent_dir = None
+        return False
+
+
+def perf_arguments(fresh_inputs):
+    """What every *_perf run gets, after -np or without it."""
+    return (["-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-n", "20000",
+             "--iteration-bytes", str(64 << 20), "-w", "2", "-c", "0", "-z", "1",
+             "-a", "3"] + (["--fresh-inputs"] if fresh_inputs else []))
+
+
+def run_across(hosts, ranks, command, env, port):
+    """Starts `ranks` ranks of `command`, the first half in the first
+    namespace of `hosts` and the rest in the second, each bound as mpirun
+    binds it (its index on its host, mod the CPUs), meeting at a store on
+    the first host's address; returns rank 0's output, or exits naming the
+    rank that failed. Each rank writes to files of its own, so that none
+    waits on a pipe that nobody reads."""
+    per_host = ranks // 2
+    cpus = sorted(os.sched_getaffinity(0))
+    processes = []
+    with contextlib.ExitStack() as files:
+        try:
+            for rank in range(ranks):
+                host, index = divmod(rank, per_host)
+                rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(ranks),
+                                MASTER_ADDR=hosts.address(0), MASTER_PORT=str(port))
+                out = files.enter_context(tempfile.TemporaryFile("w+"))
+                err = files.enter_context(tempfile.TemporaryFile("w+"))
+                processes.append((subprocess.Popen(
+                    hosts.exec_prefix(host)
+                    + ["taskset", "-c", str(cpus[index % len(cpus)])] + command,
+                    env=rank_env, stdout=out, stderr=err), out, err))
+            deadline = time.monotonic() + 1800
+            for p, _, _ in processes:
+                p.wait(timeout=max(1, deadline - time.monotonic()))
+        finally:
+            for p, _, _ in processes:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        outputs = []
+        for rank, (p, out, err) in enumerate(processes):
+            out.seek(0)
+            err.seek(0)
+            outputs.append(out.read())
+            if p.returncode != 0:
+                sys.exit("rank %d of %s failed (exit %d):\n%s%s"
+                         % (rank, " ".join(command), p.returncode, outputs[-1],
+                            err.read()))
+    return outputs[0]
+
+
+def run_ours(build, ranks, collectives, transport, fresh_inputs, hosts=None):
     """Each collective's *_perf over all sizes; the out-of-place time
     (column 5) of the nccl-tests table, or the in-place one (column 9) for
-    the collectives in IN_PLACE."""
+    the collectives in IN_PLACE. With `hosts` (TwoHosts), the ranks are
+    split between its namespaces."""
     env = dict(os.environ)
     if transport:
         env["COMM_TRANSPORT"] = transport
     times = {}
     for name in collectives:
-        output = run([os.path.join(build, "bench", name + "_perf"), "-np", str(ranks),
-                      "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-n", "20000",
-                      "--iteration-bytes", str(64 << 20), "-w", "2", "-c", "0",
-                      "-z", "1", "-a", "3"]
-                     + (["--fresh-inputs"] if fresh_inputs else []), env=env)
+        binary = os.path.join(build, "bench", name + "_perf")
+        if hosts:
+            output = run_across(hosts, ranks, [binary] + perf_arguments(fresh_inputs),
+                                env, next(STORE_PORTS))
+        else:
+            output = run([binary, "-np", str(ranks)] + perf_arguments(fresh_inputs),
+                         env=env)
         column = 9 if name in IN_PLACE else 5
         for line in output.splitlines():
             fields = line.split()
@@ -123,19 +265,26 @@ def run_ours(build, ranks, collectives, transport, fresh_inputs):
     return times
 
 
-def iperf(streams):
+def iperf(streams, hosts=None):
     """Loopback bytes/s of `iperf3 --bidir -P streams` for 3 s: each of its
-    two processes sends and receives, as a ring rank does."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(["iperf3", "-s", "-1", "-p", str(port)],
+    two processes sends and receives, as a ring rank does. With `hosts`
+    (TwoHosts), between its two namespaces instead."""
+    if hosts:
+        port, address = 5201, hosts.address(0)
+        server_prefix, client_prefix = hosts.exec_prefix(0), hosts.exec_prefix(1)
+    else:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        address, server_prefix, client_prefix = "127.0.0.1", [], []
+    server = subprocess.Popen(server_prefix + ["iperf3", "-s", "-1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(50):  # bounded: up to 5 s for the server to listen
             time.sleep(0.1)
-            result = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port),
-                                     "-P", str(streams), "-t", "3", "-J", "--bidir"],
+            result = subprocess.run(client_prefix
+                                    + ["iperf3", "-c", address, "-p", str(port),
+                                       "-P", str(streams), "-t", "3", "-J", "--bidir"],
                                     capture_output=True, text=True, timeout=60)
             if result.returncode == 0:
                 end = json.loads(result.stdout)["end"]
@@ -147,22 +296,40 @@ def iperf(streams):
         server.wait()
 
 
-def programs(args, collectives):
+def programs(args, collectives, hosts):
     """name -> a function that runs one round of that program."""
     table = {"libcomm": lambda: run_ours(args.build, args.np, collectives, None,
-                                         args.fresh_inputs)}
+                                         args.fresh_inputs, hosts)}
     if args.ours_tcp:
         table["libcomm-tcp"] = lambda: run_ours(args.build, args.np, collectives, "tcp",
-                                                args.fresh_inputs)
+                                                args.fresh_inputs, hosts)
     mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe",
            "--bind-to", "core:overload-allowed", "-np", str(args.np)]
+    interfaces = "lo"
+    if hosts:
+        # Two nodes of np/2 slots, the second one's daemon started in the
+        # second namespace by the agent; TCP between them over the veth pair.
+        interfaces = "10.214.0.0/24"
+        mpi = (hosts.exec_prefix(0) + mpi
+               + ["--host", "%s:%d,%s:%d" % (hosts.address(0), args.np // 2,
+                                             hosts.address(1), args.np // 2),
+                  "--mca", "plm_rsh_agent", hosts.agent,
+                  "--mca", "oob_tcp_if_include", interfaces])
+        if args.np > len(os.sched_getaffinity(0)):
+            # Open MPI yields in its waits where it sees more ranks than
+            # slots on a node; each node here sees only its own half, while
+            # both halves share this machine's CPUs. Without it, ranks that
+            # share a CPU each spin through a whole time slice (a 1 KiB
+            # all_reduce at world 4 took 7 ms instead of 0.09).
+            mpi += ["--mca", "mpi_yield_when_idle", "1"]
     peer = [os.path.join(args.build, "bench", "mpi_collectives_peer")]
     if args.fresh_inputs:
         peer.append("--fresh-inputs")
     if not args.skip_mpi_default:
-        table["mpi-default"] = lambda: peer_rows(run(mpi + peer + collectives))
+        default = ["--mca", "btl_tcp_if_include", interfaces] if hosts else []
+        table["mpi-default"] = lambda: peer_rows(run(mpi + default + peer + collectives))
     if not args.skip_mpi_tcp:
-        tcp = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
+        tcp = ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", interfaces]
         table["mpi-tcp"] = lambda: peer_rows(run(mpi + tcp + peer + collectives))
     if not args.skip_gloo:
         gloo = ["/usr/bin/python3", os.path.join(HERE, "peers", "gloo_collectives.py"),
@@ -200,6 +367,9 @@ def ratio_text(ours, theirs):
 
 
 def main():
+    # A SIGTERM (timeout(1), say) unwinds like an exit, so that --two-hosts
+    # removes its namespaces.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
@@ -215,12 +385,21 @@ def main():
     parser.add_argument("--fresh-inputs", action="store_true",
                         help="rewrite every rank's inputs before each call, untimed "
                         "(libcomm and Open MPI; needs --skip-gloo)")
+    parser.add_argument("--two-hosts", action="store_true",
+                        help="split the ranks between two network namespaces made "
+                        "for the run (root; an even --np; needs --skip-gloo)")
     args = parser.parse_args()
     if args.runs < 1 or args.np < 1:
         sys.exit("bench/compare.py: --runs and --np must be at least 1")
     if args.fresh_inputs and not args.skip_gloo:
         sys.exit("bench/compare.py: the Gloo peer cannot rewrite its inputs between "
                  "calls; add --skip-gloo to --fresh-inputs")
+    if args.two_hosts and (args.np < 2 or args.np % 2 != 0):
+        sys.exit("bench/compare.py: --two-hosts puts half the ranks on each host; "
+                 "give an even --np of 2 or more")
+    if args.two_hosts and not args.skip_gloo:
+        sys.exit("bench/compare.py: the Gloo peer starts its ranks itself on one "
+                 "host; add --skip-gloo to --two-hosts")
 
     collectives = [c for c in args.collectives.split(",") if c]
     unknown = [c for c in collectives if c not in COLLECTIVES]
@@ -233,19 +412,20 @@ def main():
             sys.exit("%s is missing; build it first: tools/setup && ninja -C build" % binary)
     install_peers(args)
 
-    table = programs(args, collectives)
-    names = list(table)
-    samples = {name: [] for name in names}
-    ceilings = []
-    with_iperf = not args.skip_iperf and "all_reduce" in collectives
-    for r in range(args.runs):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            samples[name].append(table[name]())
-        if with_iperf:
-            ceilings.append(iperf(max(1, args.np // 2)))
-        print("round %d/%d done (order: %s)" % (r + 1, args.runs, ", ".join(order)),
-              file=sys.stderr)
+    with TwoHosts() if args.two_hosts else contextlib.nullcontext() as hosts:
+        table = programs(args, collectives, hosts)
+        names = list(table)
+        samples = {name: [] for name in names}
+        ceilings = []
+        with_iperf = not args.skip_iperf and "all_reduce" in collectives
+        for r in range(args.runs):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                samples[name].append(table[name]())
+            if with_iperf:
+                ceilings.append(iperf(max(1, args.np // 2), hosts))
+            print("round %d/%d done (order: %s)" % (r + 1, args.runs, ", ".join(order)),
+                  file=sys.stderr)
 
     peers = [n for n in names if n != "libcomm"]
     # libcomm's TCP path against Open MPI's, both forced onto TCP.
@@ -253,6 +433,8 @@ def main():
     print("# float32, world=%d, median time_us of %d rounds in rotating order; ratio = "
           "libcomm / peer, median (min-max) over the rounds" % (args.np, args.runs)
           + ("; inputs rewritten before each call" if args.fresh_inputs else "")
+          + ("; ranks on two hosts (network namespaces), %d each" % (args.np // 2)
+             if args.two_hosts else "")
           + ("; tcp/mpi-tcp = libcomm-tcp / mpi-tcp" if tcp_pair else ""))
     for collective in collectives:
         print("\n## %s%s" % (collective, " (libcomm in place, as its peers)"
@@ -288,9 +470,10 @@ def main():
             moved = 2 * (args.np - 1) * SIZES[-1] / (
                 statistics.median(s[largest] for s in samples[n]) / 1e6)
             print("# all_reduce %d bytes: %s moved the equivalent of %.2f GB/s of ring "
-                  "traffic; iperf3 --bidir -P %d over loopback: %.2f GB/s; ratio %.2f"
-                  % (SIZES[-1], n, moved / 1e9, max(1, args.np // 2), ceiling / 1e9,
-                     moved / ceiling))
+                  "traffic; iperf3 --bidir -P %d %s: %.2f GB/s; ratio %.2f"
+                  % (SIZES[-1], n, moved / 1e9, max(1, args.np // 2),
+                     "between the namespaces" if args.two_hosts else "over loopback",
+                     ceiling / 1e9, moved / ceiling))
     return 0
 
 
