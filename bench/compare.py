@@ -66,9 +66,10 @@ in the first namespace, and its daemon for the second started there
 through a launch agent in place of ssh (in a UTS namespace of its own,
 so that the two nodes have different host names). mpi-default is then
 shared memory inside each node and TCP between, and mpi-tcp TCP
-throughout, both over the veth addresses. Ranks are bound as mpirun binds
-them: a rank's index on its host, mod the CPUs. iperf3 runs between the
-two namespaces. The Gloo peer does not run (add --skip-gloo).
+throughout, both over the veth addresses. Both hosts share this
+machine's CPUs: rank r runs on CPU r mod their number, in both libraries
+(Open MPI's through a rankfile). iperf3 runs between the two namespaces.
+The Gloo peer does not run (add --skip-gloo).
 
 Installs what the peers need when it is missing (tools/install_packages):
 openmpi-bin and libopenmpi-dev (the MPI peer is compiled into the build
@@ -128,7 +129,9 @@ class TwoHosts:
     loopback up. Made on entering, removed on leaving, whatever happened in
     between."""
 
-    def __init__(self):
+    def __init__(self, ranks):
+        self.ranks = ranks
+        self.cpus = sorted(os.sched_getaffinity(0))
         tag = "%d" % (os.getpid() % 100000)
         self.names = ["lcbench-%s-a" % tag, "lcbench-%s-b" % tag]
         self.links = ["lcb%sa" % tag, "lcb%sb" % tag]  # at most 15 characters
@@ -173,6 +176,15 @@ class TwoHosts:
                         "sh -c 'hostname %s && exec sh -c \"$0\"' \"$*\"\n"
                         % (self.names[1], self.names[1]))
             os.chmod(self.agent, 0o755)
+            # Open MPI's ranks bound as libcomm's: rank r on CPU r mod the
+            # CPUs, each host's ranks on it. Binding by each node's own
+            # count would put rank 0 of both hosts on the first CPU.
+            self.rankfile = os.path.join(self.agent_dir, "rankfile")
+            with open(self.rankfile, "w") as f:
+                for rank in range(self.ranks):
+                    f.write("rank %d=%s slot=%d\n"
+                            % (rank, self.address(rank // (self.ranks // 2)),
+                               self.cpus[rank % len(self.cpus)]))
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -200,25 +212,25 @@ def perf_arguments(fresh_inputs):
 
 def run_across(hosts, ranks, command, env, port):
     """Starts `ranks` ranks of `command`, the first half in the first
-    namespace of `hosts` and the rest in the second, each bound as mpirun
-    binds it (its index on its host, mod the CPUs), meeting at a store on
-    the first host's address; returns rank 0's output, or exits naming the
-    rank that failed. Each rank writes to files of its own, so that none
+    namespace of `hosts` and the rest in the second, rank r on CPU r mod the
+    CPUs (as -np binds them, and the MPI job's rankfile), meeting at a store
+    on the first host's address; returns rank 0's output, or exits naming
+    the rank that failed. Each rank writes to files of its own, so that none
     waits on a pipe that nobody reads."""
     per_host = ranks // 2
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = hosts.cpus
     processes = []
     with contextlib.ExitStack() as files:
         try:
             for rank in range(ranks):
-                host, index = divmod(rank, per_host)
+                host = rank // per_host
                 rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(ranks),
                                 MASTER_ADDR=hosts.address(0), MASTER_PORT=str(port))
                 out = files.enter_context(tempfile.TemporaryFile("w+"))
                 err = files.enter_context(tempfile.TemporaryFile("w+"))
                 processes.append((subprocess.Popen(
                     hosts.exec_prefix(host)
-                    + ["taskset", "-c", str(cpus[index % len(cpus)])] + command,
+                    + ["taskset", "-c", str(cpus[rank % len(cpus)])] + command,
                     env=rank_env, stdout=out, stderr=err), out, err))
             deadline = time.monotonic() + 1800
             for p, _, _ in processes:
@@ -303,16 +315,18 @@ def programs(args, collectives, hosts):
     if args.ours_tcp:
         table["libcomm-tcp"] = lambda: run_ours(args.build, args.np, collectives, "tcp",
                                                 args.fresh_inputs, hosts)
-    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe",
-           "--bind-to", "core:overload-allowed", "-np", str(args.np)]
+    mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.np)]
     interfaces = "lo"
-    if hosts:
+    if not hosts:
+        mpi += ["--bind-to", "core:overload-allowed"]
+    else:
         # Two nodes of np/2 slots, the second one's daemon started in the
         # second namespace by the agent; TCP between them over the veth pair.
         interfaces = "10.214.0.0/24"
         mpi = (hosts.exec_prefix(0) + mpi
                + ["--host", "%s:%d,%s:%d" % (hosts.address(0), args.np // 2,
                                              hosts.address(1), args.np // 2),
+                  "--rankfile", hosts.rankfile,
                   "--mca", "plm_rsh_agent", hosts.agent,
                   "--mca", "oob_tcp_if_include", interfaces])
         if args.np > len(os.sched_getaffinity(0)):
@@ -412,7 +426,7 @@ def main():
             sys.exit("%s is missing; build it first: tools/setup && ninja -C build" % binary)
     install_peers(args)
 
-    with TwoHosts() if args.two_hosts else contextlib.nullcontext() as hosts:
+    with TwoHosts(args.np) if args.two_hosts else contextlib.nullcontext() as hosts:
         table = programs(args, collectives, hosts)
         names = list(table)
         samples = {name: [] for name in names}
