@@ -54,7 +54,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <memory_resource>
 #include <optional>
 #include <span>
 #include <string>
@@ -68,6 +67,7 @@
 #include "backends/tcp/control_message.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
+#include "backends/tcp/step_arena.h"
 #include "backends/workspace.h"
 #include "libcomm/error.h"
 
@@ -230,11 +230,11 @@ class Exchange final : public CollectiveStep {
 
  private:
   struct Transfer {
-    explicit Transfer(std::pmr::memory_resource* memory) : parts(memory) {}
+    explicit Transfer(StepArena* arena) : parts(StepAllocator<Part>(arena)) {}
     enum class Kind { kSend, kRecv } kind = Kind::kSend;
     int peer = -1;
-    std::pmr::vector<Part> parts;  // none of them empty
-    std::size_t bytes = 0;         // their sum
+    std::vector<Part, StepAllocator<Part>> parts;  // none of them empty
+    std::size_t bytes = 0;                         // their sum
     DType dtype = DType::kU8;
     ReduceOp op = ReduceOp::kSum;
     std::uint8_t header[MessageHeader::kWireSize];
@@ -397,24 +397,24 @@ class Exchange final : public CollectiveStep {
   int wake_fd_;
   ControlChannel* control_;
   Workspace* workspace_;
-  // The transfers and their parts live in arena_memory_ while they fit,
-  // as those of any step among four ranks or fewer do (see the
+  // The transfers and their parts live in the arena's own buffer while
+  // they fit, as those of any step among four ranks or fewer do (see the
   // constructor), and on the heap past it: a small step, which runs in a
   // few microseconds, would otherwise spend a good part of them in malloc
   // and free.
-  alignas(std::max_align_t) std::byte arena_memory_[2048];
+  StepArena arena_;
   // The transfers reserved up front at most: three quarters of the arena,
   // leaving the rest to their parts.
   static constexpr std::size_t kArenaTransfers =
-      sizeof(arena_memory_) * 3 / 4 / sizeof(Transfer);
+      StepArena::kInlineBytes * 3 / 4 / sizeof(Transfer);
   static_assert(kArenaTransfers >= 2, "a step's two transfers fit the arena");
-  std::pmr::monotonic_buffer_resource arena_{arena_memory_,
-                                             sizeof(arena_memory_)};
-  std::pmr::vector<Transfer> transfers_{&arena_};
+  template <typename T>
+  using StepVector = std::vector<T, StepAllocator<T>>;
+  StepVector<Transfer> transfers_{StepAllocator<Transfer>(&arena_)};
   // The peers whose confirmation this step expects, and those it confirms
   // to.
-  std::pmr::vector<int> expected_{&arena_};
-  std::pmr::vector<int> confirming_{&arena_};
+  StepVector<int> expected_{StepAllocator<int>(&arena_)};
+  StepVector<int> confirming_{StepAllocator<int>(&arena_)};
   // False in the steps that send or read confirmations, which belong to
   // an earlier call than `running_`, the call now running.
   bool settles_confirmations_ = true;
