@@ -16,6 +16,7 @@
 // moved, since the vectors' allocators point at it.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -42,6 +43,8 @@ class StepArena {
   // alignof(std::max_align_t): from the buffer while it has room, else
   // from a heap block of its own. Throws std::bad_alloc.
   void* allocate(std::size_t bytes, std::size_t alignment) {
+    assert(alignment != 0 && (alignment & (alignment - 1)) == 0 &&
+           alignment <= alignof(std::max_align_t));
     const std::size_t start = (used_ + alignment - 1) & ~(alignment - 1);
     if (start <= kInlineBytes && bytes <= kInlineBytes - start) {
       used_ = start + bytes;

@@ -85,8 +85,47 @@ TEST_CASE("vectors over the arena keep their elements as they grow and move") {
   CHECK_FALSE(moved.get_allocator() == StepAllocator<int>(&other));
 }
 
-TEST_CASE("a count whose bytes overflow is bad_alloc") {
+TEST_CASE("an allocation that fills the buffer exactly stays inline") {
   StepArena arena;
+  void* first = arena.allocate(StepArena::kInlineBytes - 64, 8);
+  void* last = arena.allocate(64, 8);
+  CHECK(inside(arena, first));
+  CHECK(inside(arena, last));
+  CHECK(static_cast<std::byte*>(last) ==
+        static_cast<std::byte*>(first) + StepArena::kInlineBytes - 64);
+  CHECK_FALSE(inside(arena, arena.allocate(1, 1)));
+}
+
+TEST_CASE(
+    "elements holding vectors of their own survive the outer vector's growth") {
+  // An Exchange's transfers each hold a vector of parts, and the vector of
+  // transfers grows by moving them.
+  struct Holder {
+    explicit Holder(StepArena* arena) : items(StepAllocator<int>(arena)) {}
+    std::vector<int, StepAllocator<int>> items;
+  };
+  StepArena arena;
+  std::vector<Holder, StepAllocator<Holder>> holders{
+      StepAllocator<Holder>(&arena)};
+  for (int h = 0; h < 200; ++h) {
+    Holder& holder = holders.emplace_back(&arena);
+    for (int i = 0; i <= h % 7; ++i) holder.items.push_back(h * 10 + i);
+  }
+  for (int h = 0; h < 200; ++h) {
+    const auto& items = holders[static_cast<std::size_t>(h)].items;
+    REQUIRE(items.size() == static_cast<std::size_t>(h % 7 + 1));
+    for (int i = 0; i <= h % 7; ++i) {
+      REQUIRE(items[static_cast<std::size_t>(i)] == h * 10 + i);
+    }
+  }
+}
+
+TEST_CASE("sizes that overflow are bad_alloc") {
+  StepArena arena;
+  // Elements whose bytes wrap around to 8: without the allocator's check
+  // they would come from the buffer.
   StepAllocator<std::uint64_t> allocator(&arena);
-  CHECK_THROWS_AS(allocator.allocate(SIZE_MAX / 4), std::bad_alloc);
+  CHECK_THROWS_AS(allocator.allocate(SIZE_MAX / 8 + 2), std::bad_alloc);
+  // Bytes that, with a heap block's header, wrap around.
+  CHECK_THROWS_AS(arena.allocate(SIZE_MAX - 8, 8), std::bad_alloc);
 }
