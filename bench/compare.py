@@ -143,6 +143,14 @@ class TwoHosts:
     def address(host):
         return "10.214.0.%d" % (host + 1)
 
+    def host_of(self, rank):
+        """The first half of the ranks on host 0, the rest on host 1."""
+        return rank // (self.ranks // 2)
+
+    def cpu_of(self, rank):
+        """Rank r on CPU r mod the CPUs, as -np binds libcomm's ranks."""
+        return self.cpus[rank % len(self.cpus)]
+
     def exec_prefix(self, host):
         return ["ip", "netns", "exec", self.names[host]]
 
@@ -185,8 +193,7 @@ class TwoHosts:
             with open(self.rankfile, "w") as f:
                 for rank in range(self.ranks):
                     f.write("rank %d=%s slot=%d\n"
-                            % (rank, self.address(rank // (self.ranks // 2)),
-                               self.cpus[rank % len(self.cpus)]))
+                            % (rank, self.address(self.host_of(rank)), self.cpu_of(rank)))
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -214,27 +221,24 @@ def perf_arguments(fresh_inputs):
              "-a", "3"] + (["--fresh-inputs"] if fresh_inputs else []))
 
 
-def run_across(hosts, ranks, command, env, port):
-    """Starts `ranks` ranks of `command`, the first half in the first
+def run_across(hosts, command, env, port):
+    """Starts the ranks of `command`, the first half in the first
     namespace of `hosts` and the rest in the second, rank r on CPU r mod the
     CPUs (as -np binds them, and the MPI job's rankfile), meeting at a store
     on the first host's address; returns rank 0's output, or exits naming
     the rank that failed. Each rank writes to files of its own, so that none
     waits on a pipe that nobody reads."""
-    per_host = ranks // 2
-    cpus = hosts.cpus
     processes = []
     with contextlib.ExitStack() as files:
         try:
-            for rank in range(ranks):
-                host = rank // per_host
-                rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(ranks),
+            for rank in range(hosts.ranks):
+                rank_env = dict(env, RANK=str(rank), WORLD_SIZE=str(hosts.ranks),
                                 MASTER_ADDR=hosts.address(0), MASTER_PORT=str(port))
                 out = files.enter_context(tempfile.TemporaryFile("w+"))
                 err = files.enter_context(tempfile.TemporaryFile("w+"))
                 processes.append((subprocess.Popen(
-                    hosts.exec_prefix(host)
-                    + ["taskset", "-c", str(cpus[rank % len(cpus)])] + command,
+                    hosts.exec_prefix(hosts.host_of(rank))
+                    + ["taskset", "-c", str(hosts.cpu_of(rank))] + command,
                     env=rank_env, stdout=out, stderr=err), out, err))
             deadline = time.monotonic() + 1800
             for p, _, _ in processes:
@@ -274,8 +278,8 @@ def run_ours(build, ranks, collectives, transport, fresh_inputs, hosts=None):
     for name in collectives:
         binary = os.path.join(build, "bench", name + "_perf")
         if hosts:
-            output = run_across(hosts, ranks, [binary] + perf_arguments(fresh_inputs),
-                                env, next(STORE_PORTS))
+            output = run_across(hosts, [binary] + perf_arguments(fresh_inputs), env,
+                                next(STORE_PORTS))
         else:
             output = run([binary, "-np", str(ranks)] + perf_arguments(fresh_inputs),
                          env=env)
@@ -339,12 +343,11 @@ def programs(args, collectives, hosts):
                   "--rankfile", hosts.rankfile, "--mca", "rmaps_rank_file_physical", "1",
                   "--mca", "plm_rsh_agent", hosts.agent,
                   "--mca", "oob_tcp_if_include", interfaces])
-        if args.np > len(os.sched_getaffinity(0)):
+        if args.np > len(hosts.cpus):
             # Open MPI yields in its waits where it sees more ranks than
             # slots on a node; each node here sees only its own half, while
             # both halves share this machine's CPUs. Without it, ranks that
-            # share a CPU each spin through a whole time slice (a 1 KiB
-            # all_reduce at world 4 took 7 ms instead of 0.09).
+            # share a CPU each spin through a whole time slice.
             mpi += ["--mca", "mpi_yield_when_idle", "1"]
     peer = [os.path.join(args.build, "bench", "mpi_collectives_peer")]
     if args.fresh_inputs:
