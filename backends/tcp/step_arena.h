@@ -9,8 +9,8 @@
 // class's virtual call for each allocation and deallocation and its release
 // on destruction: a step of a small call makes three allocations, and those
 // calls, the resource's destruction and the polymorphic allocators' own
-// code cost some 200 instructions of a call that runs about 4,200
-// (bench/README.md, "The cost of a small call").
+// code were a measurable share of the call (bench/README.md, "The cost of
+// a small call").
 //
 // Not thread-safe: an Exchange runs on one thread. Neither copied nor
 // moved, since the vectors' allocators point at it.
