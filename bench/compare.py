@@ -74,7 +74,8 @@ that link. The Gloo peer does not run (add --skip-gloo).
 
 Installs what the peers need when it is missing (tools/install_packages):
 openmpi-bin and libopenmpi-dev (the MPI peer is compiled into the build
-directory on first use), python3-torch for Gloo, iperf3.
+directory on first use), python3-torch for Gloo, iperf3, and iproute2
+for --two-hosts.
 """
 import argparse
 import contextlib
@@ -373,6 +374,8 @@ def install_peers(args):
         needed += ["python3-torch"]
     if not args.skip_iperf:
         needed += ["iperf3"]
+    if args.two_hosts:
+        needed += ["iproute2"]  # ip netns, ip link
     if needed:
         installer = os.path.join(HERE, "..", "tools", "install_packages")
         if subprocess.run([installer] + needed).returncode != 0:
