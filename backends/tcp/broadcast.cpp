@@ -12,16 +12,18 @@
 // (CollectiveStep::expect_confirmation), so it does not wait for its children
 // to arrive, and fails one of its next calls when they disagree.
 //
-// Over a group spanning hosts (hierarchy.h), two phases: the same tree
-// among one leader per host (the root on its host, the lowest rank on the
-// others), so that each host receives the message over the network once,
-// then the tree inside each host from its leader, over shared memory. A
-// flat tree crosses the network as often as its edges join ranks of two
-// hosts, up to once per rank where the hosts' ranks interleave. The cost:
-// a leader forwards inside its host only once the whole message has
-// arrived, where one tree would pipeline the two; the shared-memory phase
-// is the short one. Each phase keeps its children's confirmations, so ranks
-// that name different roots still read a header that says so.
+// Over a group spanning hosts (hierarchy.h), one tree made of two: the
+// same binomial tree among one leader per host (the root on its host, the
+// lowest rank on the others), so that each host receives the message over
+// the network once, and under each leader the binomial tree of its host's
+// ranks, over shared memory. A flat tree crosses the network as often as
+// its edges join ranks of two hosts, up to once per rank where the hosts'
+// ranks interleave. Being one tree, it pipelines as the flat one does: a
+// leader passes the bytes on to its host as they arrive from the network,
+// where running the two trees one after the other added the time of the
+// shared-memory phase to that of the network phase. A leader sends to the
+// other hosts first, since theirs are the larger subtrees and the slower
+// links.
 //
 // Where the group has three ranks or more, every one on this host and free
 // to read the others' memory, and the message holds
@@ -36,6 +38,10 @@
 // rank's read of the root's lines did not beat at any size measured; from
 // three ranks the root copies in once per child and the readers' parallel
 // reads win (bench/README.md, "Single copy").
+#include <array>
+#include <span>
+#include <vector>
+
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
@@ -43,16 +49,80 @@
 namespace comm::tcp::algorithms {
 namespace {
 
-void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
-                void* data, std::size_t bytes, int root) {
-  const std::vector<int> leaders = host_leaders(hosts, root);
-  const int leader = leaders[hosts.host_of(ctx.rank())];
-  if (ctx.rank() == leader) {
-    SubgroupTransport across(ctx, leaders);
-    algorithms::broadcast(across, data, bytes, hosts.host_of(root));
+// This rank's edges in a broadcast tree, as group ranks: its parent (-1 at
+// the root) and its children, in the order it sends to them. A binomial
+// tree gives a rank fewer than 32 children, and a rank has children in two
+// trees at most.
+struct TreeEdges {
+  int parent = -1;
+  std::array<int, 64> children{};
+  int child_count = 0;
+
+  std::span<const int> child_ranks() const {
+    return {children.data(), static_cast<std::size_t>(child_count)};
   }
-  SubgroupTransport local = host_ranks(ctx, hosts);
-  algorithms::broadcast(local, data, bytes, hosts.local_index(leader));
+};
+
+// Adds this rank's edges in the binomial tree over `size` members rooted
+// at member `root`, where this rank is member `index` and member(i) is
+// member i's group rank.
+template <typename Member>
+void add_binomial_edges(TreeEdges& edges, int size, int index, int root,
+                        Member member) {
+  const BinomialTree place(index, size, root);
+  if (place.parent >= 0) edges.parent = member(place.real(place.parent));
+  for (int power = place.first_power; place.relative + power < size;
+       power <<= 1) {
+    edges.children[edges.child_count++] =
+        member(place.real(place.relative + power));
+  }
+}
+
+TreeEdges flat_edges(const CollectiveTransport& ctx, int root) {
+  TreeEdges edges;
+  add_binomial_edges(edges, ctx.size(), ctx.rank(), root,
+                     [](int r) { return r; });
+  return edges;
+}
+
+TreeEdges over_hosts_edges(const CollectiveTransport& ctx,
+                           const HostPartition& hosts, int root) {
+  const std::vector<int> leaders = host_leaders(hosts, root);
+  const int host = hosts.host_of(ctx.rank());
+  const int leader = leaders[host];
+  TreeEdges edges;
+  if (ctx.rank() == leader) {
+    add_binomial_edges(edges, hosts.host_count(), host, hosts.host_of(root),
+                       [&](int h) { return leaders[h]; });
+  }
+  const std::vector<int>& local = hosts.ranks_of(host);
+  add_binomial_edges(edges, static_cast<int>(local.size()),
+                     hosts.local_index(ctx.rank()), hosts.local_index(leader),
+                     [&](int i) { return local[i]; });
+  return edges;
+}
+
+// Runs the tree: the root has everything at once; any other rank relays
+// what its parent sends, to its children in order, as it arrives.
+void run_tree(CollectiveTransport& ctx, void* data, std::size_t bytes,
+              const TreeEdges& edges) {
+  const CollectiveStep::Part whole{static_cast<std::uint8_t*>(data), bytes};
+  CollectiveStep& tree = ctx.step();
+  int source = -1;
+  if (edges.parent >= 0) {
+    source =
+        tree.recv_parts(edges.parent, {&whole, 1}, DType::kU8, ReduceOp::kSum);
+    tree.send_confirmation(edges.parent);
+  }
+  for (const int child : edges.child_ranks()) {
+    if (source < 0) {
+      tree.send(child, data, bytes);
+    } else {
+      tree.relay(child, {&whole, 1}, 0, source);
+    }
+    tree.expect_confirmation(child);
+  }
+  tree.run();
 }
 
 }  // namespace
@@ -62,7 +132,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   const int size = ctx.size();
   if (size == 1) return;
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
-    return over_hosts(ctx, *hosts, data, bytes, root);
+    return run_tree(ctx, data, bytes, over_hosts_edges(ctx, *hosts, root));
   }
   if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kFromRoot,
                                          AtTwoRanks::kKeepRings)) {
@@ -82,28 +152,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
     }
     return;
   }
-  const BinomialTree place(ctx.rank(), size, root);
-  const CollectiveStep::Part whole{static_cast<std::uint8_t*>(data), bytes};
-  CollectiveStep& tree = ctx.step();
-  // The root has everything at once; any other rank relays what its parent
-  // sends, to its children largest subtree first.
-  int source = -1;
-  if (place.parent >= 0) {
-    const int parent = place.real(place.parent);
-    source = tree.recv_parts(parent, {&whole, 1}, DType::kU8, ReduceOp::kSum);
-    tree.send_confirmation(parent);
-  }
-  for (int power = place.first_power; place.relative + power < size;
-       power <<= 1) {
-    const int child = place.real(place.relative + power);
-    if (source < 0) {
-      tree.send(child, data, bytes);
-    } else {
-      tree.relay(child, {&whole, 1}, 0, source);
-    }
-    tree.expect_confirmation(child);
-  }
-  tree.run();
+  run_tree(ctx, data, bytes, flat_edges(ctx, root));
 }
 
 }  // namespace comm::tcp::algorithms
