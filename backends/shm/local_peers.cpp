@@ -246,10 +246,24 @@ HostPartition LocalPeers::partition(const std::vector<Published>& published) {
   return HostPartition(labels);
 }
 
+void LocalPeers::learn_hosts(const std::vector<Published>& published) {
+  hosts_ = partition(published);
+  hosts_known_ = true;
+  // The boot id leads the identity; a rank that could not read it
+  // published an empty one, and is on no known kernel.
+  auto boot_id = [](const std::string& identity) {
+    return identity.substr(0, identity.find(' '));
+  };
+  const std::string mine = boot_id(published[rank_].identity);
+  for (std::size_t r = 0; r < published.size(); ++r) {
+    peers_[r].same_kernel =
+        !mine.empty() && boot_id(published[r].identity) == mine;
+  }
+}
+
 void LocalPeers::read_hosts(Store& store, detail::Clock::time_point deadline) {
   if (!hosts_known_) {
-    hosts_ = partition(read_published(store, hosts_.size(), deadline));
-    hosts_known_ = true;
+    learn_hosts(read_published(store, hosts_.size(), deadline));
   }
   COMM_LOG_DEBUG("rank {}: the group's hosts are {}", rank_, hosts_.describe());
 }
@@ -307,8 +321,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   if (choice == Transport::kTcp) return;
   const std::vector<Published> published =
       read_published(store, size, deadline);
-  hosts_ = partition(published);
-  hosts_known_ = true;
+  learn_hosts(published);
   std::string remote;
   std::vector<std::string> strict;  // the ranks that asked for shm
   std::vector<bool> local_cpus;     // the union of the local ranks' CPUs

@@ -112,6 +112,12 @@ class LocalPeers {
   // The whole group's hosts, the same on every rank (after read_hosts):
   // ranks share a host where they are local to each other.
   const HostPartition& hosts() const { return hosts_; }
+  // Whether `peer` runs on this rank's kernel (the same boot id), local
+  // or not: in another network namespace of this machine, a container
+  // joined to this one by a veth pair or a bridge, or this rank's own
+  // host. TCP between the two then never leaves this machine's memory.
+  // Known after read_hosts.
+  bool same_kernel(int peer) const { return peers_[peer].same_kernel; }
 
   // This rank's end of the ring to `peer` (writer) and from `peer`
   // (reader) on `lane`; peer must be local.
@@ -167,6 +173,7 @@ class LocalPeers {
  private:
   struct Peer {
     bool local = false;
+    bool same_kernel = false;
     pid_t pid = 0;
     int pidfd = -1;
     std::array<int, kLanes> doorbells{-1, -1};  // the peer's, duplicated
@@ -193,6 +200,8 @@ class LocalPeers {
   std::vector<Published> read_published(
       Store& store, int size, detail::Clock::time_point deadline) const;
   static HostPartition partition(const std::vector<Published>& published);
+  // Sets hosts_ and each peer's same_kernel from what every rank published.
+  void learn_hosts(const std::vector<Published>& published);
   // Publishes whether this rank is `able` to read every peer's memory and
   // sets single_copy_ to whether every rank is.
   void agree_on_single_copy(Store& store, int size, bool able,

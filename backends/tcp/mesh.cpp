@@ -27,7 +27,8 @@ namespace {
 
 const IntParam kLocalSendBufferBytes{
     "COMM_TCP_LOCAL_SNDBUF_BYTES", 256 << 10, 0, 1 << 30,
-    "SO_SNDBUF of connections to ranks on this host; 0 keeps autotuning"};
+    "SO_SNDBUF of connections to ranks on this machine (one kernel, any "
+    "network namespace); 0 keeps autotuning"};
 const StringParam kListenAddress{
     "COMM_TCP_ADDR",
     "127.0.0.1, or the local address that routes to a remote MASTER_ADDR",
@@ -76,16 +77,17 @@ bool peer_is_local(int fd) {
   return false;
 }
 
-// Gives a connection to a peer on this host a fixed send buffer. The
-// kernel's autotuning grows it to megabytes (net.ipv4.tcp_wmem), so a
-// sender runs far ahead of its receiver, and the queued data has left the
-// cache by the time the receiver copies it out; over loopback the copies
-// are the whole cost. A fixed buffer (COMM_TCP_LOCAL_SNDBUF_BYTES, 256 KiB)
-// keeps the queue in cache; bench/README.md has the measurements. Remote
-// peers keep autotuning, which a long network path needs.
-void limit_local_send_buffer(int fd) {
+// Gives a connection a fixed send buffer. The kernel's autotuning grows
+// it to megabytes (net.ipv4.tcp_wmem), so a sender runs far ahead of its
+// receiver, and where both run on one kernel (loopback, or a veth pair
+// between network namespaces) the queued data has left the cache by the
+// time the receiver copies it out: there the copies are the whole cost. A
+// fixed buffer (COMM_TCP_LOCAL_SNDBUF_BYTES, 256 KiB) keeps the queue in
+// cache; bench/README.md has the measurements. Connections that cross a
+// network keep autotuning, which a long path needs to fill its bandwidth.
+void limit_send_buffer(int fd) {
   const int bytes = static_cast<int>(kLocalSendBufferBytes.get());
-  if (bytes > 0 && peer_is_local(fd)) {
+  if (bytes > 0) {
     // Best effort: a refusal leaves autotuning on, which is only slower.
     (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
   }
@@ -224,12 +226,19 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
           peer_host, peer_port, deadline, "TCP backend");
       connect_handshake(connection, group, channel, peer, peer_names_[peer],
                         deadline);
-      limit_local_send_buffer(connection.fd());
       sockets_[peer][channel] = std::move(connection);
     }
   }
   accept_from_higher_ranks(listener.fd(), group, deadline);
   local_->read_hosts(store, deadline);
+  for (int peer = 0; peer < size; ++peer) {
+    for (detail::Socket& connection : sockets_[peer]) {
+      if (connection.valid() &&
+          (local_->same_kernel(peer) || peer_is_local(connection.fd()))) {
+        limit_send_buffer(connection.fd());
+      }
+    }
+  }
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
 }
 
@@ -271,7 +280,6 @@ void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
     if (!accepted) continue;
     set_nonblocking(connection.fd());
     connection.set_no_delay();
-    limit_local_send_buffer(connection.fd());
     if (!local_->is_local(accepted->rank)) {
       peer_names_[accepted->rank] = "rank " + std::to_string(accepted->rank) +
                                     connected_host(connection.fd());

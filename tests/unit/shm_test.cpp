@@ -25,6 +25,7 @@
 #include "backends/shm/ring.h"
 #include "backends/tcp/exchange.h"
 #include "backends/tcp/mesh.h"
+#include "store/hash_store.h"
 #include "support/env_is.h"
 #include "support/mesh_ranks.h"
 #include "support/rank_checks.h"
@@ -391,4 +392,29 @@ TEST_CASE("a host's ranks know whether they outnumber their CPUs",
     });
     for (const std::string& error : errors) CHECK(error == "");
   }
+}
+
+TEST_CASE("a rank knows which peers run on its kernel, whatever their host",
+          "[shm][mesh]") {
+  EnvIs automatic({{"COMM_TRANSPORT", "auto"}});
+  // Ranks 1 and 2 are made up: both asked for tcp, so neither is local to
+  // rank 0; rank 1 shares its boot id from another network namespace (a
+  // veth pair away), rank 2 runs on another machine.
+  const std::string mine = comm::shm::host_identity();
+  const std::string boot_id = mine.substr(0, mine.find(' '));
+  REQUIRE(!boot_id.empty());
+  comm::HashStore store;
+  store.set_string("shm/host/1",
+                   "tcp " + boot_id + " ipc:1 net:2 pid:3 pid 1 cpus 1");
+  store.set_string("shm/host/2",
+                   "tcp 00000000-0000-0000-0000-000000000000 ipc:1 net:2 "
+                   "pid:3 pid 1 cpus 1");
+  const auto deadline = comm::detail::deadline_after(10s);
+  comm::shm::LocalPeers peers(store, 0, 3, 7, deadline);
+  peers.read_hosts(store, deadline);
+  CHECK(peers.hosts().host_count() == 3);
+  CHECK(!peers.is_local(1));
+  CHECK(peers.same_kernel(0));
+  CHECK(peers.same_kernel(1));
+  CHECK(!peers.same_kernel(2));
 }
