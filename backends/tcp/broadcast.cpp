@@ -22,8 +22,8 @@
 // leader passes the bytes on to its host as they arrive from the network,
 // where running the two trees one after the other added the time of the
 // shared-memory phase to that of the network phase. A leader sends to the
-// other hosts first, since theirs are the larger subtrees and the slower
-// links.
+// other hosts first: each of those sends feeds a whole host, over the
+// slower link.
 //
 // Where the group has three ranks or more, every one on this host and free
 // to read the others' memory, and the message holds

@@ -1,9 +1,10 @@
 // The pieces of the hierarchical algorithms: for a group spanning hosts,
-// the collectives compose flat algorithms run over views of the group
+// most collectives compose flat algorithms run over views of the group
 // (SubgroupTransport): the ranks of one host, one rank per host, or every
-// rank ordered host by host. Inside a host the views' messages go through
-// shared memory, between hosts over TCP, since the transport picks each
-// pair's link. Each collective's file says what it composes, and why.
+// rank ordered host by host; the broadcast builds one tree of its own
+// from the leaders' and the hosts' trees. Inside a host the messages go
+// through shared memory, between hosts over TCP, since the transport picks
+// each pair's link. Each collective's file says what it composes, and why.
 //
 // Every rank of a call must run the same phases, so the choice depends
 // only on the call and on the HostPartition, which every rank builds from
@@ -34,8 +35,8 @@ SubgroupTransport same_local_index(CollectiveTransport& ctx,
 SubgroupTransport host_ordered(CollectiveTransport& ctx,
                                const HostPartition& hosts);
 // Each host's leader, in host order: `root` on its own host, elsewhere
-// the host's lowest rank. Sub-rank host_of(root) of a view over them is
-// the root.
+// the host's lowest rank. Leader host_of(root) is the root, so a tree
+// over the leaders rooted there is rooted at `root`.
 std::vector<int> host_leaders(const HostPartition& hosts, int root);
 
 }  // namespace comm::tcp::algorithms
