@@ -5,7 +5,8 @@
 // that matters is their ratio. SUM reads two buffers and writes one, memcpy
 // reads one and writes one, so a memory-bound SUM sits near 2/3 of memcpy.
 //
-//   reduce_kernel_perf [-b BYTES] [-n ITERATIONS] [-d DTYPE] [-o OP]
+//   reduce_kernel_perf [-b BYTES[K|M|G]] [-n ITERATIONS] [-d DTYPE] [-o OP]
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/harness/options.h"
 #include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"
 #include "libcomm/tensor.h"
@@ -31,42 +33,44 @@ double median(std::vector<double> samples) {
   return samples[samples.size() / 2];
 }
 
-[[noreturn]] void usage(const char* program, const std::string& problem) {
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s [-b BYTES] [-n ITERATIONS] [-d DTYPE] "
-               "[-o OP]\n  defaults: -b 67108864 -n 20 -d float32 -o sum\n",
-               program, problem.c_str(), program);
-  std::exit(2);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::size_t bytes = 64u << 20;
+  CLI::App app{
+      "reduce_kernel_perf: an in-place reduction of one buffer into another "
+      "against memcpy of the same bytes, alternating, in one process"};
+  std::string bytes_text = "64M", dtype_text = "float32", op_text = "sum";
   int iterations = 20;
+  app.add_option("-b,--bytes", bytes_text,
+                 "bytes of each buffer, with an optional K, M or G suffix "
+                 "(default 64M)");
+  app.add_option("-n,--iters", iterations,
+                 "timed runs of each, alternating (default 20)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("-d,--dtype", dtype_text, "element type (default float32)");
+  app.add_option("-o,--op", op_text, "reduction (default sum)");
+  std::size_t bytes = 0;
   comm::DType dtype = comm::DType::kF32;
   comm::ReduceOp op = comm::ReduceOp::kSum;
   try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (i + 1 >= argc) usage(argv[0], "flag " + flag + " needs a value");
-      const std::string value = argv[++i];
-      if (flag == "-b") {
-        bytes = std::stoull(value);
-      } else if (flag == "-n") {
-        iterations = std::stoi(value);
-        if (iterations < 1) usage(argv[0], "-n must be at least 1");
-      } else if (flag == "-d") {
-        dtype = comm::parse_dtype(value);
-      } else if (flag == "-o") {
-        op = comm::parse_reduce_op(value);
-      } else {
-        usage(argv[0], "unknown flag " + flag);
-      }
-    }
+    app.parse(argc, argv);
+    const std::int64_t parsed = comm::bench::parse_size("-b", bytes_text);
+    dtype = comm::parse_dtype(dtype_text);
+    op = comm::parse_reduce_op(op_text);
     comm::check_reduce_op(op, dtype);
+    if (parsed < static_cast<std::int64_t>(comm::dtype_size(dtype))) {
+      throw comm::bench::UsageError("-b " + bytes_text +
+                                    " holds no element of " + dtype_text +
+                                    "; pass at least one element's bytes");
+    }
+    bytes = static_cast<std::size_t>(parsed);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   } catch (const std::exception& e) {
-    usage(argv[0], e.what());
+    std::fprintf(stderr,
+                 "reduce_kernel_perf: %s\nRun '%s --help' for the options.\n",
+                 e.what(), argv[0]);
+    return 2;
   }
 
   const std::size_t count = bytes / comm::dtype_size(dtype);
