@@ -19,6 +19,7 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/distributed/rendezvous.h"
 #include "libcomm/error.h"
+#include "libcomm/logging.h"
 #include "libcomm/reduce_kernels.h"
 #include "store/hash_store.h"
 #include "store/tcp_store.h"
@@ -41,8 +42,9 @@ int env_int(const char* name) {
     if (used == text.size() && value >= 0) return value;
   } catch (const std::exception&) {
   }
-  throw UsageError(std::string(name) + " is '" + text +
-                   "', not a non-negative integer");
+  throw InvalidArgument(std::string(name) + " is '" + text +
+                        "', not a non-negative integer; a launcher sets it, "
+                        "so fix it or unset it");
 }
 
 std::string job_store_path(const std::string& job) {
@@ -54,8 +56,12 @@ Device device_for(const Options& options, int local_rank) {
   if (options.device == "cpu") return Device::cpu();
   const int count = cuda_device_count();
   if (count <= 0) {
+    // --backend nccl asks for --device cuda unless told otherwise.
     throw InvalidArgument(
-        "--device cuda: no CUDA device is visible" +
+        std::string(options.backend == "nccl"
+                        ? "--backend nccl runs on CUDA devices, but none is "
+                          "visible"
+                        : "--device cuda: no CUDA device is visible") +
         std::string(built_with_cuda() ? ""
                                       : " (libcomm was built without CUDA)"));
   }
@@ -75,6 +81,9 @@ std::string group_backend(const Options& options) {
 int run_rank(const Collective& collective, const Options& options,
              const std::string& program, std::shared_ptr<Store> store, int rank,
              int world, int local_rank) {
+  // A rendezvous names the rank in the log lines; ranks that -np started
+  // share its store without one.
+  if (world > 1) set_log_rank(rank);
   const Device device = device_for(options, local_rank);
   ProcessGroup group(std::move(store), rank, world, group_backend(options),
                      options.timeout);
@@ -280,6 +289,13 @@ Placement detect_placement(const Options& options) {
     if (env("SLURM_JOB_ID"))
       job = *env("SLURM_JOB_ID") + "." + *env("SLURM_STEP_ID");
   }
+  if (p.launcher == "single" && (env("RANK") || env("WORLD_SIZE"))) {
+    throw InvalidArgument(
+        std::string(env("RANK") ? "RANK is set but WORLD_SIZE is not"
+                                : "WORLD_SIZE is set but RANK is not") +
+        ": set both, as commrun and torchrun do, or neither to run one rank "
+        "here (or -np N for N local ranks)");
+  }
   if (p.launcher != "single" && options.spawn > 0) {
     const std::string launcher =
         p.launcher == "env"      ? "commrun or torchrun (RANK is set)"
@@ -327,6 +343,10 @@ int bench_main(const Collective& collective, int argc, char** argv) {
   } catch (const UsageError& e) {
     std::fprintf(stderr, "%s: %s\nRun '%s --help' for the options.\n",
                  program.c_str(), e.what(), program.c_str());
+    return 2;
+  } catch (const InvalidArgument& e) {
+    // The environment, not the command line.
+    std::fprintf(stderr, "%s: %s\n", program.c_str(), e.what());
     return 2;
   }
   try {

@@ -38,7 +38,9 @@ struct Placement {
 
 // Reads the environment as described above. Throws UsageError when -np is
 // combined with a launcher, or when a multi-host MPI or Slurm job lacks
-// MASTER_ADDR and MASTER_PORT.
+// MASTER_ADDR and MASTER_PORT; InvalidArgument when a launcher's variable
+// is not a number, or only one of RANK and WORLD_SIZE is set (a half-set
+// environment would otherwise run one rank alone, and say nothing).
 Placement detect_placement(const Options& options);
 
 // How long -np waits for the other ranks to end, once one failed and it

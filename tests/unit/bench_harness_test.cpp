@@ -176,6 +176,41 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
   CHECK_THROWS_AS(parse({"--help"}), comm::bench::HelpRequested);
 }
 
+TEST_CASE("a half-set launcher environment is an error, not one rank alone",
+          "[bench][launch]") {
+  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK"};
+  auto clear = [&] {
+    for (const char* name : names) unsetenv(name);
+  };
+  clear();
+  const Options options;
+  auto error_of = [&] {
+    try {
+      comm::bench::detect_placement(options);
+    } catch (const comm::InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  setenv("WORLD_SIZE", "2", 1);
+  CHECK_THAT(error_of(), Catch::Contains("WORLD_SIZE is set but RANK is not"));
+  clear();
+  setenv("RANK", "1", 1);
+  CHECK_THAT(error_of(), Catch::Contains("RANK is set but WORLD_SIZE is not"));
+  setenv("WORLD_SIZE", "two", 1);
+  CHECK_THAT(
+      error_of(),
+      Catch::Contains("WORLD_SIZE is 'two', not a non-negative integer"));
+  setenv("WORLD_SIZE", "2", 1);
+  const comm::bench::Placement placement =
+      comm::bench::detect_placement(options);
+  CHECK(placement.launcher == "env");
+  CHECK(placement.rank == 1);
+  CHECK(placement.world == 2);
+  clear();
+  CHECK(comm::bench::detect_placement(options).launcher == "single");
+}
+
 TEST_CASE("--print-config prints the knobs and nothing else", "[bench]") {
   try {
     parse({"--print-config"});
