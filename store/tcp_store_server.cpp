@@ -289,9 +289,14 @@ void TCPStoreServer::Impl::listen(const TCPStoreServerOptions& options) {
     if (status == 0) break;
   }
   if (status != 0) {
-    throw SystemError(-status,
-                      "TCPStore server: listen on " +
-                          detail::host_port(options.host, options.port));
+    // A taken port is most often an earlier job's store still running.
+    throw SystemError(
+        -status, "TCPStore server: listen on " +
+                     detail::host_port(options.host, options.port) +
+                     (status == UV_EADDRINUSE
+                          ? " (another process holds the port: choose a free "
+                            "one with MASTER_PORT or commrun --master-port)"
+                          : ""));
   }
   sockaddr_storage bound{};
   int length = sizeof(bound);
