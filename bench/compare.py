@@ -400,7 +400,7 @@ def main():
     # A SIGTERM (timeout(1), say) unwinds like an exit, so that --two-hosts
     # removes its namespaces.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--collectives", default=",".join(COLLECTIVES),
