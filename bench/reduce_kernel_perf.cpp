@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -65,7 +64,7 @@ int main(int argc, char** argv) {
     }
     bytes = static_cast<std::size_t>(parsed);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 2;  // --help, or the status of a bad flag
   } catch (const std::exception& e) {
     std::fprintf(stderr,
                  "reduce_kernel_perf: %s\nRun '%s --help' for the options.\n",

@@ -47,7 +47,7 @@ comm::NamedTensors optimizer_state(comm::examples::Mlp& model) {
 
 int train(const Config& config) {
   // Under commrun or torchrun, env:// says who is who; alone, one rank.
-  // Either of RANK and WORLD_SIZE takes env://, which names the missing one.
+  // Either of RANK and WORLD_SIZE takes env://, which says what is missing.
   std::shared_ptr<comm::ProcessGroup> group =
       std::getenv("RANK") != nullptr || std::getenv("WORLD_SIZE") != nullptr
           ? comm::init_process_group(config.backend, "env://")

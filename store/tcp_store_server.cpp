@@ -295,7 +295,8 @@ void TCPStoreServer::Impl::listen(const TCPStoreServerOptions& options) {
                      detail::host_port(options.host, options.port) +
                      (status == UV_EADDRINUSE
                           ? " (another process holds the port: choose a free "
-                            "one with MASTER_PORT or commrun --master-port)"
+                            "one, e.g. with MASTER_PORT, commrun --master-port "
+                            "or comm-store --port)"
                           : ""));
   }
   sockaddr_storage bound{};

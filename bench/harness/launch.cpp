@@ -289,7 +289,8 @@ Placement detect_placement(const Options& options) {
     if (env("SLURM_JOB_ID"))
       job = *env("SLURM_JOB_ID") + "." + *env("SLURM_STEP_ID");
   }
-  if (p.launcher == "single" && (env("RANK") || env("WORLD_SIZE"))) {
+  if (p.launcher == "single" && options.spawn == 0 &&
+      (env("RANK") || env("WORLD_SIZE"))) {
     throw InvalidArgument(
         std::string(env("RANK") ? "RANK is set but WORLD_SIZE is not"
                                 : "WORLD_SIZE is set but RANK is not") +

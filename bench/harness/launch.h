@@ -62,7 +62,7 @@ int wait_for_ranks(const std::vector<pid_t>& ranks, const std::string& program,
 
 // The whole program: parses argv, starts or joins the ranks, runs, prints
 // and writes JSON. Returns the exit status: 0, 1 when a result was wrong or
-// a rank failed, 2 for a bad command line.
+// a rank failed, 2 for a bad command line or launcher environment.
 int bench_main(const Collective& collective, int argc, char** argv);
 
 }  // namespace comm::bench

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "bench/harness/options.h"
 #include "bench/harness/runner.h"
 #include "libcomm/error.h"
+#include "support/capture_stderr.h"
 #include "support/temp_path.h"
 #include "support/thread_ranks.h"
 
@@ -176,39 +178,104 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
   CHECK_THROWS_AS(parse({"--help"}), comm::bench::HelpRequested);
 }
 
+namespace {
+
+// Unsets the variables by which a launcher places a rank for the length of
+// a test, and puts back whatever the process had on leaving it, however it
+// leaves: the other cases of this process must not see what one set.
+class LauncherEnvCleared {
+ public:
+  LauncherEnvCleared() {
+    for (const char* name : kNames) {
+      const char* value = std::getenv(name);
+      saved_.emplace_back(name, value == nullptr ? std::optional<std::string>()
+                                                 : std::string(value));
+      unsetenv(name);
+    }
+  }
+  ~LauncherEnvCleared() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        setenv(name, value->c_str(), 1);
+      } else {
+        unsetenv(name);
+      }
+    }
+  }
+  LauncherEnvCleared(const LauncherEnvCleared&) = delete;
+  LauncherEnvCleared& operator=(const LauncherEnvCleared&) = delete;
+
+ private:
+  static constexpr const char* kNames[] = {"RANK",
+                                           "WORLD_SIZE",
+                                           "LOCAL_RANK",
+                                           "OMPI_COMM_WORLD_RANK",
+                                           "OMPI_COMM_WORLD_SIZE",
+                                           "SLURM_STEP_ID",
+                                           "SLURM_PROCID",
+                                           "SLURM_NTASKS"};
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
+};
+
+// What detect_placement throws as InvalidArgument, or "no error".
+std::string placement_error(const Options& options) {
+  try {
+    comm::bench::detect_placement(options);
+  } catch (const comm::InvalidArgument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
 TEST_CASE("a half-set launcher environment is an error, not one rank alone",
           "[bench][launch]") {
-  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK"};
-  auto clear = [&] {
-    for (const char* name : names) unsetenv(name);
-  };
-  clear();
+  LauncherEnvCleared cleared;
   const Options options;
-  auto error_of = [&] {
-    try {
-      comm::bench::detect_placement(options);
-    } catch (const comm::InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   setenv("WORLD_SIZE", "2", 1);
-  CHECK_THAT(error_of(), Catch::Contains("WORLD_SIZE is set but RANK is not"));
-  clear();
+  CHECK_THAT(placement_error(options),
+             Catch::Contains("WORLD_SIZE is set but RANK is not"));
+  unsetenv("WORLD_SIZE");
   setenv("RANK", "1", 1);
-  CHECK_THAT(error_of(), Catch::Contains("RANK is set but WORLD_SIZE is not"));
+  CHECK_THAT(placement_error(options),
+             Catch::Contains("RANK is set but WORLD_SIZE is not"));
   setenv("WORLD_SIZE", "two", 1);
   CHECK_THAT(
-      error_of(),
+      placement_error(options),
       Catch::Contains("WORLD_SIZE is 'two', not a non-negative integer"));
   setenv("WORLD_SIZE", "2", 1);
-  const comm::bench::Placement placement =
-      comm::bench::detect_placement(options);
+  comm::bench::Placement placement;
+  REQUIRE_NOTHROW(placement = comm::bench::detect_placement(options));
   CHECK(placement.launcher == "env");
   CHECK(placement.rank == 1);
   CHECK(placement.world == 2);
-  clear();
-  CHECK(comm::bench::detect_placement(options).launcher == "single");
+  // -np starts its own ranks, which a stray variable does not disturb.
+  unsetenv("WORLD_SIZE");
+  Options spawning;
+  spawning.spawn = 2;
+  REQUIRE_NOTHROW(placement = comm::bench::detect_placement(spawning));
+  CHECK(placement.launcher == "spawn");
+  unsetenv("RANK");
+  REQUIRE_NOTHROW(placement = comm::bench::detect_placement(options));
+  CHECK(placement.launcher == "single");
+}
+
+TEST_CASE("a bad launcher environment ends the program with status 2",
+          "[bench][launch]") {
+  LauncherEnvCleared cleared;
+  setenv("WORLD_SIZE", "2", 1);
+  char program[] = "all_reduce_perf";
+  char* argv[] = {program, nullptr};
+  int status = -1;
+  const std::string said = comm::testing::capture_stderr([&] {
+    status = comm::bench::bench_main(comm::bench::find_collective("all_reduce"),
+                                     1, argv);
+  });
+  CHECK(status == 2);
+  CHECK_THAT(said, Catch::Contains("all_reduce_perf: WORLD_SIZE is set but "
+                                   "RANK is not") &&
+                       !Catch::Contains("--help"));
 }
 
 TEST_CASE("--print-config prints the knobs and nothing else", "[bench]") {
