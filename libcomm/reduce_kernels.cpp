@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #if defined(__x86_64__)
@@ -162,7 +163,8 @@ bool use_x86_64_v3_kernels() {
   static const bool supported = __builtin_cpu_supports("avx2") &&
                                 __builtin_cpu_supports("f16c") &&
                                 __builtin_cpu_supports("fma");
-  return supported && kReduceKernels.get() != "portable";
+  // As a string_view, the words' lengths differ before any byte is compared.
+  return supported && std::string_view(kReduceKernels.get()) != "portable";
 }
 
 template <typename Element, typename T>

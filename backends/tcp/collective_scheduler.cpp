@@ -60,20 +60,41 @@ CollectiveScheduler::~CollectiveScheduler() {
 
 std::optional<CollectiveScheduler::Turn> CollectiveScheduler::take_turn(
     CallInfo& call) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (stopping_) {
-    throw BackendError("the process group was shut down; create a new one");
+  std::uint64_t state = state_.load(std::memory_order_relaxed);
+  // Bounded: each failed exchange saw another thread change the word, and
+  // the loop ends once a task is queued, the turn is taken or shutdown
+  // begins.
+  while (true) {
+    if ((state & kStopping) != 0) {
+      throw BackendError("the process group was shut down; create a new one");
+    }
+    if ((state & (kRunning | kQueued)) != 0) return std::nullopt;
+    // Acquires what the last holder of the turn did.
+    if (state_.compare_exchange_weak(state, (state + kOneSequence) | kRunning,
+                                     std::memory_order_acquire,
+                                     std::memory_order_relaxed)) {
+      call.sequence = state / kOneSequence;
+      return std::optional<Turn>(std::in_place, *this);
+    }
   }
-  if (running_ || !queue_.empty()) return std::nullopt;
-  running_ = true;
-  call.sequence = next_sequence_++;
-  return std::optional<Turn>(std::in_place, *this);
 }
 
 CollectiveScheduler::Turn::~Turn() {
+  std::atomic<std::uint64_t>& state = scheduler_.state_;
+  std::uint64_t now = state.load(std::memory_order_relaxed);
+  while ((now & (kQueued | kStopping)) == 0) {
+    // Nothing queued meanwhile and nobody stopping: only the turn changes,
+    // and releases what this thread did with it.
+    if (state.compare_exchange_weak(now, now & ~kRunning,
+                                    std::memory_order_release,
+                                    std::memory_order_relaxed)) {
+      return;
+    }
+  }
   std::lock_guard<std::mutex> lock(scheduler_.mutex_);
   scheduler_.end_turn();
-  if (!scheduler_.stopping_ && !scheduler_.queue_.empty()) {
+  if ((state.load(std::memory_order_relaxed) & (kStopping | kQueued)) ==
+      kQueued) {
     scheduler_.wake_worker_later();
   }
 }
@@ -82,10 +103,19 @@ void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task) {
   std::chrono::nanoseconds arm{0};
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) {
-      throw BackendError("the process group was shut down; create a new one");
-    }
-    task->call.sequence = next_sequence_++;
+    // kQueued and kStopping are this thread's to change under the mutex;
+    // the turn and the sequence may change meanwhile, hence the loop, which
+    // ends once no other thread changes the word between its load and its
+    // exchange.
+    std::uint64_t state = state_.load(std::memory_order_relaxed);
+    do {
+      if ((state & kStopping) != 0) {
+        throw BackendError("the process group was shut down; create a new one");
+      }
+    } while (!state_.compare_exchange_weak(
+        state, (state + kOneSequence) | kQueued, std::memory_order_relaxed,
+        std::memory_order_relaxed));
+    task->call.sequence = state / kOneSequence;
     task->queue(detail::Clock::now(), weak_from_this());
     queue_.push_back(task);
     arm = claim_timer();
@@ -93,14 +123,31 @@ void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task) {
   if (arm.count() > 0) arm_timer(timer_fd_, arm);
 }
 
+std::shared_ptr<CollectiveTask> CollectiveScheduler::start_queued() {
+  // With the queue not empty, kQueued is set, so no other thread changes
+  // the word but to clear kRunning under the mutex, which this one holds.
+  const std::uint64_t state = state_.load(std::memory_order_acquire);
+  if (queue_.empty() || (state & (kRunning | kStopping)) != 0) return nullptr;
+  std::shared_ptr<CollectiveTask> task = std::move(queue_.front());
+  queue_.pop_front();
+  const std::uint64_t queued = queue_.empty() ? 0 : kQueued;
+  state_.store((state & ~kQueued) | queued | kRunning,
+               std::memory_order_relaxed);
+  return task;
+}
+
 void CollectiveScheduler::end_turn() {
-  running_ = false;
-  if (stopping_) changed_.notify_all();  // shutdown() may wait for it
+  // Releases what this thread did with the turn to the next thread that
+  // takes it, with or without the mutex.
+  const std::uint64_t state =
+      state_.fetch_and(~kRunning, std::memory_order_release);
+  if ((state & kStopping) != 0) {
+    changed_.notify_all();  // shutdown() may wait for it
+  }
 }
 
 void CollectiveScheduler::check_open() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (stopping_) {
+  if ((state_.load(std::memory_order_relaxed) & kStopping) != 0) {
     throw BackendError("the process group was shut down; create a new one");
   }
 }
@@ -118,17 +165,19 @@ void CollectiveScheduler::wake_worker_later() {
 
 void CollectiveScheduler::help(Work& target) {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (!target.is_completed() && !stopping_ && !running_ && !queue_.empty()) {
-    std::shared_ptr<CollectiveTask> task = std::move(queue_.front());
-    queue_.pop_front();
-    running_ = true;
+  while (!target.is_completed()) {
+    std::shared_ptr<CollectiveTask> task = start_queued();
+    if (!task) break;
     lock.unlock();
     run(*task);
     lock.lock();
     end_turn();
   }
   // Whatever is left belongs to the worker.
-  if (!stopping_ && !queue_.empty()) wake_worker_later();
+  if ((state_.load(std::memory_order_relaxed) & (kStopping | kQueued)) ==
+      kQueued) {
+    wake_worker_later();
+  }
 }
 
 void CollectiveScheduler::run_worker() {
@@ -144,7 +193,9 @@ void CollectiveScheduler::run_worker() {
     timer_armed_ = false;
     bool started = false;
     std::chrono::nanoseconds rearm{0};
-    while (!stopping_ && !running_ && !queue_.empty()) {
+    while (true) {
+      const std::uint64_t state = state_.load(std::memory_order_relaxed);
+      if ((state & (kRunning | kStopping)) != 0 || queue_.empty()) break;
       const auto due = queue_.front()->queued_at() + grace_;
       const auto now = detail::Clock::now();
       if (now < due) {
@@ -153,9 +204,7 @@ void CollectiveScheduler::run_worker() {
         timer_armed_ = true;
         break;
       }
-      std::shared_ptr<CollectiveTask> task = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = true;
+      std::shared_ptr<CollectiveTask> task = start_queued();
       grace_ = kAsyncGrace;  // nobody waited for this one
       started = true;
       lock.unlock();
@@ -164,7 +213,7 @@ void CollectiveScheduler::run_worker() {
       end_turn();
     }
     if (!started && rearm.count() == 0) grace_ = kWaitedGrace;  // wasted
-    if (stopping_) return;
+    if ((state_.load(std::memory_order_relaxed) & kStopping) != 0) return;
     lock.unlock();
     if (rearm.count() > 0) arm_timer(timer_fd_, rearm);
   }
@@ -209,8 +258,11 @@ bool CollectiveScheduler::shutdown() {
   std::deque<std::shared_ptr<CollectiveTask>> abandoned;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) return false;
-    stopping_ = true;
+    if ((state_.load(std::memory_order_relaxed) & kStopping) != 0) {
+      return false;
+    }
+    state_.fetch_or(kStopping, std::memory_order_relaxed);
+    state_.fetch_and(~kQueued, std::memory_order_relaxed);
     abandoned.swap(queue_);
   }
   const auto error = std::make_exception_ptr(BackendError(
@@ -225,7 +277,9 @@ bool CollectiveScheduler::shutdown() {
   (void)!write(interrupt_fd_, &one, sizeof(one));
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return !running_; });
+    changed_.wait(lock, [&] {
+      return (state_.load(std::memory_order_acquire) & kRunning) == 0;
+    });
   }
   if (worker_.joinable()) worker_.join();
   return true;

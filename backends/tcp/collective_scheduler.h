@@ -80,9 +80,9 @@ class CollectiveScheduler final
   // task runs here instead, before enqueue returns, with `body` and `held`
   // where the caller has them (CollectiveTaskInPlace), and its Work comes
   // back completed: the caller would run it in wait() anyway (help()), and
-  // running it now saves the queue's round trip, the second turn of the
-  // mutex and the copies. Otherwise it is queued behind the others, as any
-  // task is, so calls still run in issue order.
+  // running it now saves the queue's round trip, the mutex and the copies.
+  // Otherwise it is queued behind the others, as any task is, so calls
+  // still run in issue order.
   template <typename Body, typename... Held>
   std::shared_ptr<Work> enqueue(const CallInfo& call,
                                 std::chrono::milliseconds timeout,
@@ -93,9 +93,9 @@ class CollectiveScheduler final
       // stamping a sequence number and running the call; a call that finds
       // the turn held frees it and makes the queued kind.
       auto run_in_place = [&](CollectiveContext& ctx) { body(ctx, held...); };
-      auto task =
-          std::make_shared<CollectiveTaskInPlace<decltype(run_in_place)>>(
-              call, timeout, rank_, run_in_place);
+      auto task = std::allocate_shared<CollectiveTaskInPlace>(
+          InPlaceTaskAllocator<CollectiveTaskInPlace>(), call, timeout, rank_,
+          run_in_place);
       if (auto turn = take_turn(task->call)) {
         run(*task);
         return task;
@@ -145,10 +145,15 @@ class CollectiveScheduler final
   };
   // Takes the turn and stamps `call` with the next sequence number when
   // nothing is queued or running; returns nothing otherwise. Throws
-  // BackendError once shut down.
+  // BackendError once shut down. Neither this nor the Turn's destructor
+  // takes the mutex unless a task was queued or shutdown began meanwhile.
   std::optional<Turn> take_turn(CallInfo& call);
   // Stamps `task` with the next sequence number and queues it.
   void submit(const std::shared_ptr<CollectiveTask>& task);
+  // Takes the turn for the task at the front of the queue and pops it, when
+  // no thread holds the turn and the scheduler is not stopping; returns
+  // null otherwise. Called with `mutex_` held.
+  std::shared_ptr<CollectiveTask> start_queued();
   // Gives back the turn, which the calling thread held to run a task, and
   // wakes shutdown() if it waits for it. Called with `mutex_` held.
   void end_turn();
@@ -173,16 +178,27 @@ class CollectiveScheduler final
   int interrupt_fd_ = -1;
   std::thread worker_;
 
+  // The turn and the sequence numbers, in one word that a caller running
+  // its task at once takes and gives back with one atomic operation each,
+  // without the mutex: kRunning while a thread holds the turn, kQueued
+  // while `queue_` holds a task, kStopping once shutdown() has begun, and
+  // above them the next sequence number. kQueued and kStopping change only
+  // under `mutex_`, and kRunning changes without it only while both are
+  // clear: so whoever holds the mutex and sees either set may change the
+  // word as if nobody else could.
+  static constexpr std::uint64_t kRunning = 1;
+  static constexpr std::uint64_t kQueued = 2;
+  static constexpr std::uint64_t kStopping = 4;
+  static constexpr std::uint64_t kOneSequence = 8;
+  std::atomic<std::uint64_t> state_{0};
+
   mutable std::mutex mutex_;
-  // `running_` went false while `stopping_` was set: shutdown() waits
-  // for it, and nothing else does.
+  // kRunning went clear while kStopping was set: shutdown() waits for it,
+  // and nothing else does.
   std::condition_variable changed_;
   bool timer_armed_ = false;  // set until the worker has seen it fire
   std::chrono::nanoseconds grace_ = kWaitedGrace;
   std::deque<std::shared_ptr<CollectiveTask>> queue_;
-  std::uint64_t next_sequence_ = 0;
-  bool running_ = false;
-  bool stopping_ = false;
   std::exception_ptr broken_;  // the first failure; tasks refuse after it
   // Set once broken_ is, so that run() checks it without the mutex.
   std::atomic<bool> is_broken_{false};

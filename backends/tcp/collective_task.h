@@ -5,12 +5,18 @@
 // it runs before the call returns (CollectiveTaskInPlace).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include "backends/tcp/message_header.h"
 #include "libcomm/detail/socket.h"
@@ -109,22 +115,90 @@ class CollectiveTaskWith final : public CollectiveTask {
 // the scheduler's turn was free): its body, a callable taking
 // CollectiveContext&, stays where the caller made it, with the call's
 // tensors by reference, so the call copies none of them. Valid only within
-// the call: the body is gone once run_body() or drop_body() returns.
-template <typename Body>
+// the call: the body is gone once run_body() or drop_body() returns. One
+// type whatever the body, so that every such task fits the block that
+// InPlaceTaskAllocator keeps for the next.
 class CollectiveTaskInPlace final : public CollectiveTask {
  public:
+  template <typename Body>
   CollectiveTaskInPlace(const CallInfo& info, std::chrono::milliseconds limit,
                         int rank, Body& body)
-      : CollectiveTask(info, limit, rank), body_(&body) {}
+      : CollectiveTask(info, limit, rank),
+        body_(&body),
+        invoke_([](void* erased, CollectiveContext& ctx) {
+          (*static_cast<Body*>(erased))(ctx);
+        }) {}
 
   void run_body(CollectiveContext& ctx) override {
-    Body* body = std::exchange(body_, nullptr);
-    (*body)(ctx);
+    invoke_(std::exchange(body_, nullptr), ctx);
   }
   void drop_body() override { body_ = nullptr; }
 
  private:
-  Body* body_;
+  void* body_;
+  void (*invoke_)(void* body, CollectiveContext& ctx);
+};
+
+// The allocator of in-place tasks (with their shared_ptr control block):
+// it keeps the last block freed, one for the whole process, and hands it to
+// the next task, so that a stream of blocking calls, each of which drops
+// its Work before the next, costs no trip through malloc and free. Any
+// thread may allocate or free; the block changes hands through one atomic
+// exchange, whose release and acquire order the task's last use before its
+// next. The cached block is poisoned for AddressSanitizer, so that a use
+// after free is still caught. Only blocks of one object are cached; others
+// go to std::allocator.
+template <typename T>
+class InPlaceTaskAllocator {
+ public:
+  using value_type = T;
+
+  InPlaceTaskAllocator() = default;
+  template <typename U>
+  InPlaceTaskAllocator(const InPlaceTaskAllocator<U>&) {}  // NOLINT
+
+  T* allocate(std::size_t n) {
+    if (n == 1) {
+      if (void* block = spare_.exchange(nullptr, std::memory_order_acquire)) {
+        unpoison(block);
+        return static_cast<T*>(block);
+      }
+    }
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* block, std::size_t n) {
+    if (n == 1) {
+      poison(block);
+      void* empty = nullptr;
+      if (spare_.compare_exchange_strong(empty, block,
+                                         std::memory_order_release,
+                                         std::memory_order_relaxed)) {
+        return;
+      }
+      unpoison(block);
+    }
+    std::allocator<T>().deallocate(block, n);
+  }
+
+  friend bool operator==(const InPlaceTaskAllocator&,
+                         const InPlaceTaskAllocator&) {
+    return true;
+  }
+
+ private:
+  static void poison([[maybe_unused]] void* block) {
+#if defined(__SANITIZE_ADDRESS__)
+    __asan_poison_memory_region(block, sizeof(T));
+#endif
+  }
+  static void unpoison([[maybe_unused]] void* block) {
+#if defined(__SANITIZE_ADDRESS__)
+    __asan_unpoison_memory_region(block, sizeof(T));
+#endif
+  }
+
+  // Still held at exit, and reachable, so not a leak.
+  inline static std::atomic<void*> spare_{nullptr};
 };
 
 }  // namespace comm::tcp
