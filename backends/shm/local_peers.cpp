@@ -40,6 +40,12 @@ const IntParam kSingleCopy{
     "1 lets ranks of one host read each other's buffers in large "
     "collectives (process_vm_readv); 0 keeps every byte on the rings"};
 
+const IntParam kMembarrier{
+    "COMM_SHM_MEMBARRIER", 1, 0, 1,
+    "1 lets ranks of one host that do not outnumber their CPUs publish on "
+    "the rings without a fence, a rank going to sleep paying with a "
+    "membarrier system call instead; 0 keeps the fences"};
+
 constexpr std::uint32_t kHelloMagic = 0x4d484d43;  // "CMHM" in memory
 
 // The datagram that carries a rank's segment and doorbells to a peer; the
@@ -48,11 +54,13 @@ struct Hello {
   std::uint32_t magic = kHelloMagic;
   std::int32_t rank = 0;
   std::int32_t size = 0;
-  std::uint32_t reserved = 0;
+  std::uint32_t flags = 0;  // kHelloWaiterBarrier
   std::uint64_t job = 0;
   std::uint64_t ring_bytes = 0;     // the capacity of each ring of the segment
   std::uint64_t probe_address = 0;  // where the sender's probe word lies
 };
+// The sender registered for waiter barriers (shm::enable_waiter_barrier).
+constexpr std::uint32_t kHelloWaiterBarrier = 1;
 constexpr int kHelloDescriptors = 1 + kLanes;  // the memfd, then doorbells
 // The line at the end of a segment that holds its owner's offer word.
 constexpr std::size_t kOfferLine = 64;
@@ -438,6 +446,13 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   hello.job = job;
   hello.ring_bytes = capacity;
   hello.probe_address = reinterpret_cast<std::uintptr_t>(&probe_word_);
+  // Where ranks outnumber CPUs a waiting rank sleeps often, and a barrier
+  // on the other CPUs before each sleep would cost more than the fences it
+  // saves; the ranks of a host agree on that, and each ring uses waiter
+  // barriers only when both of its ends registered.
+  const bool waiter_barrier =
+      !oversubscribed_ && kMembarrier.get() != 0 && enable_waiter_barrier();
+  if (waiter_barrier) hello.flags |= kHelloWaiterBarrier;
   int carried[kHelloDescriptors] = {memfd, doorbells_[0]->fd(),
                                     doorbells_[1]->fd()};
   std::vector<int> unsent, unheard;
@@ -553,15 +568,22 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       }
       peer.offer_word = reinterpret_cast<const std::atomic<std::uint64_t>*>(
           static_cast<std::uint8_t*>(peer.segment) + need - kOfferLine);
+      // The collective lane only: the point-to-point thread sleeps as soon
+      // as nothing moves, so each of its sleeps would cost a membarrier.
+      const bool both_registered =
+          waiter_barrier && (theirs.flags & kHelloWaiterBarrier) != 0;
       for (int lane = 0; lane < kLanes; ++lane) {
+        const Waking waking = both_registered && lane == 0
+                                  ? Waking::kWaiterBarrier
+                                  : Waking::kFenced;
         peer.doorbells[lane] = fds[1 + lane];
         peer.out[lane] =
             Ring(static_cast<std::uint8_t*>(peer.segment) +
                      ring_offset(theirs.rank, rank, lane, theirs.ring_bytes),
-                 theirs.ring_bytes, peer.doorbells[lane]);
+                 theirs.ring_bytes, peer.doorbells[lane], waking);
         peer.in[lane] = Ring(static_cast<std::uint8_t*>(segment_) +
                                  ring_offset(rank, theirs.rank, lane, capacity),
-                             capacity, peer.doorbells[lane]);
+                             capacity, peer.doorbells[lane], waking);
       }
       peer.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer.pid, 0));
       if (peer.pidfd < 0) {

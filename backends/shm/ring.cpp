@@ -1,35 +1,73 @@
 #include "backends/shm/ring.h"
 
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 
 #include "backends/shm/doorbell.h"
 #include "libcomm/detail/copy_bytes.h"
+#include "libcomm/error.h"
 
 namespace comm::shm {
 
 namespace {
 
-// Moves an end's counter and wakes the other end if it waits: store the
-// counter (release: the bytes are in place, or copied out, before the
-// other end sees it), fence, load the other end's flag (see ring.h).
-void move_and_wake(std::atomic<std::uint64_t>& counter, std::uint64_t value,
-                   const std::atomic<std::uint32_t>& waiting, int doorbell) {
-  counter.store(value, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (waiting.load(std::memory_order_relaxed) != 0) Doorbell::ring(doorbell);
+long membarrier(int command) {
+  return ::syscall(SYS_membarrier, command, 0, 0);
 }
 
 }  // namespace
+
+bool enable_waiter_barrier() {
+  static const bool enabled = [] {
+    const long offered = membarrier(MEMBARRIER_CMD_QUERY);
+    return offered >= 0 && (offered & MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0 &&
+           (offered & MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) != 0 &&
+           membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
+  }();
+  return enabled;
+}
+
+// Store the counter (release: the bytes are in place, or copied out, before
+// the other end sees it), order, load the other end's flag (see ring.h).
+void Ring::move_and_wake(std::atomic<std::uint64_t>& counter,
+                         std::uint64_t value,
+                         const std::atomic<std::uint32_t>& waiting) const {
+  counter.store(value, std::memory_order_release);
+  if (waking_ == Waking::kFenced) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  } else {
+    // The waiter's barrier orders the two on the CPU; only the compiler
+    // must keep them in this order.
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+  if (waiting.load(std::memory_order_relaxed) != 0) {
+    Doorbell::ring(peer_doorbell_);
+  }
+}
+
+void Ring::order_before_sleep() const {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (waking_ == Waking::kWaiterBarrier &&
+      membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0) {
+    throw SystemError(errno, "shared memory: membarrier");
+  }
+}
 
 std::size_t ring_footprint(std::size_t capacity) {
   return sizeof(RingControl) + (capacity + 63) / 64 * 64;
 }
 
-Ring::Ring(void* control, std::size_t capacity, int peer_doorbell)
+Ring::Ring(void* control, std::size_t capacity, int peer_doorbell,
+           Waking waking)
     : control_(static_cast<RingControl*>(control)),
       data_(static_cast<std::uint8_t*>(control) + sizeof(RingControl)),
       capacity_(capacity),
-      peer_doorbell_(peer_doorbell) {}
+      peer_doorbell_(peer_doorbell),
+      waking_(waking) {}
 
 std::size_t Ring::write(const iovec* iov, int count,
                         std::size_t publish_every) {
@@ -70,15 +108,13 @@ std::size_t Ring::write(const iovec* iov, int count,
       moved += piece;
       at = at + piece == capacity_ ? 0 : at + piece;
       if (moved - published == every) {
-        move_and_wake(control_->tail, tail + moved, control_->reader_waiting,
-                      peer_doorbell_);
+        move_and_wake(control_->tail, tail + moved, control_->reader_waiting);
         published = moved;
       }
     }
   }
   if (moved > published) {
-    move_and_wake(control_->tail, tail + moved, control_->reader_waiting,
-                  peer_doorbell_);
+    move_and_wake(control_->tail, tail + moved, control_->reader_waiting);
   }
   return moved;
 }
@@ -114,8 +150,7 @@ std::size_t Ring::read(const iovec* iov, int count) {
     }
   }
   if (moved == 0) return 0;
-  move_and_wake(control_->head, head + moved, control_->writer_waiting,
-                peer_doorbell_);
+  move_and_wake(control_->head, head + moved, control_->writer_waiting);
   return moved;
 }
 
@@ -135,8 +170,7 @@ void Ring::consume(std::size_t bytes) {
   const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
   const std::uint64_t head =
       next_to_read(control_->head.load(std::memory_order_relaxed), tail);
-  move_and_wake(control_->head, head + bytes, control_->writer_waiting,
-                peer_doorbell_);
+  move_and_wake(control_->head, head + bytes, control_->writer_waiting);
 }
 
 bool Ring::readable() const {
@@ -152,14 +186,14 @@ bool Ring::writable() const {
 
 bool Ring::arm_reader() {
   control_->reader_waiting.store(1, std::memory_order_relaxed);
-  // Store the flag, fence, load the tail: see ring.h.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Store the flag, order, load the tail: see ring.h.
+  order_before_sleep();
   return !readable() && !closed();
 }
 
 bool Ring::arm_writer() {
   control_->writer_waiting.store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  order_before_sleep();
   return !writable() && !closed();
 }
 

@@ -39,6 +39,19 @@
 // keeps a ring that arrives before its owner polls, and a ring nobody
 // needed costs one spurious wake-up, so neither side ever clears the
 // other's flag.
+//
+// The mover's fence is the costly one: it waits until the other end's
+// core has given up the counter's cache line, on every publication, and a
+// small message's time is mostly such waits. So where both ends can
+// (Waking::kWaiterBarrier, see enable_waiter_barrier), the mover only
+// stores and loads, in that order for the compiler, and the waiter, which
+// is about to sleep anyway, makes the kernel run the barrier for it on
+// every CPU that runs a registered process (membarrier's
+// MEMBARRIER_CMD_GLOBAL_EXPEDITED) between raising its flag and looking at
+// the counter. A mover's store and load then either both precede that
+// barrier on its CPU (the store is visible to the waiter's look) or the
+// load follows it (and sees the flag): the same two cases as with two
+// fences, so a wake-up still cannot be lost.
 #pragma once
 
 #include <sys/uio.h>
@@ -66,6 +79,22 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "rings across processes need lock-free 64-bit atomics");
 static_assert(sizeof(RingControl) == 192);
 
+// How the two ends of a ring order a publication before their look at the
+// other end's waiting flag (see "Waking" above). Both ends use the same.
+enum class Waking {
+  // Each end fences between its store and its load.
+  kFenced,
+  // The mover does not fence; a waiter raises its flag, then has the
+  // kernel run a barrier on every CPU that runs a registered process. Both
+  // processes must have registered (enable_waiter_barrier).
+  kWaiterBarrier,
+};
+
+// Registers this process for waiter barriers, once, and returns whether
+// the kernel offers them (Linux 4.16 or later, and no seccomp filter that
+// refuses membarrier). Thread-safe.
+bool enable_waiter_barrier();
+
 // One end's view of a ring: where it is mapped in this process, and the
 // doorbell of the other end. Copyable: it owns nothing.
 class Ring {
@@ -74,9 +103,11 @@ class Ring {
   // `control` points to a RingControl followed by `capacity` bytes, already
   // zeroed when the ring is new. `peer_doorbell` is the eventfd this end
   // rings to wake the other end.
-  Ring(void* control, std::size_t capacity, int peer_doorbell);
+  Ring(void* control, std::size_t capacity, int peer_doorbell,
+       Waking waking = Waking::kFenced);
 
   bool valid() const { return control_ != nullptr; }
+  Waking waking() const { return waking_; }
   std::size_t capacity() const { return capacity_; }
   // The bytes a rewinding write leaves free: 2 KiB, or a quarter of a
   // smaller ring.
@@ -103,6 +134,15 @@ class Ring {
   std::span<const std::uint8_t> peek() const;
   void consume(std::size_t bytes);
 
+  // Writer: starts bringing in the lines that a small write touches first
+  // (the reader's counter, this end's and the ring's first bytes), so that
+  // their transfer from the reader's cache overlaps the caller's work.
+  void prefetch_write() const {
+    __builtin_prefetch(&control_->head, 0, 3);
+    __builtin_prefetch(&control_->tail, 1, 3);
+    __builtin_prefetch(data_, 1, 3);
+  }
+
   // Whether the reader would read something, or the writer write
   // something, now.
   bool readable() const;
@@ -111,7 +151,9 @@ class Ring {
   // Before sleeping on its doorbell: raises this end's waiting flag and
   // returns whether it must still wait (false: the ring moved meanwhile).
   // The flag stays raised until disarm; a raised flag only costs the other
-  // end a doorbell write per publication.
+  // end a doorbell write per publication. With Waking::kWaiterBarrier each
+  // call makes a system call (membarrier), which throws SystemError should
+  // the kernel refuse it after all.
   bool arm_reader();
   bool arm_writer();
   void disarm_reader();
@@ -127,10 +169,18 @@ class Ring {
   // loaded.
   std::uint64_t next_to_read(std::uint64_t head, std::uint64_t tail) const;
 
+  // Stores `value` in this end's `counter`, then wakes the other end if
+  // its `waiting` flag is raised.
+  void move_and_wake(std::atomic<std::uint64_t>& counter, std::uint64_t value,
+                     const std::atomic<std::uint32_t>& waiting) const;
+  // Between raising this end's waiting flag and looking at the ring.
+  void order_before_sleep() const;
+
   RingControl* control_ = nullptr;
   std::uint8_t* data_ = nullptr;
   std::size_t capacity_ = 0;
   int peer_doorbell_ = -1;
+  Waking waking_ = Waking::kFenced;
 };
 
 // The bytes a ring of `capacity` data bytes occupies, its control block

@@ -29,6 +29,11 @@ const IntParam kSpinUs{
     "COMM_TCP_SPIN_US", 50, 0, 10000,
     "microseconds a waiting TCP step polls its sockets before it sleeps"};
 
+const IntParam kShmSpinUs{
+    "COMM_SHM_SPIN_US", 1000, 0, 100000,
+    "microseconds a step waiting only on shared-memory rings of ranks that "
+    "do not outnumber their CPUs watches them before it sleeps"};
+
 bool would_block(int error) {
   return error == EAGAIN || error == EWOULDBLOCK || error == EINTR;
 }
@@ -588,7 +593,19 @@ void Exchange::run_transfers() {
                   [](const Transfer& t) { return t.done(); })) {
     return;
   }
-  const auto budget = spin_budget();
+  // Where every ring waited on uses waiter barriers, a sleep costs a
+  // membarrier, which interrupts every CPU of the host's ranks: those CPUs
+  // are the ranks' own, so watching the rings for longer is cheaper.
+  const bool barrier_rings_only =
+      std::all_of(transfers_.begin(), transfers_.end(), [&](const Transfer& t) {
+        if (t.done()) return true;
+        const shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective,
+                                           t.kind == Transfer::Kind::kSend);
+        return ring != nullptr && ring->waking() == shm::Waking::kWaiterBarrier;
+      });
+  const auto budget = barrier_rings_only
+                          ? std::chrono::microseconds(kShmSpinUs.get())
+                          : spin_budget();
   const auto began = detail::Clock::now();
   bool moved_first = false;
   if (budget.count() > 0 &&

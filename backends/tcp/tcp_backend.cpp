@@ -230,6 +230,12 @@ void TcpBackend::execute(tcp::CollectiveTask& task) {
     // reads data that the peers sent before they gave up; one reported
     // while the call ran fails it even when its own transfers finished.
     // See "Failures" in docs/design.md for the contract.
+    for (int peer = 0; peer < size(); ++peer) {
+      if (const shm::Ring* ring =
+              mesh_->ring(peer, tcp::Channel::kCollective, true)) {
+        ring->prefetch_write();
+      }
+    }
     if (auto report = control_->begin_call(call)) {
       tcp::raise_report(call, *report);
     }
