@@ -95,6 +95,8 @@ class LocalPeers {
   LocalPeers& operator=(const LocalPeers&) = delete;
 
   bool is_local(int peer) const { return peers_[peer].local; }
+  // The ranks local to this one, this one included, in order.
+  const std::vector<int>& local_ranks() const { return local_ranks_; }
   // The ranks local to this one, itself included.
   int local_count() const { return local_count_; }
   // Whether this host's ranks of the group outnumber the CPUs they may run

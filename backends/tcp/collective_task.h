@@ -146,8 +146,8 @@ class CollectiveTaskInPlace final : public CollectiveTask {
 // thread may allocate or free; the block changes hands through one atomic
 // exchange, whose release and acquire order the task's last use before its
 // next. The cached block is poisoned for AddressSanitizer, so that a use
-// after free is still caught. Only blocks of one object are cached; others
-// go to std::allocator.
+// after free is caught while the block waits (not once it is reused). Only
+// blocks of one object are cached; others go to std::allocator.
 template <typename T>
 class InPlaceTaskAllocator {
  public:

@@ -25,6 +25,9 @@
 // them, while a rank whose peer is truly absent costs one budget of polling
 // per step before it sleeps. The yield hands the core to any runnable rank
 // that shares it, so ranks that outnumber the cores keep making progress.
+// A step that waits only on rings without fences (shm::Waking::
+// kWaiterBarrier), whose every sleep costs a membarrier, watches them for
+// COMM_SHM_SPIN_US (1 ms) instead.
 // bench/README.md ("The TCP backend's tuning") has the measurements.
 //
 // While waiting, run() also watches the control channel's alarm (a peer's
@@ -80,6 +83,7 @@ std::size_t chunk_bytes();
 
 // How long a waiting step polls, from its start or its last progress,
 // before it sleeps: COMM_TCP_SPIN_US microseconds, or 50; 0 sleeps at once.
+// Not for a step that waits only on rings without fences (see above).
 std::chrono::microseconds spin_budget();
 
 // One non-blocking sendmsg of header[header_done, kWireSize) (nothing once

@@ -224,18 +224,20 @@ std::shared_ptr<Work> TcpBackend::enqueue(const CallInfo& call,
 void TcpBackend::execute(tcp::CollectiveTask& task) {
   const CallInfo& call = task.call;
   const auto deadline = detail::deadline_after(task.timeout);
+  // Starts moving the first lines of each ring to a local peer (see
+  // shm::Ring::prefetch_write) while the call is set up.
+  for (int peer : mesh_->local_peers().local_ranks()) {
+    if (const shm::Ring* ring =
+            mesh_->ring(peer, tcp::Channel::kCollective, true)) {
+      ring->prefetch_write();
+    }
+  }
   try {
     // A failure the peers reported before this rank got here (a peer that
     // timed out waiting for this late rank, say) fails the call before it
     // reads data that the peers sent before they gave up; one reported
     // while the call ran fails it even when its own transfers finished.
     // See "Failures" in docs/design.md for the contract.
-    for (int peer = 0; peer < size(); ++peer) {
-      if (const shm::Ring* ring =
-              mesh_->ring(peer, tcp::Channel::kCollective, true)) {
-        ring->prefetch_write();
-      }
-    }
     if (auto report = control_->begin_call(call)) {
       tcp::raise_report(call, *report);
     }

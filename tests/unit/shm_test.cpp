@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -334,49 +335,53 @@ TEST_CASE("a ring wakes the other end only when it said it waits",
 
 TEST_CASE("no wake-up is lost between a writer and a reader that sleeps",
           "[shm][ring]") {
-  // The reader sleeps whenever the ring is empty; the writer publishes
-  // one byte at a time at uneven moments, so that many publications meet
-  // the reader as it raises its flag. A lost wake-up leaves the reader
-  // asleep with a byte in the ring: the poll's 2 s then fail the test.
+  // One byte at a time, each written only once the reader has taken the
+  // one before, after an uneven delay, so that many publications meet the
+  // reader as it raises its flag; the reader sleeps whenever the ring is
+  // empty. No later byte can then ring for a lost wake-up: the reader
+  // would sleep out the poll's 2 s, which fails the test.
   constexpr int kBytes = 20000;
   for (const comm::shm::Waking waking : wakings()) {
     INFO(name_of(waking));
-    LocalRing ring(32 << 10, waking);  // room for every byte: never full
+    LocalRing ring(4096, waking);
+    std::atomic<int> taken{0};
+    std::atomic<bool> lost{false};
     std::thread writer([&] {
-      for (int i = 0; i < kBytes; ++i) {
-        std::uint8_t byte = static_cast<std::uint8_t>(i);
-        const iovec one{&byte, 1};
-        while (ring.writer.write(&one, 1) == 0) sched_yield();
+      for (int i = 0; i < kBytes && !lost.load(); ++i) {
+        // Bounded: the reader takes each byte or gives up within 2 s.
+        while (taken.load() < i && !lost.load()) sched_yield();
         for (unsigned spin = 0; spin < static_cast<unsigned>(i) * 7919u % 4000u;
              ++spin) {
           std::atomic_signal_fence(std::memory_order_seq_cst);
         }
+        std::uint8_t byte = static_cast<std::uint8_t>(i);
+        const iovec one{&byte, 1};
+        ring.writer.write(&one, 1);  // the ring is empty: it fits
       }
     });
-    int received = 0;
     int sleeps = 0;
     bool in_order = true;
-    bool lost = false;
-    while (received < kBytes && !lost) {
-      std::uint8_t bytes[64];
+    while (taken.load() < kBytes && !lost.load()) {
+      std::uint8_t bytes[8];
       const iovec into{bytes, sizeof(bytes)};
       const std::size_t n = ring.reader.read(&into, 1);
       for (std::size_t i = 0; i < n; ++i) {
-        in_order = in_order && bytes[i] == static_cast<std::uint8_t>(received);
-        ++received;
+        in_order =
+            in_order && bytes[i] == static_cast<std::uint8_t>(taken.load());
+        taken.fetch_add(1);
       }
       if (n > 0) continue;
       if (ring.reader.arm_reader()) {
         ++sleeps;
         pollfd entry{ring.reader_bell.fd(), POLLIN, 0};
-        lost = ::poll(&entry, 1, 2000) == 0;
+        if (::poll(&entry, 1, 2000) == 0) lost.store(true);
         ring.reader_bell.drain();
       }
       ring.reader.disarm_reader();
     }
     writer.join();
-    CHECK_FALSE(lost);
-    CHECK(received == kBytes);
+    CHECK_FALSE(lost.load());
+    CHECK(taken.load() == kBytes);
     CHECK(in_order);
     CHECK(sleeps > 0);  // the reader did sleep, so the doorbell was tested
   }
