@@ -101,7 +101,7 @@ Tensor pattern(std::int64_t count, DType dtype, int base) {
 }  // namespace
 
 TEST_CASE("all_reduce in and out of place: every dtype and op, worlds 1 to 8",
-          "[tcp][all_reduce]") {
+          "[tcp][all_reduce][dtypes]") {
   for (int world = 1; world <= 8; ++world) {
     auto errors = run_ranks(world, [&](ProcessGroup& group) {
       for (std::int64_t count : {0, 1, 13, 1003, 70001}) {
