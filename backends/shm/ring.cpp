@@ -49,9 +49,9 @@ void Ring::move_and_wake(std::atomic<std::uint64_t>& counter,
   }
 }
 
-void Ring::order_before_sleep() const {
+void order_before_sleep(Waking waking) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (waking_ == Waking::kWaiterBarrier &&
+  if (waking == Waking::kWaiterBarrier &&
       membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) != 0) {
     throw SystemError(errno, "shared memory: membarrier");
   }
@@ -184,17 +184,25 @@ bool Ring::writable() const {
          capacity_;
 }
 
-bool Ring::arm_reader() {
+void Ring::raise_reader_flag() {
   control_->reader_waiting.store(1, std::memory_order_relaxed);
-  // Store the flag, order, load the tail: see ring.h.
-  order_before_sleep();
-  return !readable() && !closed();
+}
+
+void Ring::raise_writer_flag() {
+  control_->writer_waiting.store(1, std::memory_order_relaxed);
+}
+
+// Store the flag, order, load the other end's counter: see ring.h.
+bool Ring::arm_reader() {
+  raise_reader_flag();
+  order_before_sleep(waking_);
+  return reader_must_wait();
 }
 
 bool Ring::arm_writer() {
-  control_->writer_waiting.store(1, std::memory_order_relaxed);
-  order_before_sleep();
-  return !writable() && !closed();
+  raise_writer_flag();
+  order_before_sleep(waking_);
+  return writer_must_wait();
 }
 
 void Ring::disarm_reader() {

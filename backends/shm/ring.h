@@ -148,16 +148,22 @@ class Ring {
   bool readable() const;
   bool writable() const;
 
-  // Before sleeping on its doorbell: raises this end's waiting flag and
-  // returns whether it must still wait (false: the ring moved meanwhile).
-  // The flag stays raised until disarm; a raised flag only costs the other
-  // end a doorbell write per publication. With Waking::kWaiterBarrier each
-  // call makes a system call (membarrier), which throws SystemError should
-  // the kernel refuse it after all.
+  // Before sleeping on its doorbell: raises this end's waiting flag, orders
+  // (order_before_sleep), and returns whether it must still wait (false:
+  // the ring moved meanwhile, or closed). The flag stays raised until
+  // disarm; a raised flag only costs the other end a doorbell write per
+  // publication.
   bool arm_reader();
   bool arm_writer();
   void disarm_reader();
   void disarm_writer();
+  // The same in parts, for a thread about to sleep on several rings: it
+  // raises the flag of each, orders once for all of them, then asks each
+  // whether it must still wait.
+  void raise_reader_flag();
+  void raise_writer_flag();
+  bool reader_must_wait() const { return !readable() && !closed(); }
+  bool writer_must_wait() const { return !writable() && !closed(); }
 
   // Tells the other end that this one is gone, and wakes it. Idempotent.
   void close();
@@ -173,8 +179,6 @@ class Ring {
   // its `waiting` flag is raised.
   void move_and_wake(std::atomic<std::uint64_t>& counter, std::uint64_t value,
                      const std::atomic<std::uint32_t>& waiting) const;
-  // Between raising this end's waiting flag and looking at the ring.
-  void order_before_sleep() const;
 
   RingControl* control_ = nullptr;
   std::uint8_t* data_ = nullptr;
@@ -182,6 +186,13 @@ class Ring {
   int peer_doorbell_ = -1;
   Waking waking_ = Waking::kFenced;
 };
+
+// Between raising the waiting flags of rings and looking at them again
+// (see "Waking" above): orders every flag this thread raised before every
+// look that follows. `waking` is kWaiterBarrier when any of those rings is
+// such a ring; then it makes a system call (membarrier), and throws
+// SystemError should the kernel refuse it after all.
+void order_before_sleep(Waking waking);
 
 // The bytes a ring of `capacity` data bytes occupies, its control block
 // included, rounded up to a cache line.

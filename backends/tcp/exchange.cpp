@@ -737,17 +737,36 @@ void Exchange::run_transfers() {
     }
     next_descriptor_poll = now + kDescriptorPollInterval;
     const bool asking = control_ != nullptr;
-    // Before sleeping, raise the waiting flag of every ring waited on; a
-    // ring that moved meanwhile means no sleep this round.
+    // Before sleeping, raise the waiting flag of every ring waited on,
+    // order once for all of them (one membarrier, where the rings go
+    // without fences, however many there are), then look again: a ring
+    // that moved meanwhile means no sleep this round.
     bool armed = false;
     bool sleep = !spinning;
-    if (sleep) {
-      armed = !ring_transfers.empty();
+    if (sleep && !ring_transfers.empty()) {
+      armed = true;
+      shm::Waking waking = shm::Waking::kFenced;
       for (int i : ring_transfers) {
         const Transfer& t = transfers_[static_cast<std::size_t>(i)];
         const bool sending = t.kind == Transfer::Kind::kSend;
         shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective, sending);
-        if (!(sending ? ring->arm_writer() : ring->arm_reader())) sleep = false;
+        if (sending) {
+          ring->raise_writer_flag();
+        } else {
+          ring->raise_reader_flag();
+        }
+        if (ring->waking() == shm::Waking::kWaiterBarrier)
+          waking = ring->waking();
+      }
+      shm::order_before_sleep(waking);
+      for (int i : ring_transfers) {
+        const Transfer& t = transfers_[static_cast<std::size_t>(i)];
+        const bool sending = t.kind == Transfer::Kind::kSend;
+        const shm::Ring* ring =
+            mesh_.ring(t.peer, Channel::kCollective, sending);
+        if (!(sending ? ring->writer_must_wait() : ring->reader_must_wait())) {
+          sleep = false;
+        }
       }
     }
     const int ready = ::poll(

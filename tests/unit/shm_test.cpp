@@ -3,7 +3,8 @@
 // written with publications as it copies; the waiting flags that decide a
 // sleep; closing), and a Mesh whose ranks share a host (threads of this
 // process): its collective and point-to-point channels are rings, not
-// sockets, and an Exchange moves data over them.
+// sockets, which go without fences only where they should, and an
+// Exchange moves data over them.
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
@@ -475,6 +476,85 @@ TEST_CASE("a host's ranks know whether they outnumber their CPUs",
              expected ? "not oversubscribed" : "oversubscribed");
     });
     for (const std::string& error : errors) CHECK(error == "");
+  }
+}
+
+TEST_CASE(
+    "only the collective lane of ranks with a CPU each goes without fences",
+    "[shm][mesh]") {
+  cpu_set_t usable;
+  CPU_ZERO(&usable);
+  REQUIRE(::sched_getaffinity(0, sizeof(usable), &usable) == 0);
+  const int cpus = CPU_COUNT(&usable);
+  if (cpus < 2) {
+    WARN("one usable CPU: two ranks outnumber it, so every ring is fenced");
+    return;
+  }
+  const bool offered = comm::shm::enable_waiter_barrier();
+  if (!offered) {
+    WARN("membarrier's MEMBARRIER_CMD_GLOBAL_EXPEDITED is not offered here");
+  }
+  // World 2 has a CPU per rank; world cpus + 1 (when it is a reasonable
+  // number of threads) does not.
+  for (const int world : {2, cpus + 1}) {
+    if (world > 16) continue;
+    for (const char* membarrier : {"1", "0"}) {
+      const bool fence_free =
+          offered && world == 2 && std::string(membarrier) == "1";
+      INFO("world " << world << ", COMM_SHM_MEMBARRIER=" << membarrier);
+      EnvIs env({{"COMM_TRANSPORT", "shm"},
+                 {"COMM_SHM_MEMBARRIER", membarrier},
+                 {"COMM_SHM_SPIN_US", "0"}});
+      auto errors = comm::testing::run_meshes(world, 20s, [&](Mesh& mesh) {
+        const int me = mesh.rank();
+        for (int peer = 0; peer < world; ++peer) {
+          if (peer == me) continue;
+          for (const bool sending : {true, false}) {
+            const Ring* collective =
+                mesh.ring(peer, Channel::kCollective, sending);
+            const Ring* p2p = mesh.ring(peer, Channel::kPointToPoint, sending);
+            expect(collective->waking() ==
+                       (fence_free ? comm::shm::Waking::kWaiterBarrier
+                                   : comm::shm::Waking::kFenced),
+                   std::string("collective ring is ") +
+                       name_of(collective->waking()));
+            expect(p2p->waking() == comm::shm::Waking::kFenced,
+                   "the point-to-point ring goes without fences");
+          }
+        }
+        if (world != 2) return;
+        // Each rank sends four rings' worth to the other, which starts late,
+        // so that the first waits for room on one ring and bytes on the
+        // other at once and sleeps on both: one order_before_sleep for the
+        // two, then a wake-up.
+        const std::size_t bytes =
+            4 * mesh.ring(1 - me, Channel::kCollective, true)->capacity() + 13;
+        std::vector<std::uint8_t> out(bytes), in(bytes);
+        for (std::size_t i = 0; i < bytes; ++i) {
+          out[i] = static_cast<std::uint8_t>(i * 5 + me);
+        }
+        if (me == 1) std::this_thread::sleep_for(50ms);
+        const comm::tcp::CallInfo call{comm::tcp::Collective::kAllGather,
+                                       0,
+                                       comm::DType::kU8,
+                                       1,
+                                       comm::ReduceOp::kSum,
+                                       -1};
+        comm::tcp::Exchange exchange(mesh, call,
+                                     comm::detail::deadline_after(20s), -1);
+        exchange.send(1 - me, out.data(), bytes);
+        exchange.recv(1 - me, in.data(), bytes);
+        exchange.run();
+        for (std::size_t i = 0; i < bytes; i += 997) {
+          expect(in[i] == static_cast<std::uint8_t>(i * 5 + 1 - me),
+                 "byte " + std::to_string(i));
+        }
+      });
+      for (std::size_t r = 0; r < errors.size(); ++r) {
+        INFO("rank " << r);
+        CHECK(errors[r] == "");
+      }
+    }
   }
 }
 
