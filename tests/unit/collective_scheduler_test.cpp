@@ -1,0 +1,189 @@
+// comm::tcp::CollectiveScheduler under threads that race: tasks issued from
+// several threads, some run at once by their caller (the turn taken without
+// the mutex), some queued and run by a waiting caller or by the worker, run
+// one at a time in the order of their sequence numbers, each exactly once;
+// a shutdown that races with issuers fails what it abandons, lets the task
+// that holds the turn finish, runs nothing after it returns, and drops
+// every task's copies of the call's arguments. The Execute here runs no
+// body: it records the order, which is what the scheduler decides.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/tcp/collective_scheduler.h"
+#include "libcomm/error.h"
+
+using comm::tcp::CallInfo;
+using comm::tcp::CollectiveContext;
+using comm::tcp::CollectiveScheduler;
+using comm::tcp::CollectiveTask;
+using namespace std::chrono_literals;
+
+namespace {
+
+// What Execute saw. Checked after the threads are joined.
+struct Record {
+  std::atomic<int> running{0};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> out_of_order{0};
+  std::atomic<int> after_shutdown{0};
+  std::atomic<std::uint64_t> executed{0};
+  std::atomic<bool> shut_down{false};
+  // Guarded by the scheduler's turn, which the test checks (overlaps).
+  std::uint64_t next_sequence = 0;
+  bool gaps_allowed = false;
+
+  void execute(CollectiveTask& task) {
+    if (shut_down.load()) ++after_shutdown;
+    if (running.fetch_add(1) != 0) ++overlaps;
+    const std::uint64_t sequence = task.call.sequence;
+    if (gaps_allowed ? sequence < next_sequence : sequence != next_sequence) {
+      ++out_of_order;
+    }
+    next_sequence = sequence + 1;
+    // Widen the window in which another thread finds the turn held.
+    if (sequence % 64 == 0) std::this_thread::yield();
+    ++executed;
+    running.fetch_sub(1);
+  }
+};
+
+// How an issue waits: its caller runs it at once if it can (async_op
+// false) and waits; or it is queued and its caller waits (help()); or it
+// is queued and nobody waits for it until the end (the worker starts it).
+enum class Mode { kCallerWaits, kQueuedWaited, kQueuedNotWaited };
+
+Mode mode_of(int thread, int i) {
+  return static_cast<Mode>((thread + i * 7) % 3);
+}
+
+}  // namespace
+
+TEST_CASE("tasks from many threads run one at a time in issue order",
+          "[tcp][scheduler]") {
+  constexpr int kThreads = 4;
+  constexpr int kTasksPerThread = 2000;
+  Record record;
+  auto scheduler = CollectiveScheduler::start(
+      0, [&](CollectiveTask& task) { record.execute(task); });
+  auto held = std::make_shared<int>(7);
+  std::vector<std::vector<std::shared_ptr<comm::Work>>> unwaited(kThreads);
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int thread = 0; thread < kThreads; ++thread) {
+    threads.emplace_back([&, thread] {
+      try {
+        for (int i = 0; i < kTasksPerThread; ++i) {
+          const Mode mode = mode_of(thread, i);
+          auto work = scheduler->enqueue(
+              CallInfo{}, 10s, mode == Mode::kCallerWaits,
+              [](CollectiveContext&, const std::shared_ptr<int>&) {}, held);
+          if (mode == Mode::kQueuedNotWaited) {
+            unwaited[thread].push_back(std::move(work));
+          } else {
+            work->wait(10s);  // throws should it fail or take 10 s
+          }
+        }
+      } catch (const std::exception& e) {
+        errors[thread] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int thread = 0; thread < kThreads; ++thread) {
+    INFO("thread " << thread);
+    CHECK(errors[thread] == "");
+    for (const auto& work : unwaited[thread]) {
+      CHECK_NOTHROW(work->wait(10s));
+    }
+  }
+  CHECK(record.executed.load() == kThreads * kTasksPerThread);
+  CHECK(record.overlaps.load() == 0);
+  CHECK(record.out_of_order.load() == 0);
+  // Every task dropped its copy of the call's arguments once it ran, though
+  // the Works are still held.
+  CHECK(held.use_count() == 1);
+  CHECK(scheduler->shutdown());
+  CHECK_FALSE(scheduler->shutdown());
+}
+
+TEST_CASE("a shutdown that races with issuers leaves no task behind",
+          "[tcp][scheduler]") {
+  constexpr int kThreads = 3;
+  constexpr int kMostTasksPerThread = 200000;
+  for (int round = 0; round < 5; ++round) {
+    INFO("round " << round);
+    Record record;
+    record.gaps_allowed = true;  // abandoned tasks never run
+    auto scheduler = CollectiveScheduler::start(
+        0, [&](CollectiveTask& task) { record.execute(task); });
+    auto held = std::make_shared<int>(7);
+    std::vector<std::vector<std::shared_ptr<comm::Work>>> works(kThreads);
+    std::vector<std::string> errors(kThreads);
+    std::atomic<int> refused{0};
+    std::atomic<int> started{0};
+    std::vector<std::thread> threads;
+    for (int thread = 0; thread < kThreads; ++thread) {
+      threads.emplace_back([&, thread] {
+        ++started;
+        for (int i = 0; i < kMostTasksPerThread; ++i) {
+          const Mode mode = mode_of(thread, i);
+          std::shared_ptr<comm::Work> work;
+          try {
+            work = scheduler->enqueue(
+                CallInfo{}, 10s, mode == Mode::kCallerWaits,
+                [](CollectiveContext&, const std::shared_ptr<int>&) {}, held);
+          } catch (const comm::BackendError&) {
+            ++refused;  // shut down: the issue is refused, as it should be
+            return;
+          } catch (const std::exception& e) {
+            errors[thread] = e.what();
+            return;
+          }
+          // A task waited on completes: it runs, or the shutdown fails it.
+          if (mode != Mode::kQueuedNotWaited) {
+            try {
+              work->wait(10s);
+            } catch (const comm::TimeoutError&) {
+              errors[thread] = "a waited-on task did not complete in 10 s";
+              return;
+            } catch (const std::exception&) {
+              // Failed by the shutdown; counted below.
+            }
+          }
+          works[thread].push_back(std::move(work));
+        }
+        errors[thread] = "never refused: the shutdown came too late";
+      });
+    }
+    while (started.load() < kThreads) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 + 3 * round));
+    CHECK(scheduler->shutdown());
+    record.shut_down = true;
+    for (std::thread& t : threads) t.join();
+    std::uint64_t succeeded = 0;
+    for (int thread = 0; thread < kThreads; ++thread) {
+      INFO("thread " << thread);
+      CHECK(errors[thread] == "");
+      for (const auto& work : works[thread]) {
+        // Done by now: run, refused, or failed by the shutdown.
+        REQUIRE(work->is_completed());
+        if (work->is_success()) ++succeeded;
+      }
+    }
+    CHECK(refused.load() == kThreads);
+    CHECK(record.after_shutdown.load() == 0);
+    CHECK(record.overlaps.load() == 0);
+    CHECK(record.out_of_order.load() == 0);
+    // A task succeeds exactly when it ran.
+    CHECK(succeeded == record.executed.load());
+    CHECK(held.use_count() == 1);
+  }
+}
