@@ -23,6 +23,11 @@ void arm_timer(int timer, std::chrono::nanoseconds delay) {
   timerfd_settime(timer, 0, &when, nullptr);
 }
 
+// What an issue after shutdown() gets.
+[[noreturn]] void throw_shut_down() {
+  throw BackendError("the process group was shut down; create a new one");
+}
+
 }  // namespace
 
 void CollectiveTask::progress() {
@@ -66,7 +71,7 @@ std::optional<CollectiveScheduler::Turn> CollectiveScheduler::take_turn(
   // begins.
   while (true) {
     if ((state & kStopping) != 0) {
-      throw BackendError("the process group was shut down; create a new one");
+      throw_shut_down();
     }
     if ((state & (kRunning | kQueued)) != 0) return std::nullopt;
     // Acquires what the last holder of the turn did.
@@ -110,7 +115,7 @@ void CollectiveScheduler::submit(const std::shared_ptr<CollectiveTask>& task) {
     std::uint64_t state = state_.load(std::memory_order_relaxed);
     do {
       if ((state & kStopping) != 0) {
-        throw BackendError("the process group was shut down; create a new one");
+        throw_shut_down();
       }
     } while (!state_.compare_exchange_weak(
         state, (state + kOneSequence) | kQueued, std::memory_order_relaxed,
@@ -148,7 +153,7 @@ void CollectiveScheduler::end_turn() {
 
 void CollectiveScheduler::check_open() const {
   if ((state_.load(std::memory_order_relaxed) & kStopping) != 0) {
-    throw BackendError("the process group was shut down; create a new one");
+    throw_shut_down();
   }
 }
 

@@ -12,7 +12,6 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +23,7 @@
 #include "bench/harness/runner.h"
 #include "libcomm/error.h"
 #include "support/capture_stderr.h"
+#include "support/env_is.h"
 #include "support/temp_path.h"
 #include "support/thread_ranks.h"
 
@@ -32,6 +32,7 @@ using comm::ReduceOp;
 using comm::bench::Options;
 using comm::bench::parse_options;
 using comm::bench::UsageError;
+using comm::testing::EnvIs;
 
 namespace {
 
@@ -180,42 +181,17 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
 
 namespace {
 
-// Unsets the variables by which a launcher places a rank for the length of
-// a test, and puts back whatever the process had on leaving it, however it
-// leaves: the other cases of this process must not see what one set.
-class LauncherEnvCleared {
- public:
-  LauncherEnvCleared() {
-    for (const char* name : kNames) {
-      const char* value = std::getenv(name);
-      saved_.emplace_back(name, value == nullptr ? std::optional<std::string>()
-                                                 : std::string(value));
-      unsetenv(name);
-    }
+// Unsets the variables by which a launcher places a rank, for the length
+// of a test.
+EnvIs launcher_env_cleared() {
+  EnvIs::Values values;
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                           "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS"}) {
+    values.emplace_back(name, nullptr);
   }
-  ~LauncherEnvCleared() {
-    for (const auto& [name, value] : saved_) {
-      if (value) {
-        setenv(name, value->c_str(), 1);
-      } else {
-        unsetenv(name);
-      }
-    }
-  }
-  LauncherEnvCleared(const LauncherEnvCleared&) = delete;
-  LauncherEnvCleared& operator=(const LauncherEnvCleared&) = delete;
-
- private:
-  static constexpr const char* kNames[] = {"RANK",
-                                           "WORLD_SIZE",
-                                           "LOCAL_RANK",
-                                           "OMPI_COMM_WORLD_RANK",
-                                           "OMPI_COMM_WORLD_SIZE",
-                                           "SLURM_STEP_ID",
-                                           "SLURM_PROCID",
-                                           "SLURM_NTASKS"};
-  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
-};
+  return EnvIs(values);
+}
 
 // What detect_placement throws as InvalidArgument, or "no error".
 std::string placement_error(const Options& options) {
@@ -231,7 +207,7 @@ std::string placement_error(const Options& options) {
 
 TEST_CASE("a half-set launcher environment is an error, not one rank alone",
           "[bench][launch]") {
-  LauncherEnvCleared cleared;
+  const auto cleared = launcher_env_cleared();
   const Options options;
   setenv("WORLD_SIZE", "2", 1);
   CHECK_THAT(placement_error(options),
@@ -263,7 +239,7 @@ TEST_CASE("a half-set launcher environment is an error, not one rank alone",
 
 TEST_CASE("a bad launcher environment ends the program with status 2",
           "[bench][launch]") {
-  LauncherEnvCleared cleared;
+  const auto cleared = launcher_env_cleared();
   setenv("WORLD_SIZE", "2", 1);
   char program[] = "all_reduce_perf";
   char* argv[] = {program, nullptr};

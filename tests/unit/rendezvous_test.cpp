@@ -18,31 +18,28 @@
 #include "libcomm/distributed/rendezvous.h"
 #include "libcomm/error.h"
 #include "store/hash_store.h"
+#include "support/env_is.h"
 #include "support/rank_checks.h"
 #include "support/temp_path.h"
 
+using comm::testing::EnvIs;
 using comm::testing::expect;
 using namespace std::chrono_literals;
 
 namespace {
 
-// Sets the variables of env:// for one test and removes them afterwards.
-class ScopedEnv {
- public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-                             "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
-      unsetenv(name);
-    }
-    for (auto [name, value] : vars) setenv(name, value, 1);
+// The variables of env:// as `vars` gives them, the others unset, for one
+// test.
+EnvIs rendezvous_env(
+    std::initializer_list<std::pair<const char*, const char*>> vars) {
+  EnvIs::Values values;
+  for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                           "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
+    values.emplace_back(name, nullptr);
   }
-  ~ScopedEnv() {
-    for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-                             "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) {
-      unsetenv(name);
-    }
-  }
-};
+  values.insert(values.end(), vars.begin(), vars.end());
+  return EnvIs(values);
+}
 
 // Throws where a rank's thread finds something wrong: Catch2's assertions
 // are not thread-safe, so rank threads report through run_ranks' errors.
@@ -69,65 +66,65 @@ std::vector<std::string> run_ranks(int world, F body) {
 
 TEST_CASE("env:// names the missing or malformed variable", "[rendezvous]") {
   {
-    ScopedEnv env(
+    const auto env = rendezvous_env(
         {{"MASTER_PORT", "29500"}, {"RANK", "0"}, {"WORLD_SIZE", "1"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"),
                       Catch::Contains("MASTER_ADDR"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", "http"},
-                   {"RANK", "0"},
-                   {"WORLD_SIZE", "1"}});
+    const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", "http"},
+                                     {"RANK", "0"},
+                                     {"WORLD_SIZE", "1"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"),
                       Catch::Contains("MASTER_PORT='http'"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", "70000"},
-                   {"RANK", "0"},
-                   {"WORLD_SIZE", "1"}});
+    const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", "70000"},
+                                     {"RANK", "0"},
+                                     {"WORLD_SIZE", "1"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"), Catch::Contains("70000"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", "0"},
-                   {"WORLD_SIZE", "2"}});
+    const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", "0"},
+                                     {"WORLD_SIZE", "2"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"), Catch::Contains("RANK"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", "0"},
-                   {"RANK", "2"},
-                   {"WORLD_SIZE", "2"}});
+    const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", "0"},
+                                     {"RANK", "2"},
+                                     {"WORLD_SIZE", "2"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"),
                       Catch::Contains("rank 2 is outside [0, 2)"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", "0"},
-                   {"RANK", "0"},
-                   {"WORLD_SIZE", "0"}});
+    const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", "0"},
+                                     {"RANK", "0"},
+                                     {"WORLD_SIZE", "0"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"),
                       Catch::Contains("at least 1"));
   }
   {
-    ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", "0"},
-                   {"RANK", "x1"},
-                   {"WORLD_SIZE", "2"}});
+    const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", "0"},
+                                     {"RANK", "x1"},
+                                     {"WORLD_SIZE", "2"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"), Catch::Contains("RANK='x1'"));
   }
 }
 
 TEST_CASE("env:// with one rank hosts the store and reads LOCAL_*",
           "[rendezvous]") {
-  ScopedEnv env({{"MASTER_ADDR", "127.0.0.1"},
-                 {"MASTER_PORT", "0"},
-                 {"RANK", "0"},
-                 {"WORLD_SIZE", "1"},
-                 {"LOCAL_RANK", "0"},
-                 {"LOCAL_WORLD_SIZE", "1"}});
+  const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
+                                   {"MASTER_PORT", "0"},
+                                   {"RANK", "0"},
+                                   {"WORLD_SIZE", "1"},
+                                   {"LOCAL_RANK", "0"},
+                                   {"LOCAL_WORLD_SIZE", "1"}});
   comm::RendezvousResult joined = comm::rendezvous("env://", -1, -1, 10s);
   CHECK(joined.rank == 0);
   CHECK(joined.world_size == 1);
