@@ -157,9 +157,9 @@ class Ring {
   bool arm_writer();
   void disarm_reader();
   void disarm_writer();
-  // The same in parts, for a thread about to sleep on several rings: it
-  // raises the flag of each, orders once for all of them, then asks each
-  // whether it must still wait.
+  // The same in parts, for a thread about to sleep on several rings
+  // (arm_all, below): it raises the flag of each, orders once for all of
+  // them, then asks each whether it must still wait.
   void raise_reader_flag();
   void raise_writer_flag();
   bool reader_must_wait() const { return !readable() && !closed(); }
@@ -193,6 +193,33 @@ class Ring {
 // such a ring; then it makes a system call (membarrier), and throws
 // SystemError should the kernel refuse it after all.
 void order_before_sleep(Waking waking);
+
+// Before a thread sleeps on several rings at once: raises the waiting flag
+// of each end it waits on, orders once for all of them (order_before_sleep,
+// with a membarrier if any of the rings goes without fences), then returns
+// whether every end must still wait (false: one of them moved or closed).
+// `for_each_end(visit)` calls visit(Ring&, bool writer) for each end; it
+// is called twice, and must visit the same ends both times.
+template <typename ForEachEnd>
+bool arm_all(ForEachEnd&& for_each_end) {
+  Waking waking = Waking::kFenced;
+  for_each_end([&](Ring& ring, bool writer) {
+    if (writer) {
+      ring.raise_writer_flag();
+    } else {
+      ring.raise_reader_flag();
+    }
+    if (ring.waking() == Waking::kWaiterBarrier) waking = ring.waking();
+  });
+  order_before_sleep(waking);
+  bool must_wait = true;
+  for_each_end([&](Ring& ring, bool writer) {
+    if (!(writer ? ring.writer_must_wait() : ring.reader_must_wait())) {
+      must_wait = false;
+    }
+  });
+  return must_wait;
+}
 
 // The bytes a ring of `capacity` data bytes occupies, its control block
 // included, rounded up to a cache line.

@@ -745,29 +745,13 @@ void Exchange::run_transfers() {
     bool sleep = !spinning;
     if (sleep && !ring_transfers.empty()) {
       armed = true;
-      shm::Waking waking = shm::Waking::kFenced;
-      for (int i : ring_transfers) {
-        const Transfer& t = transfers_[static_cast<std::size_t>(i)];
-        const bool sending = t.kind == Transfer::Kind::kSend;
-        shm::Ring* ring = mesh_.ring(t.peer, Channel::kCollective, sending);
-        if (sending) {
-          ring->raise_writer_flag();
-        } else {
-          ring->raise_reader_flag();
+      sleep = shm::arm_all([&](auto&& visit) {
+        for (int i : ring_transfers) {
+          const Transfer& t = transfers_[static_cast<std::size_t>(i)];
+          const bool sending = t.kind == Transfer::Kind::kSend;
+          visit(*mesh_.ring(t.peer, Channel::kCollective, sending), sending);
         }
-        if (ring->waking() == shm::Waking::kWaiterBarrier)
-          waking = ring->waking();
-      }
-      shm::order_before_sleep(waking);
-      for (int i : ring_transfers) {
-        const Transfer& t = transfers_[static_cast<std::size_t>(i)];
-        const bool sending = t.kind == Transfer::Kind::kSend;
-        const shm::Ring* ring =
-            mesh_.ring(t.peer, Channel::kCollective, sending);
-        if (!(sending ? ring->writer_must_wait() : ring->reader_must_wait())) {
-          sleep = false;
-        }
-      }
+      });
     }
     const int ready = ::poll(
         fds.data(), fds.size(),

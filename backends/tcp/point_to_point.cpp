@@ -414,31 +414,17 @@ void PointToPoint::loop() {
     // ring that moved meanwhile means no sleep. Only this thread touches
     // this rank's point-to-point ends.
     if (moved) wait_ms = 0;
-    if (!ring_peers.empty()) {
-      shm::Waking waking = shm::Waking::kFenced;
-      for (const RingWait& w : ring_peers) {
-        shm::Ring* out = mesh_.ring(w.peer, Channel::kPointToPoint, true);
-        shm::Ring* in = mesh_.ring(w.peer, Channel::kPointToPoint, false);
-        if (w.out) {
-          out->raise_writer_flag();
-          if (out->waking() == shm::Waking::kWaiterBarrier)
-            waking = out->waking();
-        }
-        if (w.in) {
-          in->raise_reader_flag();
-          if (in->waking() == shm::Waking::kWaiterBarrier)
-            waking = in->waking();
-        }
-      }
-      shm::order_before_sleep(waking);
-      for (const RingWait& w : ring_peers) {
-        const shm::Ring* out = mesh_.ring(w.peer, Channel::kPointToPoint, true);
-        const shm::Ring* in = mesh_.ring(w.peer, Channel::kPointToPoint, false);
-        if ((w.out && !out->writer_must_wait()) ||
-            (w.in && !in->reader_must_wait())) {
-          wait_ms = 0;
-        }
-      }
+    if (!ring_peers.empty() && !shm::arm_all([&](auto&& visit) {
+          for (const RingWait& w : ring_peers) {
+            if (w.out) {
+              visit(*mesh_.ring(w.peer, Channel::kPointToPoint, true), true);
+            }
+            if (w.in) {
+              visit(*mesh_.ring(w.peer, Channel::kPointToPoint, false), false);
+            }
+          }
+        })) {
+      wait_ms = 0;
     }
     const int ready = poll(fds.data(), fds.size(), wait_ms);
     const int poll_error = errno;
