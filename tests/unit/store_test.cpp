@@ -190,7 +190,8 @@ TEST_CASE("a timeout names the keys and fires on time", "[store]") {
   CHECK(fixture.store().get_string("missing", 1s) == "now");
 }
 
-TEST_CASE("keys and values over the limits are InvalidArgument", "[store]") {
+TEST_CASE("keys and values over the limits are InvalidArgument",
+          "[store][limits]") {
   const std::string kind = kind_under_test();
   INFO("store: " << kind);
   StoreFixture fixture(kind);
@@ -208,7 +209,7 @@ TEST_CASE("keys and values over the limits are InvalidArgument", "[store]") {
 }
 
 TEST_CASE("an append past the value limit is refused and changes nothing",
-          "[store]") {
+          "[store][limits]") {
   const std::string kind = kind_under_test();
   INFO("store: " << kind);
   StoreFixture fixture(kind);
@@ -225,7 +226,7 @@ TEST_CASE("an append past the value limit is refused and changes nothing",
 }
 
 TEST_CASE("a TCPStore get whose reply is over the frame limit is refused",
-          "[store]") {
+          "[store][limits]") {
   StoreFixture fixture("tcp");
   Store& store = fixture.store();
   store.set("large", Bytes(Store::kMaxValueSize, 3));
