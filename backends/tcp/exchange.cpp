@@ -321,29 +321,34 @@ static_assert(ControlChannel::kHistory >= 2 * (Exchange::kConfirmationWindow +
               "a query about a call read late must find it in the history");
 
 std::uint64_t Exchange::confirmation_window(Mesh& mesh, int peer) {
-  const shm::Ring* ring = mesh.ring(peer, Channel::kCollective, false);
-  if (ring == nullptr) return kConfirmationWindow;
-  constexpr std::size_t kMessage =
-      MessageHeader::kWireSize + kConfirmationBytes;
-  const std::size_t fit = ring->rewind_room() / kMessage;
-  return std::clamp<std::uint64_t>(fit >= 3 ? fit - 2 : 1, 1,
-                                   kConfirmationWindow);
+  Mesh::Confirmations& owed = mesh.confirmations(peer);
+  if (owed.window != 0) return owed.window;
+  owed.window = kConfirmationWindow;
+  if (const shm::Ring* ring = mesh.ring(peer, Channel::kCollective, false)) {
+    constexpr std::size_t kMessage =
+        MessageHeader::kWireSize + kConfirmationBytes;
+    const std::size_t fit = ring->rewind_room() / kMessage;
+    owed.window = std::clamp<std::uint64_t>(fit >= 3 ? fit - 2 : 1, 1,
+                                            kConfirmationWindow);
+  }
+  // The ring this rank's confirmations to `peer` travel on is the one
+  // `peer` reads them from, of the same capacity as the one back.
+  owed.batch = std::max<std::uint64_t>(
+      1, owed.window * kConfirmationBatch / kConfirmationWindow);
+  return owed.window;
 }
 
 std::uint64_t Exchange::confirmation_batch(Mesh& mesh, int peer) {
-  // The ring this rank's confirmations to `peer` travel on is the one
-  // `peer` reads them from, of the same capacity as the one back.
-  return std::max<std::uint64_t>(1, confirmation_window(mesh, peer) *
-                                        kConfirmationBatch /
-                                        kConfirmationWindow);
+  confirmation_window(mesh, peer);
+  return mesh.confirmations(peer).batch;
 }
 
 void Exchange::run() {
   if (settles_confirmations_) settle_confirmations();
   run_transfers();
-  for (int peer : expected_) mesh_.unread_confirmations(peer).push_back(call_);
+  for (int peer : expected_) mesh_.confirmations(peer).unread.push_back(call_);
   for (int peer : confirming_)
-    mesh_.unsent_confirmations(peer).push_back(call_);
+    mesh_.confirmations(peer).unsent.push_back(call_);
   if (settles_confirmations_) {
     // As soon as the step is done, so that a peer that reads them late
     // finds them there. A confirmation goes only once its call's bytes from
@@ -406,7 +411,7 @@ template <typename Due>
 std::optional<CallInfo> oldest_unread(Mesh& mesh, Due due) {
   std::optional<CallInfo> oldest;
   for (int peer = 0; peer < mesh.size(); ++peer) {
-    const auto& unread = mesh.unread_confirmations(peer);
+    const auto& unread = mesh.confirmations(peer).unread;
     if (unread.empty() || !due(peer, unread.front())) continue;
     if (!oldest || unread.front().sequence < oldest->sequence) {
       oldest = unread.front();
@@ -420,8 +425,8 @@ std::optional<CallInfo> oldest_unread(Mesh& mesh, Due due) {
 void Exchange::settle_confirmations() {
   bool any = false;
   for (int peer = 0; peer < mesh_.size() && !any; ++peer) {
-    any = !mesh_.unread_confirmations(peer).empty() ||
-          !mesh_.unsent_confirmations(peer).empty();
+    any = !mesh_.confirmations(peer).unread.empty() ||
+          !mesh_.confirmations(peer).unsent.empty();
   }
   if (!any) return;
   auto step_has = [this](Transfer::Kind kind, int peer) {
@@ -442,7 +447,7 @@ void Exchange::settle_confirmations() {
   // of those waits ask about the earlier calls and find nothing wrong.
   bool reads = false;
   for (int peer = 0; peer < mesh_.size() && !reads; ++peer) {
-    const auto& unread = mesh_.unread_confirmations(peer);
+    const auto& unread = mesh_.confirmations(peer).unread;
     reads = !unread.empty() && read_due(peer, unread.front());
   }
   // Otherwise a peer this step sends to reads what this rank owes it
@@ -489,14 +494,14 @@ void Exchange::send_confirmations(Mesh& mesh, const CallInfo* call,
   // object, is even constructed.
   bool any_due = false;
   for (int peer = 0; peer < mesh.size() && !any_due; ++peer) {
-    const auto& unsent = mesh.unsent_confirmations(peer);
+    const auto& unsent = mesh.confirmations(peer).unsent;
     any_due = !unsent.empty() && due(peer, unsent.front());
   }
   if (!any_due) return;
   std::optional<Exchange> sending;
   ConfirmationCounts counts(mesh.size());
   for (int peer = 0; peer < mesh.size(); ++peer) {
-    const auto& unsent = mesh.unsent_confirmations(peer);
+    const auto& unsent = mesh.confirmations(peer).unsent;
     if (unsent.empty() || !due(peer, unsent.front())) continue;
     if (!sending) {
       sending.emplace(mesh, unsent.front(), deadline, wake_fd, control);
@@ -511,7 +516,7 @@ void Exchange::send_confirmations(Mesh& mesh, const CallInfo* call,
   if (!sending) return;
   sending->run_transfers();
   for (const Transfer& t : sending->transfers_) {
-    mesh.unsent_confirmations(t.peer).clear();
+    mesh.confirmations(t.peer).unsent.clear();
   }
 }
 
@@ -534,7 +539,7 @@ void Exchange::read_confirmations(Mesh& mesh, const CallInfo* call,
     reading.running_ = call;
     counts.clear();
     for (int peer = 0; peer < mesh.size(); ++peer) {
-      const auto& unread = mesh.unread_confirmations(peer);
+      const auto& unread = mesh.confirmations(peer).unread;
       if (!unread.empty() && due(peer, unread.front())) {
         reading.add_confirmation(Transfer::Kind::kRecv, peer, unread.front(),
                                  counts.add());
@@ -561,7 +566,7 @@ void Exchange::read_confirmations(Mesh& mesh, const CallInfo* call,
 void Exchange::take_confirmation(const Transfer& t, std::uint64_t count) {
   MessageHeader header;
   header.decode(t.header);  // checked as it arrived
-  auto& unread = mesh_.unread_confirmations(t.peer);
+  auto& unread = mesh_.confirmations(t.peer).unread;
   const auto last = std::find(unread.begin(), unread.end(), header.call);
   const auto expected = static_cast<std::uint64_t>(last - unread.begin()) + 1;
   if (count != expected) {
@@ -1121,7 +1126,7 @@ void Exchange::check_header(const Transfer& t) {
   if (t.confirmation) {
     // One of the calls the peer still owes this rank a confirmation of,
     // the last of those it confirms (take_confirmation() counts them).
-    const auto& unread = mesh_.unread_confirmations(t.peer);
+    const auto& unread = mesh_.confirmations(t.peer).unread;
     if (header.address || header.payload_bytes != kConfirmationBytes ||
         std::find(unread.begin(), unread.end(), header.call) == unread.end()) {
       throw MismatchError(

@@ -203,7 +203,8 @@ class Exchange final : public CollectiveStep {
   // from this rank would fill it and wait for a reader that waits for it
   // in turn: so the window to a peer over a ring is that room's worth of
   // messages less two (26 calls with the default ring), and the batch a
-  // quarter of it (confirmation_window, confirmation_batch).
+  // quarter of it (confirmation_window, confirmation_batch, which work
+  // them out at a peer's first confirmation and keep them in the Mesh).
   void expect_confirmation(int peer) override;
   static constexpr std::uint64_t kConfirmationWindow = 256;
   static constexpr std::uint64_t kConfirmationBatch = 64;

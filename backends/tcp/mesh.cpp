@@ -152,8 +152,7 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
       size_(size),
       sockets_(size),
       peer_names_(size),
-      unread_confirmations_(size),
-      unsent_confirmations_(size),
+      confirmations_(size),
       read_ahead_(size) {
   const auto deadline = detail::deadline_after(timeout);
   // The job id tells this group's connections from any other's.

@@ -75,17 +75,27 @@ class Mesh {
   // on this host, over shared memory)" for a local one, for messages.
   const std::string& peer_name(int peer) const { return peer_names_[peer]; }
 
-  // The calls whose confirmation (CollectiveStep::expect_confirmation)
-  // `peer` still owes this rank on the collective channel, oldest first.
-  // The channel's messages arrive in order, so these are read before
-  // anything else `peer` sent (Exchange::run).
-  std::deque<CallInfo>& unread_confirmations(int peer) {
-    return unread_confirmations_[static_cast<std::size_t>(peer)];
-  }
-  // The calls whose confirmation this rank owes `peer` and has not sent
-  // yet, oldest first (CollectiveStep::send_confirmation).
-  std::deque<CallInfo>& unsent_confirmations(int peer) {
-    return unsent_confirmations_[static_cast<std::size_t>(peer)];
+  // What this rank and `peer` owe each other in confirmations
+  // (CollectiveStep::expect_confirmation and send_confirmation), kept from
+  // call to call.
+  struct Confirmations {
+    // The calls whose confirmation `peer` still owes this rank on the
+    // collective channel, oldest first. The channel's messages arrive in
+    // order, so these are read before anything else `peer` sent
+    // (Exchange::run).
+    std::deque<CallInfo> unread;
+    // The calls whose confirmation this rank owes `peer` and has not sent
+    // yet, oldest first.
+    std::deque<CallInfo> unsent;
+    // How many calls after the oldest of them those are read at the latest
+    // (window) and sent (batch). They depend on the channel to `peer` only:
+    // Exchange::confirmation_window works them out once, and 0 means not
+    // yet.
+    std::uint64_t window = 0;
+    std::uint64_t batch = 0;
+  };
+  Confirmations& confirmations(int peer) {
+    return confirmations_[static_cast<std::size_t>(peer)];
   }
 
   // Reads from `peer`'s collective socket into `parts[0..count)` (at most
@@ -131,8 +141,7 @@ class Mesh {
   std::unique_ptr<shm::LocalPeers> local_;
   std::vector<std::array<detail::Socket, kChannels>> sockets_;
   std::vector<std::string> peer_names_;
-  std::vector<std::deque<CallInfo>> unread_confirmations_;
-  std::vector<std::deque<CallInfo>> unsent_confirmations_;
+  std::vector<Confirmations> confirmations_;
   // Bytes read from a peer's collective socket ahead of the receive they
   // belong to (read_collective): [begin, end) of `bytes`, allocated at
   // the first read from that peer.

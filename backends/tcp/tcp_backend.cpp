@@ -188,7 +188,7 @@ void TcpBackend::shutdown() {
     }
     std::vector<int> unconfirmed;
     for (int peer = 0; peer < size(); ++peer) {
-      if (!mesh_->unread_confirmations(peer).empty()) {
+      if (!mesh_->confirmations(peer).unread.empty()) {
         unconfirmed.push_back(peer);
       }
     }
