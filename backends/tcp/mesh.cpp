@@ -25,10 +25,14 @@
 namespace comm::tcp {
 namespace {
 
-const IntParam kLocalSendBufferBytes{
+const IntParam kLoopbackSendBufferBytes{
     "COMM_TCP_LOCAL_SNDBUF_BYTES", 256 << 10, 0, 1 << 30,
-    "SO_SNDBUF of connections to ranks on this machine (one kernel, any "
-    "network namespace); 0 keeps autotuning"};
+    "SO_SNDBUF of connections to ranks in this network namespace (over "
+    "loopback); 0 keeps autotuning"};
+const IntParam kNamespaceSendBufferBytes{
+    "COMM_TCP_NETNS_SNDBUF_BYTES", 128 << 10, 0, 1 << 30,
+    "SO_SNDBUF of connections to ranks of this kernel in another network "
+    "namespace (a veth pair, a container bridge); 0 keeps autotuning"};
 const StringParam kListenAddress{
     "COMM_TCP_ADDR",
     "127.0.0.1, or the local address that routes to a remote MASTER_ADDR",
@@ -54,42 +58,59 @@ std::string split_host(const std::string& address, std::uint16_t* port) {
   return host;
 }
 
-// Whether both ends of a connected socket have the same address: a peer on
-// this host, over loopback or this host's own address.
-bool peer_is_local(int fd) {
-  sockaddr_storage mine{}, theirs{};
-  socklen_t mine_size = sizeof(mine), theirs_size = sizeof(theirs);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &mine_size) != 0 ||
-      getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &theirs_size) !=
-          0 ||
-      mine.ss_family != theirs.ss_family) {
-    return false;
+// Whether `address` is a loopback one (127.0.0.0/8, ::1, or 127.0.0.0/8
+// mapped into IPv6).
+bool is_loopback(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET) {
+    const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
+    return (ntohl(v4.sin_addr.s_addr) >> 24) == 127;
   }
-  if (mine.ss_family == AF_INET) {
-    return reinterpret_cast<const sockaddr_in&>(mine).sin_addr.s_addr ==
-           reinterpret_cast<const sockaddr_in&>(theirs).sin_addr.s_addr;
+  if (address.ss_family == AF_INET6) {
+    const in6_addr& v6 =
+        reinterpret_cast<const sockaddr_in6&>(address).sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&v6) ||
+           (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
   }
-  if (mine.ss_family == AF_INET6) {
-    return std::memcmp(&reinterpret_cast<const sockaddr_in6&>(mine).sin6_addr,
-                       &reinterpret_cast<const sockaddr_in6&>(theirs).sin6_addr,
+  return false;
+}
+
+bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in&>(b).sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6&>(b).sin6_addr,
                        sizeof(in6_addr)) == 0;
   }
   return false;
 }
 
-// Gives a connection a fixed send buffer. The kernel's autotuning grows
-// it to megabytes (net.ipv4.tcp_wmem), so a sender runs far ahead of its
-// receiver, and where both run on one kernel (loopback, or a veth pair
-// between network namespaces) the queued data has left the cache by the
-// time the receiver copies it out: there the copies are the whole cost. A
-// fixed buffer (COMM_TCP_LOCAL_SNDBUF_BYTES, 256 KiB) keeps the queue in
-// cache; bench/README.md has the measurements. Connections that cross a
-// network keep autotuning, which a long path needs to fill its bandwidth.
-void limit_send_buffer(int fd) {
-  const int bytes = static_cast<int>(kLocalSendBufferBytes.get());
+// Gives a connection on this machine a fixed send buffer. The kernel's
+// autotuning grows it to megabytes (net.ipv4.tcp_wmem), so a sender runs
+// far ahead of its receiver, and where both run on one kernel the queued
+// data has left the cache by the time the receiver copies it out: there
+// the copies are the whole cost. A fixed buffer keeps the queue in cache.
+// Across network namespaces it is smaller
+// (COMM_TCP_NETNS_SNDBUF_BYTES, 128 KiB, against
+// COMM_TCP_LOCAL_SNDBUF_BYTES, 256 KiB, over loopback): with more queued
+// than the congestion window lets out, the peer's acknowledgements send
+// the rest from the softirq on the peer's CPU while this rank sends from
+// its own, the veth pair delivers the two streams through two CPUs'
+// queues, and the receiver sees them reordered, retransmits and shrinks
+// the window, a state a connection then keeps (bench/README.md has the
+// measurements). Connections that cross a network keep autotuning, which
+// a long path needs to fill its bandwidth.
+void fix_send_buffer(int fd, Route route) {
+  const std::int64_t bytes = route == Route::kLoopback
+                                 ? kLoopbackSendBufferBytes.get()
+                                 : kNamespaceSendBufferBytes.get();
   if (bytes > 0) {
+    const int value = static_cast<int>(bytes);
     // Best effort: a refusal leaves autotuning on, which is only slower.
-    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &value, sizeof(value));
   }
 }
 
@@ -145,6 +166,14 @@ std::string listen_address() {
   if (probe >= 0) close(probe);
   freeaddrinfo(found);
   return result;
+}
+
+Route route_between(const sockaddr_storage& mine,
+                    const sockaddr_storage& theirs, bool same_kernel) {
+  if (is_loopback(theirs) || same_address(mine, theirs)) {
+    return Route::kLoopback;
+  }
+  return same_kernel ? Route::kOtherNamespace : Route::kNetwork;
 }
 
 Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
@@ -232,10 +261,18 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   local_->read_hosts(store, deadline);
   for (int peer = 0; peer < size; ++peer) {
     for (detail::Socket& connection : sockets_[peer]) {
-      if (connection.valid() &&
-          (local_->same_kernel(peer) || peer_is_local(connection.fd()))) {
-        limit_send_buffer(connection.fd());
+      if (!connection.valid()) continue;
+      sockaddr_storage mine{}, theirs{};
+      socklen_t mine_size = sizeof(mine), theirs_size = sizeof(theirs);
+      if (getsockname(connection.fd(), reinterpret_cast<sockaddr*>(&mine),
+                      &mine_size) != 0 ||
+          getpeername(connection.fd(), reinterpret_cast<sockaddr*>(&theirs),
+                      &theirs_size) != 0) {
+        continue;  // a connection already reset fails at its first use
       }
+      const Route route =
+          route_between(mine, theirs, local_->same_kernel(peer));
+      if (route != Route::kNetwork) fix_send_buffer(connection.fd(), route);
     }
   }
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -49,6 +50,21 @@ enum class Channel : std::uint8_t {
   kControl = 2
 };
 inline constexpr int kChannels = 3;
+
+// Where a connection runs, which decides its send buffer (Mesh).
+enum class Route : std::uint8_t {
+  kLoopback,        // within one network namespace
+  kOtherNamespace,  // between network namespaces of one kernel
+  kNetwork,         // to another machine
+};
+// The route between the two ends of a connection, from their addresses and
+// whether the peer runs on this kernel (shm::LocalPeers::same_kernel): a
+// peer at a loopback address or at this end's own address is in this
+// namespace; one at another address on this kernel is behind a veth pair
+// or a bridge. (Two addresses of one namespace count as two namespaces:
+// an approximation that costs only a smaller buffer.)
+Route route_between(const sockaddr_storage& mine,
+                    const sockaddr_storage& theirs, bool same_kernel);
 
 class Mesh {
  public:

@@ -4,6 +4,9 @@
 // throw what they find and the test's thread checks it.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <chrono>
 #include <cstdint>
 #include <stdexcept>
@@ -26,6 +29,8 @@
 using comm::HashStore;
 using comm::tcp::Channel;
 using comm::tcp::Mesh;
+using comm::tcp::Route;
+using comm::tcp::route_between;
 using comm::testing::check_all_ok;
 using comm::testing::expect;
 using comm::testing::run_meshes;
@@ -308,4 +313,47 @@ TEST_CASE("ranks whose tokens differ do not connect", "[tcp][mesh][auth]") {
   CHECK_THAT(errors[1], Catch::Contains("refused our proof") &&
                             Catch::Contains("COMM_STORE_TOKEN"));
   CHECK_THAT(errors[0], Catch::Contains("timed out waiting for connections"));
+}
+
+namespace {
+
+sockaddr_storage address_of(const char* text) {
+  sockaddr_storage address{};
+  if (inet_pton(AF_INET, text,
+                &reinterpret_cast<sockaddr_in&>(address).sin_addr) == 1) {
+    address.ss_family = AF_INET;
+  } else {
+    REQUIRE(inet_pton(AF_INET6, text,
+                      &reinterpret_cast<sockaddr_in6&>(address).sin6_addr) ==
+            1);
+    address.ss_family = AF_INET6;
+  }
+  return address;
+}
+
+Route route(const char* mine, const char* theirs, bool same_kernel) {
+  return route_between(address_of(mine), address_of(theirs), same_kernel);
+}
+
+}  // namespace
+
+TEST_CASE("a connection's route: loopback, another namespace, the network",
+          "[mesh]") {
+  // A loopback peer, or one at this end's own address, is in this
+  // namespace, whatever the boot ids say.
+  for (bool same_kernel : {true, false}) {
+    CHECK(route("127.0.0.1", "127.0.0.2", same_kernel) == Route::kLoopback);
+    CHECK(route("10.0.0.7", "10.0.0.7", same_kernel) == Route::kLoopback);
+    CHECK(route("::1", "::1", same_kernel) == Route::kLoopback);
+    CHECK(route("::ffff:127.0.0.1", "::ffff:127.0.0.3", same_kernel) ==
+          Route::kLoopback);
+    CHECK(route("fd00::7", "fd00::7", same_kernel) == Route::kLoopback);
+  }
+  // Another address: behind a veth pair on this kernel, else elsewhere.
+  CHECK(route("10.214.0.1", "10.214.0.2", true) == Route::kOtherNamespace);
+  CHECK(route("10.214.0.1", "10.214.0.2", false) == Route::kNetwork);
+  CHECK(route("fd00::1", "fd00::2", true) == Route::kOtherNamespace);
+  CHECK(route("fd00::1", "fd00::2", false) == Route::kNetwork);
+  CHECK(route("10.0.0.1", "fd00::1", false) == Route::kNetwork);
+  CHECK(route("::ffff:10.0.0.1", "::ffff:10.0.0.2", false) == Route::kNetwork);
 }

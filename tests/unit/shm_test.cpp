@@ -588,14 +588,16 @@ TEST_CASE("a rank knows which peers run on its kernel, whatever their host",
   CHECK(!peers.same_kernel(2));
 }
 
-TEST_CASE("connections within one kernel get the fixed send buffer",
+TEST_CASE("connections over loopback get the loopback send buffer",
           "[shm][mesh]") {
   // The ranks listen on 127.0.0.2 and connect from 127.0.0.1, so the two
-  // ends of each connection have different addresses, as across a veth
-  // pair: only their equal boot ids say that they share a kernel.
+  // ends of each connection have different addresses: the loopback
+  // address, not their equality, says that they share a namespace. The
+  // buffer across namespaces differs, so that taking it would fail.
   EnvIs env({{"COMM_TRANSPORT", "tcp"},
              {"COMM_TCP_ADDR", "127.0.0.2"},
-             {"COMM_TCP_LOCAL_SNDBUF_BYTES", "100000"}});
+             {"COMM_TCP_LOCAL_SNDBUF_BYTES", "100000"},
+             {"COMM_TCP_NETNS_SNDBUF_BYTES", "60000"}});
   // Linux caps SO_SNDBUF at net.core.wmem_max and reports twice the value.
   int cap = 100000;
   std::ifstream("/proc/sys/net/core/wmem_max") >> cap;
