@@ -322,25 +322,25 @@ static_assert(ControlChannel::kHistory >= 2 * (Exchange::kConfirmationWindow +
 
 std::uint64_t Exchange::confirmation_window(Mesh& mesh, int peer) {
   Mesh::Confirmations& owed = mesh.confirmations(peer);
-  if (owed.window != 0) return owed.window;
-  owed.window = kConfirmationWindow;
+  if (owed.window_kept != 0) return owed.window_kept;
+  owed.window_kept = kConfirmationWindow;
   if (const shm::Ring* ring = mesh.ring(peer, Channel::kCollective, false)) {
     constexpr std::size_t kMessage =
         MessageHeader::kWireSize + kConfirmationBytes;
     const std::size_t fit = ring->rewind_room() / kMessage;
-    owed.window = std::clamp<std::uint64_t>(fit >= 3 ? fit - 2 : 1, 1,
-                                            kConfirmationWindow);
+    owed.window_kept = std::clamp<std::uint64_t>(fit >= 3 ? fit - 2 : 1, 1,
+                                                 kConfirmationWindow);
   }
   // The ring this rank's confirmations to `peer` travel on is the one
   // `peer` reads them from, of the same capacity as the one back.
-  owed.batch = std::max<std::uint64_t>(
-      1, owed.window * kConfirmationBatch / kConfirmationWindow);
-  return owed.window;
+  owed.batch_kept = std::max<std::uint64_t>(
+      1, owed.window_kept * kConfirmationBatch / kConfirmationWindow);
+  return owed.window_kept;
 }
 
 std::uint64_t Exchange::confirmation_batch(Mesh& mesh, int peer) {
   confirmation_window(mesh, peer);
-  return mesh.confirmations(peer).batch;
+  return mesh.confirmations(peer).batch_kept;
 }
 
 void Exchange::run() {

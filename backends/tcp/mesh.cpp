@@ -60,7 +60,7 @@ std::string split_host(const std::string& address, std::uint16_t* port) {
 
 // Whether `address` is a loopback one (127.0.0.0/8, ::1, or 127.0.0.0/8
 // mapped into IPv6).
-bool is_loopback(const sockaddr_storage& address) {
+bool is_loopback_address(const sockaddr_storage& address) {
   if (address.ss_family == AF_INET) {
     const auto& v4 = reinterpret_cast<const sockaddr_in&>(address);
     return (ntohl(v4.sin_addr.s_addr) >> 24) == 127;
@@ -104,9 +104,12 @@ bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
 // measurements). Connections that cross a network keep autotuning, which
 // a long path needs to fill its bandwidth.
 void fix_send_buffer(int fd, Route route) {
-  const std::int64_t bytes = route == Route::kLoopback
-                                 ? kLoopbackSendBufferBytes.get()
-                                 : kNamespaceSendBufferBytes.get();
+  std::int64_t bytes = 0;
+  switch (route) {
+    case Route::kLoopback: bytes = kLoopbackSendBufferBytes.get(); break;
+    case Route::kOtherNamespace: bytes = kNamespaceSendBufferBytes.get(); break;
+    case Route::kNetwork: return;
+  }
   if (bytes > 0) {
     const int value = static_cast<int>(bytes);
     // Best effort: a refusal leaves autotuning on, which is only slower.
@@ -135,7 +138,7 @@ std::string connected_host(int fd) {
   return std::string(" (host ") + text + ")";
 }
 
-bool is_loopback(const std::string& host) {
+bool is_loopback_host(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
@@ -144,7 +147,7 @@ bool is_loopback(const std::string& host) {
 std::string listen_address() {
   if (auto explicit_address = kListenAddress.get()) return *explicit_address;
   const char* master = std::getenv("MASTER_ADDR");
-  if (master == nullptr || is_loopback(master)) return "127.0.0.1";
+  if (master == nullptr || is_loopback_host(master)) return "127.0.0.1";
   // Ask the routing table which local address reaches the master: a UDP
   // socket's connect sends nothing.
   addrinfo hints{};
@@ -170,7 +173,7 @@ std::string listen_address() {
 
 Route route_between(const sockaddr_storage& mine,
                     const sockaddr_storage& theirs, bool same_kernel) {
-  if (is_loopback(theirs) || same_address(mine, theirs)) {
+  if (is_loopback_address(theirs) || same_address(mine, theirs)) {
     return Route::kLoopback;
   }
   return same_kernel ? Route::kOtherNamespace : Route::kNetwork;
@@ -272,7 +275,7 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
       }
       const Route route =
           route_between(mine, theirs, local_->same_kernel(peer));
-      if (route != Route::kNetwork) fix_send_buffer(connection.fd(), route);
+      fix_send_buffer(connection.fd(), route);
     }
   }
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);

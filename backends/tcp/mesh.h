@@ -104,11 +104,12 @@ class Mesh {
     // yet, oldest first.
     std::deque<CallInfo> unsent;
     // How many calls after the oldest of them those are read at the latest
-    // (window) and sent (batch). They depend on the channel to `peer` only:
-    // Exchange::confirmation_window works them out once, and 0 means not
-    // yet.
-    std::uint64_t window = 0;
-    std::uint64_t batch = 0;
+    // (window) and sent (batch). They depend on the channel to `peer` only,
+    // so Exchange::confirmation_window works them out once and keeps them
+    // here; 0 means not yet. Read them through Exchange::confirmation_window
+    // and confirmation_batch only: a batch of 0 would send every call.
+    std::uint64_t window_kept = 0;
+    std::uint64_t batch_kept = 0;
   };
   Confirmations& confirmations(int peer) {
     return confirmations_[static_cast<std::size_t>(peer)];

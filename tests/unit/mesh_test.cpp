@@ -354,6 +354,8 @@ TEST_CASE("a connection's route: loopback, another namespace, the network",
   CHECK(route("10.214.0.1", "10.214.0.2", false) == Route::kNetwork);
   CHECK(route("fd00::1", "fd00::2", true) == Route::kOtherNamespace);
   CHECK(route("fd00::1", "fd00::2", false) == Route::kNetwork);
+  CHECK(route("10.0.0.127", "10.0.0.1", true) == Route::kOtherNamespace);
+  CHECK(route("fd00::7f00:1", "fd00::7f00:2", false) == Route::kNetwork);
   CHECK(route("10.0.0.1", "fd00::1", false) == Route::kNetwork);
   CHECK(route("::ffff:10.0.0.1", "::ffff:10.0.0.2", false) == Route::kNetwork);
 }

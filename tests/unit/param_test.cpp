@@ -255,7 +255,8 @@ TEST_CASE("read_params reads the knobs under a prefix now", "[param]") {
 TEST_CASE("a bad TCP knob fails TcpBackend construction", "[param][tcp]") {
   for (const char* name :
        {"COMM_TCP_RING_THRESHOLD_BYTES", "COMM_TCP_CHUNK_BYTES",
-        "COMM_TCP_SPIN_US", "COMM_TCP_LOCAL_SNDBUF_BYTES"}) {
+        "COMM_TCP_SPIN_US", "COMM_TCP_LOCAL_SNDBUF_BYTES",
+        "COMM_TCP_NETNS_SNDBUF_BYTES"}) {
     INFO(name);
     ScopedEnv env(name, "abc");
     auto store = std::make_shared<comm::HashStore>();

@@ -601,6 +601,11 @@ TEST_CASE("connections over loopback get the loopback send buffer",
   // Linux caps SO_SNDBUF at net.core.wmem_max and reports twice the value.
   int cap = 100000;
   std::ifstream("/proc/sys/net/core/wmem_max") >> cap;
+  if (cap <= 60000) {
+    WARN("net.core.wmem_max is " << cap
+                                 << ": both buffers would be capped alike");
+    return;
+  }
   const int expected = 2 * std::min(100000, cap);
   auto errors = comm::testing::run_meshes(2, 20s, [&](Mesh& mesh) {
     const int peer = 1 - mesh.rank();
