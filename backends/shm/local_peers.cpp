@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "backends/shm/kernel_copy.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/enum_param.h"
 #include "libcomm/error.h"
@@ -644,7 +645,10 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
 
 void LocalPeers::agree_on_single_copy(Store& store, int size, bool able,
                                       detail::Clock::time_point deadline) {
-  store.set_string("shm/copy/" + std::to_string(rank_), able ? "1" : "0");
+  // "0": this rank cannot read its peers' memory (or will not); "1": it
+  // can; "2": it can, and its kernel's copy keeps up (kernel_copy.h).
+  const char* word = !able ? "0" : kernel_copy_keeps_up_here() ? "2" : "1";
+  store.set_string("shm/copy/" + std::to_string(rank_), word);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r)
     keys.push_back("shm/copy/" + std::to_string(r));
@@ -664,8 +668,11 @@ void LocalPeers::agree_on_single_copy(Store& store, int size, bool able,
                        " to finish setting up shared memory");
   }
   single_copy_ = std::all_of(said.begin(), said.end(), [](const Bytes& word) {
-    return to_string(word) == "1";
+    return to_string(word) != "0";
   });
+  kernel_copy_keeps_up_ =
+      std::all_of(said.begin(), said.end(),
+                  [](const Bytes& word) { return to_string(word) == "2"; });
   if (able && !single_copy_) {
     COMM_LOG_DEBUG(
         "shared memory: rank {} reads no peer's memory: another rank cannot, "

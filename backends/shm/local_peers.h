@@ -35,7 +35,9 @@
 // gave the word; the group reads its peers' memory (read_memory) only when
 // every rank says yes, so that all ranks choose the same algorithms. A
 // refusal costs one log line and leaves every byte on the rings.
-// COMM_SHM_SINGLE_COPY=0 turns it off.
+// COMM_SHM_SINGLE_COPY=0 turns it off. With the same word each rank says
+// whether the kernel's copy keeps up with memcpy here (kernel_copy.h), and
+// the group counts it as keeping up only when every rank says so.
 //
 // Offering. A rank whose buffers its peers may read in a collective says
 // so in a word of its segment (offer) until it leaves the call (withdraw),
@@ -135,6 +137,11 @@ class LocalPeers {
   // read every other's memory (see "Single copy" above); the same answer
   // on every rank of the group.
   bool single_copy() const { return single_copy_; }
+  // Where single_copy(): whether every rank found that the kernel's copy
+  // between processes keeps up with memcpy on this host (kernel_copy.h),
+  // so that two ranks read each other's buffers in the collectives that
+  // do so only there; the same answer on every rank of the group.
+  bool kernel_copy_keeps_up() const { return kernel_copy_keeps_up_; }
   // Copies `bytes` at `address` in rank `peer`'s process into `into`
   // (process_vm_readv); `peer` is local, or this rank. Returns 0, or the
   // errno of the failure: ESRCH when the peer's process has ended (its
@@ -204,8 +211,9 @@ class LocalPeers {
   static HostPartition partition(const std::vector<Published>& published);
   // Sets hosts_ and each peer's same_kernel from what every rank published.
   void learn_hosts(const std::vector<Published>& published);
-  // Publishes whether this rank is `able` to read every peer's memory and
-  // sets single_copy_ to whether every rank is.
+  // Publishes whether this rank is `able` to read every peer's memory, and
+  // whether its kernel's copy keeps up, and sets single_copy_ and
+  // kernel_copy_keeps_up_ to whether every rank said so.
   void agree_on_single_copy(Store& store, int size, bool able,
                             detail::Clock::time_point deadline);
   // Whether `peer`'s process has ended (its pidfd is readable).
@@ -231,6 +239,7 @@ class LocalPeers {
   // memory; its address travels in the hello.
   std::uint64_t probe_word_ = 0;
   bool single_copy_ = false;
+  bool kernel_copy_keeps_up_ = false;
   // What offer() and withdraw() store: the last line of this rank's
   // segment, which its peers map, or `unshared_offer_` without one.
   std::atomic<std::uint64_t> unshared_offer_{0};

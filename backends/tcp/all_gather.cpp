@@ -21,9 +21,10 @@
 // needs hosts of equal sizes and H shared-memory phases, one per host's
 // blocks, or a ring whose messages gather H blocks each.
 //
-// Where every rank is on this host and may read the others' memory, the
-// group has three ranks or more (two keep the rings: single_copy.h), and
-// the n blocks hold COMM_SHM_DIRECT_THRESHOLD_BYTES or more, each rank reads
+// Where every rank is on this host and may read the others' memory, and
+// the n blocks hold COMM_SHM_DIRECT_THRESHOLD_BYTES or more (at two ranks,
+// COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES, and only where the
+// kernel's copy keeps up: single_copy.h), each rank reads
 // every peer's block from that peer's memory (single_copy.h), after a step that
 // trades the blocks' addresses and before one that tells every peer it is
 // done, so that no rank returns while a peer still reads its block. A rank
@@ -91,9 +92,9 @@ void all_gather(CollectiveTransport& ctx, std::span<void* const> blocks,
     for (int r : hosts->host_order()) ordered_blocks.push_back(blocks[r]);
     return all_gather(ordered, ordered_blocks, bytes);
   }
-  if (PeerMemory* memory =
-          direct_memory(ctx, bytes * static_cast<std::size_t>(size),
-                        DirectKind::kAmongAll, AtTwoRanks::kKeepRings)) {
+  if (PeerMemory* memory = direct_memory(
+          ctx, bytes * static_cast<std::size_t>(size), DirectKind::kAmongAll,
+          AtTwoRanks::kReadWhereKernelCopyKeepsUp)) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     const std::vector<std::vector<Region>> mine(

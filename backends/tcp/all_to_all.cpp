@@ -10,10 +10,11 @@
 // larger messages between hosts at the cost of a copy in and out of each
 // leader.
 //
-// Where every rank is on this host and may read the others' memory, and
-// the group has three ranks or more (two keep the rings: single_copy.h),
-// each pair of ranks decides, for each direction, on the part's size alone
-// (both ends know it): a part of COMM_SHM_DIRECT_THRESHOLD_BYTES / n, rounded
+// Where every rank is on this host and may read the others' memory (at
+// two ranks, only where the kernel's copy keeps up: single_copy.h), each
+// pair of ranks decides, for each direction, on the part's size alone
+// (both ends know it): a part of COMM_SHM_DIRECT_THRESHOLD_BYTES / n
+// (at two ranks, COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES / 2), rounded
 // up, or more (n such parts reach the threshold) is read by its receiver
 // from the sender's input where it lies (single_copy.h), a smaller one
 // travels over the ring. In one step every rank sends each peer either its
@@ -47,7 +48,10 @@ namespace {
 std::size_t read_threshold(int size) {
   const auto n = static_cast<std::size_t>(size);
   return std::max<std::size_t>(
-      1, (direct_threshold_bytes(DirectKind::kAmongAll) + n - 1) / n);
+      1, (direct_threshold_bytes(DirectKind::kAmongAll, size,
+                                 AtTwoRanks::kReadWhereKernelCopyKeepsUp) +
+          n - 1) /
+             n);
 }
 
 void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
@@ -112,7 +116,8 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
     std::memmove(output + recv_offsets[rank], input + send_offsets[rank],
                  send_bytes[rank]);
   }
-  if (PeerMemory* memory = readable_memory(ctx, AtTwoRanks::kKeepRings)) {
+  if (PeerMemory* memory =
+          readable_memory(ctx, AtTwoRanks::kReadWhereKernelCopyKeepsUp)) {
     const std::size_t threshold = read_threshold(size);
     bool reads = false;
     for (int p = 0; p < size; ++p) {

@@ -60,6 +60,9 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
   void read(int peer, std::uint64_t address, void* into,
             std::size_t bytes) override;
   void confirm(std::span<const int> peers) override;
+  bool kernel_copy_keeps_up() const override {
+    return mesh_.local_peers().kernel_copy_keeps_up();
+  }
   std::uint8_t* scratch(std::size_t bytes) override {
     return mesh_.local_peers().scratch(bytes);
   }

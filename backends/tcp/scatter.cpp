@@ -17,9 +17,10 @@
 // from the root over its receiver's own link; relaying a host's blocks
 // through a leader would add a hop and a copy to save messages, not bytes.
 //
-// Where every rank is on this host and may read the others' memory, the
-// group has three ranks or more (two keep the rings: single_copy.h), and
-// the n parts hold COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES or more, each
+// Where every rank is on this host and may read the others' memory, and
+// the n parts hold COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES or more (at
+// two ranks, COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES, and
+// only where the kernel's copy keeps up: single_copy.h), each
 // rank reads its part from the root's memory (single_copy.h): the root
 // sends each rank its part's address and size, and returns once every rank
 // has said it has read it.
@@ -93,9 +94,9 @@ void scatter_in_tree(CollectiveTransport& ctx,
 
 void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
              void* output, std::size_t bytes, int root) {
-  if (PeerMemory* memory =
-          direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()),
-                        DirectKind::kFromRoot, AtTwoRanks::kKeepRings)) {
+  if (PeerMemory* memory = direct_memory(
+          ctx, bytes * static_cast<std::size_t>(ctx.size()),
+          DirectKind::kFromRoot, AtTwoRanks::kReadWhereKernelCopyKeepsUp)) {
     const Offer offer(*memory);
     if (ctx.rank() != root) {
       const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);

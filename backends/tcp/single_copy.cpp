@@ -29,25 +29,52 @@ const IntParam kDirectToRootThresholdBytes{
     std::numeric_limits<std::int64_t>::max(),
     "the smallest gather or reduce whose root, with every rank on one host, "
     "reads the others' buffers directly"};
+const IntParam kDirectAtTwoRanksThresholdBytes{
+    "COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", 64 << 10, 1,
+    std::numeric_limits<std::int64_t>::max(),
+    "the smallest all_gather or all_to_all of two ranks on one host that "
+    "reads the peer's buffer directly, where the kernel's copy keeps up "
+    "(COMM_SHM_KERNEL_COPY)"};
+const IntParam kDirectFromRootAtTwoRanksThresholdBytes{
+    "COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", 256 << 10, 1,
+    std::numeric_limits<std::int64_t>::max(),
+    "the smallest scatter of two ranks on one host whose other rank reads "
+    "the root's buffer directly, where the kernel's copy keeps up "
+    "(COMM_SHM_KERNEL_COPY)"};
 
 }  // namespace
 
-std::size_t direct_threshold_bytes(DirectKind kind) {
+std::size_t direct_threshold_bytes(DirectKind kind, int size,
+                                   AtTwoRanks at_two_ranks) {
   const IntParam& threshold =
-      kind == DirectKind::kAmongAll   ? kDirectThresholdBytes
+      size == 2 && at_two_ranks == AtTwoRanks::kReadWhereKernelCopyKeepsUp
+          ? (kind == DirectKind::kFromRoot
+                 ? kDirectFromRootAtTwoRanksThresholdBytes
+                 : kDirectAtTwoRanksThresholdBytes)
+      : kind == DirectKind::kAmongAll ? kDirectThresholdBytes
       : kind == DirectKind::kFromRoot ? kDirectFromRootThresholdBytes
                                       : kDirectToRootThresholdBytes;
   return static_cast<std::size_t>(threshold.get());
 }
 
 PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks) {
-  const int fewest = at_two_ranks == AtTwoRanks::kKeepRings ? 3 : 2;
-  return ctx.size() < fewest ? nullptr : ctx.peer_memory();
+  if (ctx.size() < 2) return nullptr;
+  PeerMemory* memory = ctx.peer_memory();
+  if (ctx.size() > 2 || memory == nullptr) return memory;
+  switch (at_two_ranks) {
+    case AtTwoRanks::kReadDirectly: return memory;
+    case AtTwoRanks::kKeepRings: return nullptr;
+    case AtTwoRanks::kReadWhereKernelCopyKeepsUp:
+      return memory->kernel_copy_keeps_up() ? memory : nullptr;
+  }
+  return nullptr;
 }
 
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
                           DirectKind kind, AtTwoRanks at_two_ranks) {
-  if (bytes < direct_threshold_bytes(kind)) return nullptr;
+  if (bytes < direct_threshold_bytes(kind, ctx.size(), at_two_ranks)) {
+    return nullptr;
+  }
   return readable_memory(ctx, at_two_ranks);
 }
 

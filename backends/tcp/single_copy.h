@@ -64,26 +64,42 @@ enum class DirectKind {
 // reduce_scatter's ring: one exchange each way per half; all_gather and
 // all_to_all: one exchange), the ring copies on both cores at once, while
 // a direct read adds the kernel's copy, which pins every page it reads,
-// and the algorithm's synchronisation steps; those collectives keep the
-// rings at two ranks (bench/README.md, "Single copy"). gather and reduce
-// answer to their own threshold and read directly at two ranks too.
-enum class AtTwoRanks { kReadDirectly, kKeepRings };
+// and the algorithm's synchronisation steps. Which wins depends on how
+// fast the host's kernel copies (bench/README.md, "Single copy at two
+// ranks"): all_reduce, reduce_scatter and broadcast keep the rings at two
+// ranks on every host measured; all_gather, all_to_all and scatter read
+// directly where the kernel's copy keeps up (PeerMemory::
+// kernel_copy_keeps_up), from COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES
+// (scatter: COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES), as the
+// rings then copy each byte of the peer's block twice where one copy would
+// do. gather and reduce answer to their own threshold and read
+// directly at two ranks too.
+enum class AtTwoRanks {
+  kReadDirectly,
+  kKeepRings,
+  kReadWhereKernelCopyKeepsUp,
+};
 
-// The smallest collective of `kind` that reads the peers' memory, in the
-// bytes each collective's file names.
-std::size_t direct_threshold_bytes(DirectKind kind);
+// The smallest collective of `kind` that reads the peers' memory in a
+// group of `size` ranks, in the bytes each collective's file names: the
+// kind's threshold, or at two ranks with kReadWhereKernelCopyKeepsUp,
+// COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES (kFromRoot:
+// COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES).
+std::size_t direct_threshold_bytes(DirectKind kind, int size,
+                                   AtTwoRanks at_two_ranks);
 
 // The peers' memory where a collective may read it at all, whatever its
 // size: every rank of the group can read every other's, and the group has
-// more than one rank (more than two with AtTwoRanks::kKeepRings). Null
-// otherwise. Every rank of the group gets the same answer. all_to_all,
-// which judges each part's size on its own, asks this.
+// more than one rank (more than two with AtTwoRanks::kKeepRings, and
+// with kReadWhereKernelCopyKeepsUp where the kernel's copy does not keep
+// up). Null otherwise. Every rank of the group gets the same answer.
+// all_to_all, which judges each part's size on its own, asks this.
 PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks);
 
 // The peers' memory when a collective of `kind` and `bytes` reads it
 // directly: readable_memory(), and `bytes` reaches
-// direct_threshold_bytes(kind). Null otherwise. Every rank that makes the
-// same call gets the same answer.
+// direct_threshold_bytes() at the group's size. Null otherwise. Every rank that
+// makes the same call gets the same answer.
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
                           DirectKind kind, AtTwoRanks at_two_ranks);
 

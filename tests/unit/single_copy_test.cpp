@@ -87,6 +87,9 @@ class Counted final : public CollectiveTransport, public PeerMemory {
     memory_->read(peer, address, into, bytes);
   }
   void confirm(std::span<const int> peers) override { memory_->confirm(peers); }
+  bool kernel_copy_keeps_up() const override {
+    return memory_->kernel_copy_keeps_up();
+  }
   std::uint8_t* scratch(std::size_t bytes) override {
     return memory_->scratch(bytes);
   }
@@ -279,6 +282,18 @@ TEST_CASE("single copy is on where every rank is local, unless turned off",
     });
     check_all_ok(errors);
   }
+  SECTION("COMM_SHM_KERNEL_COPY says whether the kernel's copy keeps up") {
+    for (const char* word : {"fast", "slow"}) {
+      EnvIs said({{"COMM_SHM_KERNEL_COPY", word}});
+      const bool fast = std::string(word) == "fast";
+      auto errors = comm::testing::run_meshes(2, 20s, [&](Mesh& mesh) {
+        expect(mesh.local_peers().single_copy(), "single copy is off");
+        expect(mesh.local_peers().kernel_copy_keeps_up() == fast,
+               std::string("the kernel's copy does not follow ") + word);
+      });
+      check_all_ok(errors);
+    }
+  }
   SECTION("COMM_TRANSPORT=tcp") {
     EnvIs tcp({{"COMM_TRANSPORT", "tcp"}});
     auto errors = comm::testing::run_meshes(2, 20s, [](Mesh& mesh) {
@@ -454,115 +469,132 @@ TEST_CASE(
 
 TEST_CASE(
     "broadcast, all_gather, gather and scatter read each byte once, from "
-    "every root, and a broadcast, all_gather or scatter of two ranks keeps "
-    "the rings",
+    "every root; at two ranks, a broadcast keeps the rings, and an "
+    "all_gather or scatter reads only where the kernel's copy keeps up",
     "[single_copy][broadcast][gather]") {
-  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
-             {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"},
-             {"COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", "1"}});
-  for (int world : {1, 2, 3, 5, 8}) {
-    std::atomic<std::size_t> read{0};
-    std::size_t expected_read = 0;
-    const std::vector<std::size_t> sizes = {0, 1, 13, 70001};
-    for (std::size_t bytes : sizes) {
-      // all_gather (from three ranks: two keep the rings): every rank
-      // reads every other block; broadcast and scatter (from three ranks)
-      // and gather: n - 1 blocks in all, from each root.
-      const int reading = world > 2 ? 4 : 1;
-      expected_read +=
-          static_cast<std::size_t>(world) * (world - 1) * bytes * reading;
-    }
-    auto errors = run_ranks(world, read, [&](Rank& rank) {
-      const int me = rank.rank();
+  for (const char* kernel_copy : {"slow", "fast"}) {
+    const bool fast = std::string(kernel_copy) == "fast";
+    EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+               {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"},
+               {"COMM_SHM_DIRECT_TO_ROOT_THRESHOLD_BYTES", "1"},
+               {"COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", "1"},
+               {"COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", "1"},
+               {"COMM_SHM_KERNEL_COPY", kernel_copy}});
+    for (int world : {1, 2, 3, 5, 8}) {
+      std::atomic<std::size_t> read{0};
+      std::size_t expected_read = 0;
+      const std::vector<std::size_t> sizes = {0, 1, 13, 70001};
       for (std::size_t bytes : sizes) {
-        const std::string what =
-            std::to_string(bytes) + " bytes, world " + std::to_string(world);
-        const auto count = static_cast<std::int64_t>(bytes);
-        // all_gather, in place as the backend calls it: this rank's block
-        // is already in its place.
-        std::vector<Bytes> blocks(world, Bytes(bytes, 0));
-        blocks[me] = pattern(me, 0, bytes);
-        std::vector<void*> places;
-        for (Bytes& block : blocks) places.push_back(block.data());
-        rank.run(
-            {Collective::kAllGather, 0, DType::kU8, count, ReduceOp::kSum, -1},
-            [&](CollectiveTransport& t) { alg::all_gather(t, places, bytes); });
-        for (int r = 0; r < world; ++r) {
-          expect(blocks[r] == pattern(r, 0, bytes), "all_gather " + what);
-        }
-        for (int root = 0; root < world; ++root) {
-          const std::string from = what + ", root " + std::to_string(root);
-          Bytes data = me == root ? pattern(root, 1, bytes) : Bytes(bytes, 0);
-          rank.run({Collective::kBroadcast, 0, DType::kU8, count,
-                    ReduceOp::kSum, root},
-                   [&](CollectiveTransport& t) {
-                     alg::broadcast(t, data.data(), bytes, root);
-                   });
-          expect(data == pattern(root, 1, bytes), "broadcast " + from);
-
-          const Bytes input = pattern(me, 2, bytes);
-          std::vector<Bytes> gathered(me == root ? world : 0, Bytes(bytes));
-          std::vector<void*> outputs;
-          for (Bytes& block : gathered) outputs.push_back(block.data());
-          rank.run(
-              {Collective::kGather, 0, DType::kU8, count, ReduceOp::kSum, root},
-              [&](CollectiveTransport& t) {
-                alg::gather(t, input.data(), outputs, bytes, root);
-              });
-          for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
-            expect(gathered[r] == pattern(r, 2, bytes), "gather " + from);
-          }
-
-          std::vector<Bytes> parts;
-          std::vector<const void*> inputs;
-          if (me == root) {
-            for (int r = 0; r < world; ++r)
-              parts.push_back(pattern(r, 3, bytes));
-            for (const Bytes& part : parts) inputs.push_back(part.data());
-          }
-          Bytes part(bytes, 0);
-          rank.run({Collective::kScatter, 0, DType::kU8, count, ReduceOp::kSum,
-                    root},
-                   [&](CollectiveTransport& t) {
-                     alg::scatter(t, inputs, part.data(), bytes, root);
-                   });
-          expect(part == pattern(me, 3, bytes), "scatter " + from);
-        }
+        // all_gather: every rank reads every other block; broadcast,
+        // scatter and gather: n - 1 blocks in all, from each root. At two
+        // ranks only gather reads, and all_gather and scatter where the
+        // kernel's copy keeps up.
+        const int reading = world > 2 ? 4 : fast ? 3 : 1;
+        expected_read +=
+            static_cast<std::size_t>(world) * (world - 1) * bytes * reading;
       }
-    });
-    INFO("world " << world);
-    check_all_ok(errors);
-    CHECK(read.load() == expected_read);
+      auto errors = run_ranks(world, read, [&](Rank& rank) {
+        const int me = rank.rank();
+        for (std::size_t bytes : sizes) {
+          const std::string what =
+              std::to_string(bytes) + " bytes, world " + std::to_string(world);
+          const auto count = static_cast<std::int64_t>(bytes);
+          // all_gather, in place as the backend calls it: this rank's block
+          // is already in its place.
+          std::vector<Bytes> blocks(world, Bytes(bytes, 0));
+          blocks[me] = pattern(me, 0, bytes);
+          std::vector<void*> places;
+          for (Bytes& block : blocks) places.push_back(block.data());
+          rank.run({Collective::kAllGather, 0, DType::kU8, count,
+                    ReduceOp::kSum, -1},
+                   [&](CollectiveTransport& t) {
+                     alg::all_gather(t, places, bytes);
+                   });
+          for (int r = 0; r < world; ++r) {
+            expect(blocks[r] == pattern(r, 0, bytes), "all_gather " + what);
+          }
+          for (int root = 0; root < world; ++root) {
+            const std::string from = what + ", root " + std::to_string(root);
+            Bytes data = me == root ? pattern(root, 1, bytes) : Bytes(bytes, 0);
+            rank.run({Collective::kBroadcast, 0, DType::kU8, count,
+                      ReduceOp::kSum, root},
+                     [&](CollectiveTransport& t) {
+                       alg::broadcast(t, data.data(), bytes, root);
+                     });
+            expect(data == pattern(root, 1, bytes), "broadcast " + from);
+
+            const Bytes input = pattern(me, 2, bytes);
+            std::vector<Bytes> gathered(me == root ? world : 0, Bytes(bytes));
+            std::vector<void*> outputs;
+            for (Bytes& block : gathered) outputs.push_back(block.data());
+            rank.run({Collective::kGather, 0, DType::kU8, count, ReduceOp::kSum,
+                      root},
+                     [&](CollectiveTransport& t) {
+                       alg::gather(t, input.data(), outputs, bytes, root);
+                     });
+            for (int r = 0; r < static_cast<int>(gathered.size()); ++r) {
+              expect(gathered[r] == pattern(r, 2, bytes), "gather " + from);
+            }
+
+            std::vector<Bytes> parts;
+            std::vector<const void*> inputs;
+            if (me == root) {
+              for (int r = 0; r < world; ++r)
+                parts.push_back(pattern(r, 3, bytes));
+              for (const Bytes& part : parts) inputs.push_back(part.data());
+            }
+            Bytes part(bytes, 0);
+            rank.run({Collective::kScatter, 0, DType::kU8, count,
+                      ReduceOp::kSum, root},
+                     [&](CollectiveTransport& t) {
+                       alg::scatter(t, inputs, part.data(), bytes, root);
+                     });
+            expect(part == pattern(me, 3, bytes), "scatter " + from);
+          }
+        }
+      });
+      INFO("world " << world << ", kernel copy " << kernel_copy);
+      check_all_ok(errors);
+      CHECK(read.load() == expected_read);
+    }
   }
 }
 
 TEST_CASE(
     "all_to_all reads the parts of a world-th of the threshold or above "
-    "and carries the smaller ones, from three ranks",
+    "and carries the smaller ones, from three ranks, and at two where the "
+    "kernel's copy keeps up",
     "[single_copy][all_to_all]") {
-  for (int world : {1, 2, 3, 4, 7}) {
-    // Parts of 64 bytes or more are read.
-    const std::string threshold = std::to_string(64 * world);
-    EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", threshold.c_str()}});
-    std::atomic<std::size_t> read{0};
-    // Rank r sends rank p (r * 3 + p * 5) % 41 int32 (0 to 160 bytes).
-    auto part_bytes = [](int from, int to) -> std::size_t {
-      return static_cast<std::size_t>((from * 3 + to * 5) % 41) * 4;
-    };
-    std::size_t expected_read = 0;  // two ranks keep the rings
-    for (int from = 0; world > 2 && from < world; ++from) {
-      for (int to = 0; to < world; ++to) {
-        if (from != to && part_bytes(from, to) >= 64) {
-          expected_read += part_bytes(from, to);
+  for (const char* kernel_copy : {"slow", "fast"}) {
+    for (int world : {1, 2, 3, 4, 7}) {
+      // Parts of 64 bytes or more are read.
+      const std::string threshold = std::to_string(64 * world);
+      EnvIs env(
+          {{"COMM_SHM_DIRECT_THRESHOLD_BYTES", threshold.c_str()},
+           {"COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", threshold.c_str()},
+           {"COMM_SHM_KERNEL_COPY", kernel_copy}});
+      const bool reads =
+          world > 2 || (world == 2 && std::string(kernel_copy) == "fast");
+      std::atomic<std::size_t> read{0};
+      // Rank r sends rank p (r * 3 + p * 5) % 41 int32 (0 to 160 bytes).
+      auto part_bytes = [](int from, int to) -> std::size_t {
+        return static_cast<std::size_t>((from * 3 + to * 5) % 41) * 4;
+      };
+      std::size_t expected_read = 0;
+      for (int from = 0; reads && from < world; ++from) {
+        for (int to = 0; to < world; ++to) {
+          if (from != to && part_bytes(from, to) >= 64) {
+            expected_read += part_bytes(from, to);
+          }
         }
       }
+      auto errors = run_ranks(world, read, [&](Rank& rank) {
+        all_to_all_once(rank, part_bytes, 0, "all_to_all");
+      });
+      INFO("world " << world << ", kernel copy " << kernel_copy);
+      check_all_ok(errors);
+      CHECK(read.load() == expected_read);
     }
-    auto errors = run_ranks(world, read, [&](Rank& rank) {
-      all_to_all_once(rank, part_bytes, 0, "all_to_all");
-    });
-    INFO("world " << world);
-    check_all_ok(errors);
-    CHECK(read.load() == expected_read);
   }
 }
 
