@@ -20,10 +20,10 @@ const EnumParam kKernelCopy{
     {"auto", "fast", "slow"},
     "auto",
     "whether the kernel copies between processes of this host "
-    "(process_vm_readv) fast enough that two ranks read each other's "
-    "buffers in large all_gather, all_to_all and scatter calls: auto times "
-    "it against memcpy once per process; fast and slow decide without "
-    "timing"};
+    "(process_vm_readv) fast enough that ranks read each other's buffers "
+    "in more collectives (at two ranks) and from smaller sizes (at three "
+    "or more): auto times it against memcpy once per process; fast and "
+    "slow decide without timing"};
 
 constexpr std::size_t kProbeBytes = 256 << 10;
 constexpr int kTries = 5;

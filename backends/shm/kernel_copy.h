@@ -3,15 +3,16 @@
 // read peers' buffers with) against memcpy, for the choices that depend on
 // it.
 //
-// The two differ by machine far more than either alone: process_vm_readv
-// pins every page it reads, which costs little on some hosts and, under
-// some hypervisors, makes the kernel's copy several times slower than
-// memcpy (bench/README.md, "Single copy at two ranks"). Where it keeps up,
-// two ranks do best to read each other's buffers (one copy per byte)
-// rather than stream them through a ring (a copy in and a copy out);
-// where it does not, the ring wins. Nothing tells the two apart but
-// timing them, so a rank times both on its own memory once per process,
-// and its group agrees on the answer (LocalPeers::kernel_copy_keeps_up).
+// Their ratio varies from machine to machine: process_vm_readv pins every
+// page it reads, which costs little on some hosts and, under some
+// hypervisors, makes the kernel's copy several times slower than memcpy
+// (bench/README.md, "Single copy at two ranks"). Where it keeps up, two
+// ranks do best to read each other's buffers (one copy per byte) rather
+// than stream them through a ring (a copy in and a copy out), and larger
+// groups from far smaller sizes; where it does not, the rings win. Only
+// timing the two tells the hosts apart, so a rank times both on its own
+// memory once per process, and its group agrees on the answer
+// (LocalPeers::kernel_copy_keeps_up).
 #pragma once
 
 namespace comm::shm {

@@ -45,13 +45,12 @@ namespace {
 // of `size`: a part is judged as one of n equal ones, read when n parts of
 // its size would reach the threshold, as the other collectives judge their
 // whole buffers.
-std::size_t read_threshold(int size) {
+std::size_t read_threshold(const PeerMemory& memory, int size) {
   const auto n = static_cast<std::size_t>(size);
-  return std::max<std::size_t>(
-      1, (direct_threshold_bytes(DirectKind::kAmongAll, size,
-                                 AtTwoRanks::kReadWhereKernelCopyKeepsUp) +
-          n - 1) /
-             n);
+  const std::size_t threshold =
+      direct_threshold_bytes(memory, DirectKind::kAmongAll, size,
+                             AtTwoRanks::kReadWhereKernelCopyKeepsUp);
+  return std::max<std::size_t>(1, (threshold + n - 1) / n);
 }
 
 void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
@@ -118,7 +117,7 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
   }
   if (PeerMemory* memory =
           readable_memory(ctx, AtTwoRanks::kReadWhereKernelCopyKeepsUp)) {
-    const std::size_t threshold = read_threshold(size);
+    const std::size_t threshold = read_threshold(*memory, size);
     bool reads = false;
     for (int p = 0; p < size; ++p) {
       if (p != rank &&

@@ -8,14 +8,17 @@
 #include "backends/tcp/exchange.h"
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
+#include "libcomm/optional_int_param.h"
 #include "libcomm/reduce_kernels.h"
 
 namespace comm::tcp::algorithms {
 namespace {
 
-const IntParam kDirectThresholdBytes{
-    "COMM_SHM_DIRECT_THRESHOLD_BYTES", 64 << 20, 1,
-    std::numeric_limits<std::int64_t>::max(),
+const OptionalIntParam kDirectThresholdBytes{
+    "COMM_SHM_DIRECT_THRESHOLD_BYTES",
+    "262144 where the kernel's copy keeps up (COMM_SHM_KERNEL_COPY), else "
+    "67108864",
+    1, std::numeric_limits<std::int64_t>::max(),
     "the smallest all_reduce, all_gather, reduce_scatter or all_to_all of "
     "three ranks or more whose ranks, all on one host, read each other's "
     "buffers directly instead of through the shared-memory rings"};
@@ -44,17 +47,27 @@ const IntParam kDirectFromRootAtTwoRanksThresholdBytes{
 
 }  // namespace
 
-std::size_t direct_threshold_bytes(DirectKind kind, int size,
-                                   AtTwoRanks at_two_ranks) {
-  const IntParam& threshold =
-      size == 2 && at_two_ranks == AtTwoRanks::kReadWhereKernelCopyKeepsUp
-          ? (kind == DirectKind::kFromRoot
-                 ? kDirectFromRootAtTwoRanksThresholdBytes
-                 : kDirectAtTwoRanksThresholdBytes)
-      : kind == DirectKind::kAmongAll ? kDirectThresholdBytes
-      : kind == DirectKind::kFromRoot ? kDirectFromRootThresholdBytes
-                                      : kDirectToRootThresholdBytes;
-  return static_cast<std::size_t>(threshold.get());
+std::size_t direct_threshold_bytes(const PeerMemory& memory, DirectKind kind,
+                                   int size, AtTwoRanks at_two_ranks) {
+  if (size == 2 && at_two_ranks == AtTwoRanks::kReadWhereKernelCopyKeepsUp) {
+    const IntParam& threshold = kind == DirectKind::kFromRoot
+                                    ? kDirectFromRootAtTwoRanksThresholdBytes
+                                    : kDirectAtTwoRanksThresholdBytes;
+    return static_cast<std::size_t>(threshold.get());
+  }
+  switch (kind) {
+    case DirectKind::kAmongAll:
+      if (const auto configured = kDirectThresholdBytes.get()) {
+        return static_cast<std::size_t>(*configured);
+      }
+      return memory.kernel_copy_keeps_up() ? std::size_t{256} << 10
+                                           : std::size_t{64} << 20;
+    case DirectKind::kFromRoot:
+      return static_cast<std::size_t>(kDirectFromRootThresholdBytes.get());
+    case DirectKind::kToRoot:
+      return static_cast<std::size_t>(kDirectToRootThresholdBytes.get());
+  }
+  return std::numeric_limits<std::size_t>::max();
 }
 
 PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks) {
@@ -72,10 +85,12 @@ PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks) {
 
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
                           DirectKind kind, AtTwoRanks at_two_ranks) {
-  if (bytes < direct_threshold_bytes(kind, ctx.size(), at_two_ranks)) {
+  PeerMemory* memory = readable_memory(ctx, at_two_ranks);
+  if (memory == nullptr ||
+      bytes < direct_threshold_bytes(*memory, kind, ctx.size(), at_two_ranks)) {
     return nullptr;
   }
-  return readable_memory(ctx, at_two_ranks);
+  return memory;
 }
 
 Region region_of(const void* data, std::size_t bytes) {

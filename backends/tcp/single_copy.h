@@ -80,13 +80,16 @@ enum class AtTwoRanks {
   kReadWhereKernelCopyKeepsUp,
 };
 
-// The smallest collective of `kind` that reads the peers' memory in a
-// group of `size` ranks, in the bytes each collective's file names: the
-// kind's threshold, or at two ranks with kReadWhereKernelCopyKeepsUp,
+// The smallest collective of `kind` that reads the peers' `memory` in a
+// group of `size` ranks, in the bytes each collective's file names: at two
+// ranks with kReadWhereKernelCopyKeepsUp,
 // COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES (kFromRoot:
-// COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES).
-std::size_t direct_threshold_bytes(DirectKind kind, int size,
-                                   AtTwoRanks at_two_ranks);
+// COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES); otherwise the
+// kind's threshold, which for kAmongAll, unless set, is 256 KiB where the
+// kernel's copy keeps up and 64 MiB where it does not (bench/README.md,
+// "Single copy at two ranks" and "Single copy").
+std::size_t direct_threshold_bytes(const PeerMemory& memory, DirectKind kind,
+                                   int size, AtTwoRanks at_two_ranks);
 
 // The peers' memory where a collective may read it at all, whatever its
 // size: every rank of the group can read every other's, and the group has
