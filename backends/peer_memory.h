@@ -55,8 +55,9 @@ class PeerMemory {
   // Whether read() copies at a good share of memcpy's speed here (see
   // backends/shm/kernel_copy.h): where it does, two ranks read each
   // other's buffers in the collectives that gain from it at two ranks
-  // only then (backends/tcp/single_copy.h). The same answer on every rank
-  // of the group.
+  // only then, and larger groups from smaller sizes
+  // (backends/tcp/single_copy.h). The same answer on every rank of the
+  // group.
   virtual bool kernel_copy_keeps_up() const = 0;
 
   // At least `bytes` of scratch memory for reading into, kept by the

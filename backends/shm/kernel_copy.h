@@ -27,7 +27,9 @@ namespace comm::shm {
 bool kernel_copy_keeps_up_here();
 
 // The share of memcpy's speed at which the kernel's copy counts as keeping
-// up: between the two machines measured (about 55% and 15%).
-inline constexpr int kKeepsUpPercent = 30;
+// up: between the machines measured, an Intel Xeon guest at 54-57%, where
+// the direct reads won, and AMD EPYC guests at 15-32%, where the rings
+// did, far enough from both that noise does not flip the answer.
+inline constexpr int kKeepsUpPercent = 45;
 
 }  // namespace comm::shm

@@ -139,8 +139,9 @@ class LocalPeers {
   bool single_copy() const { return single_copy_; }
   // Where single_copy(): whether every rank found that the kernel's copy
   // between processes keeps up with memcpy on this host (kernel_copy.h),
-  // so that two ranks read each other's buffers in the collectives that
-  // do so only there; the same answer on every rank of the group.
+  // which decides where the collectives read each other's buffers
+  // (backends/tcp/single_copy.h); the same answer on every rank of the
+  // group.
   bool kernel_copy_keeps_up() const { return kernel_copy_keeps_up_; }
   // Copies `bytes` at `address` in rank `peer`'s process into `into`
   // (process_vm_readv); `peer` is local, or this rank. Returns 0, or the

@@ -16,7 +16,7 @@ namespace {
 
 const OptionalIntParam kDirectThresholdBytes{
     "COMM_SHM_DIRECT_THRESHOLD_BYTES",
-    "262144 where the kernel's copy keeps up (COMM_SHM_KERNEL_COPY), else "
+    "1048576 where the kernel's copy keeps up (COMM_SHM_KERNEL_COPY), else "
     "67108864",
     1, std::numeric_limits<std::int64_t>::max(),
     "the smallest all_reduce, all_gather, reduce_scatter or all_to_all of "
@@ -33,7 +33,7 @@ const IntParam kDirectToRootThresholdBytes{
     "the smallest gather or reduce whose root, with every rank on one host, "
     "reads the others' buffers directly"};
 const IntParam kDirectAtTwoRanksThresholdBytes{
-    "COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", 64 << 10, 1,
+    "COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", 1 << 20, 1,
     std::numeric_limits<std::int64_t>::max(),
     "the smallest all_gather or all_to_all of two ranks on one host that "
     "reads the peer's buffer directly, where the kernel's copy keeps up "
@@ -60,7 +60,7 @@ std::size_t direct_threshold_bytes(const PeerMemory& memory, DirectKind kind,
       if (const auto configured = kDirectThresholdBytes.get()) {
         return static_cast<std::size_t>(*configured);
       }
-      return memory.kernel_copy_keeps_up() ? std::size_t{256} << 10
+      return memory.kernel_copy_keeps_up() ? std::size_t{1} << 20
                                            : std::size_t{64} << 20;
     case DirectKind::kFromRoot:
       return static_cast<std::size_t>(kDirectFromRootThresholdBytes.get());

@@ -85,7 +85,7 @@ enum class AtTwoRanks {
 // ranks with kReadWhereKernelCopyKeepsUp,
 // COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES (kFromRoot:
 // COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES); otherwise the
-// kind's threshold, which for kAmongAll, unless set, is 256 KiB where the
+// kind's threshold, which for kAmongAll, unless set, is 1 MiB where the
 // kernel's copy keeps up and 64 MiB where it does not (bench/README.md,
 // "Single copy at two ranks" and "Single copy").
 std::size_t direct_threshold_bytes(const PeerMemory& memory, DirectKind kind,

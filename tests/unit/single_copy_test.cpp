@@ -560,6 +560,105 @@ TEST_CASE(
   }
 }
 
+// Bytes the ranks of a `world` group read of each other in one all_gather
+// of `bytes` per block, and in one scatter of `bytes` per part from root 0,
+// checking both results.
+struct ReadBy {
+  std::size_t all_gather = 0;
+  std::size_t scatter = 0;
+};
+ReadBy read_by_all_gather_and_scatter(int world, std::size_t bytes) {
+  ReadBy result;
+  for (const bool scatter : {false, true}) {
+    std::atomic<std::size_t> read{0};
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      const auto count = static_cast<std::int64_t>(bytes);
+      if (!scatter) {
+        std::vector<Bytes> blocks(world, Bytes(bytes, 0));
+        blocks[me] = pattern(me, 0, bytes);
+        std::vector<void*> places;
+        for (Bytes& block : blocks) places.push_back(block.data());
+        rank.run(
+            {Collective::kAllGather, 0, DType::kU8, count, ReduceOp::kSum, -1},
+            [&](CollectiveTransport& t) { alg::all_gather(t, places, bytes); });
+        for (int r = 0; r < world; ++r) {
+          expect(blocks[r] == pattern(r, 0, bytes), "all_gather");
+        }
+        return;
+      }
+      std::vector<Bytes> parts;
+      std::vector<const void*> inputs;
+      if (me == 0) {
+        for (int r = 0; r < world; ++r) parts.push_back(pattern(r, 3, bytes));
+        for (const Bytes& part : parts) inputs.push_back(part.data());
+      }
+      Bytes part(bytes, 0);
+      rank.run({Collective::kScatter, 0, DType::kU8, count, ReduceOp::kSum, 0},
+               [&](CollectiveTransport& t) {
+                 alg::scatter(t, inputs, part.data(), bytes, 0);
+               });
+      expect(part == pattern(me, 3, bytes), "scatter");
+    });
+    check_all_ok(errors);
+    (scatter ? result.scatter : result.all_gather) = read.load();
+  }
+  return result;
+}
+
+TEST_CASE(
+    "two ranks answer to the two-rank thresholds, and an unset "
+    "COMM_SHM_DIRECT_THRESHOLD_BYTES follows the kernel's copy",
+    "[single_copy]") {
+  const char* never = "1000000000";
+  SECTION(
+      "all_gather at two ranks: COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES") {
+    EnvIs env(
+        {{"COMM_SHM_DIRECT_THRESHOLD_BYTES", never},
+         {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", never},
+         {"COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", "200"},
+         {"COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", never},
+         {"COMM_SHM_KERNEL_COPY", "fast"}});
+    const ReadBy read = read_by_all_gather_and_scatter(2, 100);
+    CHECK(read.all_gather == 200);  // each rank reads the other's block
+    CHECK(read.scatter == 0);
+    // One byte under the threshold: the rings.
+    CHECK(read_by_all_gather_and_scatter(2, 99).all_gather == 0);
+  }
+  SECTION("scatter at two ranks: its own threshold") {
+    EnvIs env(
+        {{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+         {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"},
+         {"COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", never},
+         {"COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", "200"},
+         {"COMM_SHM_KERNEL_COPY", "fast"}});
+    const ReadBy read = read_by_all_gather_and_scatter(2, 100);
+    CHECK(read.all_gather == 0);
+    CHECK(read.scatter == 100);  // rank 1 reads its part
+    CHECK(read_by_all_gather_and_scatter(2, 99).scatter == 0);
+  }
+  SECTION("a slow kernel copy keeps two ranks on the rings") {
+    EnvIs env({{"COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", "1"},
+               {"COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", "1"},
+               {"COMM_SHM_KERNEL_COPY", "slow"}});
+    const ReadBy read = read_by_all_gather_and_scatter(2, 100);
+    CHECK(read.all_gather == 0);
+    CHECK(read.scatter == 0);
+  }
+  SECTION("three ranks, the threshold unset: 1 MiB or 64 MiB") {
+    // Three blocks of 400,000 bytes: 1.2 MB, between the two defaults.
+    const std::size_t block = 400000;
+    for (const char* word : {"fast", "slow"}) {
+      EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", nullptr},
+                 {"COMM_SHM_KERNEL_COPY", word}});
+      INFO("COMM_SHM_KERNEL_COPY=" << word);
+      const bool fast = std::string(word) == "fast";
+      CHECK(read_by_all_gather_and_scatter(3, block).all_gather ==
+            (fast ? 3 * 2 * block : 0));
+    }
+  }
+}
+
 TEST_CASE(
     "all_to_all reads the parts of a world-th of the threshold or above "
     "and carries the smaller ones, from three ranks, and at two where the "
