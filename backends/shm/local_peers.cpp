@@ -334,6 +334,8 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   std::string remote;
   std::vector<std::string> strict;  // the ranks that asked for shm
   std::vector<bool> local_cpus;     // the union of the local ranks' CPUs
+  std::vector<bool> kernel_cpus;    // ... and of those on this kernel
+  int kernel_count = 0;             // the ranks on this kernel
   bool cpus_known = true;
   for (int r = 0; r < size; ++r) {
     const std::string& their_choice = published[r].choice;
@@ -349,6 +351,10 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     if (peers_[r].local) {
       local_ranks_.push_back(r);
       cpus_known = add_cpu_mask(published[r].cpus, local_cpus) && cpus_known;
+    }
+    if (peers_[r].same_kernel) {
+      ++kernel_count;
+      cpus_known = add_cpu_mask(published[r].cpus, kernel_cpus) && cpus_known;
     }
   }
   if (choice == Transport::kShm && !remote.empty()) {
@@ -371,9 +377,14 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   }
   peers_[rank].local = false;  // never a link to itself
   local_count_ = static_cast<int>(local_ranks_.size());
-  oversubscribed_ = !cpus_known || local_count_ > static_cast<int>(std::count(
-                                                      local_cpus.begin(),
-                                                      local_cpus.end(), true));
+  // Ranks in other network namespaces of this machine (containers, or
+  // the tests' emulated hosts) compete for the same CPUs: a local rank
+  // that spins may keep one of them off its CPU as surely as a local peer.
+  const auto cpus_in = [](const std::vector<bool>& mask) {
+    return static_cast<int>(std::count(mask.begin(), mask.end(), true));
+  };
+  oversubscribed_ = !cpus_known || local_count_ > cpus_in(local_cpus) ||
+                    kernel_count > cpus_in(kernel_cpus);
   if (local_count_ <= 1) return;
 
   // This rank's segment: the rings its local peers write to it.

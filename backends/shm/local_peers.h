@@ -102,8 +102,11 @@ class LocalPeers {
   // The ranks local to this one, itself included.
   int local_count() const { return local_count_; }
   // Whether this host's ranks of the group outnumber the CPUs they may run
-  // on together (each rank publishes its affinity mask), so that a rank
-  // waiting for another may be keeping it off its CPU. Every local rank
+  // on together (each rank publishes its affinity mask), or the group's
+  // ranks on this machine's kernel (in this host's namespaces and in
+  // others: containers, or emulated hosts) outnumber theirs, so that a
+  // rank waiting for another may be keeping it, or a rank of another
+  // namespace that it waits for through TCP, off its CPU. Every local rank
   // computes the same answer.
   bool oversubscribed() const { return oversubscribed_; }
   // Reads what every rank published, where set-up did not (a rank that

@@ -588,6 +588,46 @@ TEST_CASE("a rank knows which peers run on its kernel, whatever their host",
   CHECK(!peers.same_kernel(2));
 }
 
+TEST_CASE(
+    "ranks in other namespaces of this kernel count against its CPUs, ranks "
+    "on other machines do not",
+    "[shm][mesh]") {
+  const std::string mine = comm::shm::host_identity();
+  const std::string boot_id = mine.substr(0, mine.find(' '));
+  if (boot_id.empty()) {
+    WARN("no boot id here (/proc/sys/kernel/random/boot_id): not tested");
+    return;
+  }
+  cpu_set_t usable;
+  CPU_ZERO(&usable);
+  REQUIRE(::sched_getaffinity(0, sizeof(usable), &usable) == 0);
+  const int cpus = CPU_COUNT(&usable);
+  if (cpus > 64) {
+    WARN("more than 64 usable CPUs: not tested");
+    return;
+  }
+  // Rank 0 is alone on its host; ranks 1 to `cpus`, made up, run on CPU 0
+  // of this machine in another network namespace (as containers, or the
+  // tests' emulated hosts, do), or on another machine. With this kernel's,
+  // the group has one rank more than the CPUs its ranks here may use.
+  EnvIs env({{"COMM_TRANSPORT", "auto"}});
+  for (const bool same_kernel : {true, false}) {
+    INFO((same_kernel ? "this kernel" : "another machine")
+         << ", " << cpus << " CPUs");
+    comm::HashStore store;
+    const std::string theirs =
+        same_kernel ? boot_id : "00000000-0000-0000-0000-000000000000";
+    for (int r = 1; r <= cpus; ++r) {
+      store.set_string("shm/host/" + std::to_string(r),
+                       "tcp " + theirs + " ipc:1 net:2 pid:3 pid 1 cpus 1");
+    }
+    const auto deadline = comm::detail::deadline_after(10s);
+    comm::shm::LocalPeers peers(store, 0, cpus + 1, 7, deadline);
+    CHECK(peers.local_count() == 1);
+    CHECK(peers.oversubscribed() == same_kernel);
+  }
+}
+
 TEST_CASE("connections over loopback get the loopback send buffer",
           "[shm][mesh]") {
   // The ranks listen on 127.0.0.2 and connect from 127.0.0.1, so the two
