@@ -83,6 +83,22 @@ const char* name_of(comm::shm::Waking waking) {
   return waking == comm::shm::Waking::kFenced ? "fenced" : "waiter barrier";
 }
 
+// The CPUs this process may run on (its affinity mask), or 0 where the
+// mask cannot be read.
+int usable_cpus() {
+  cpu_set_t usable;
+  CPU_ZERO(&usable);
+  if (::sched_getaffinity(0, sizeof(usable), &usable) != 0) return 0;
+  return CPU_COUNT(&usable);
+}
+
+// This machine's boot id as host_identity() publishes it, or "" where
+// /proc/sys/kernel/random/boot_id cannot be read.
+std::string this_boot_id() {
+  const std::string mine = comm::shm::host_identity();
+  return mine.substr(0, mine.find(' '));
+}
+
 }  // namespace
 
 TEST_CASE("a ring keeps bytes in order across wrap-around, full and empty",
@@ -461,10 +477,8 @@ TEST_CASE("COMM_TRANSPORT=tcp keeps every channel on sockets", "[shm][mesh]") {
 TEST_CASE("a host's ranks know whether they outnumber their CPUs",
           "[shm][mesh]") {
   EnvIs shm({{"COMM_TRANSPORT", "shm"}});
-  cpu_set_t usable;
-  CPU_ZERO(&usable);
-  REQUIRE(::sched_getaffinity(0, sizeof(usable), &usable) == 0);
-  const int cpus = CPU_COUNT(&usable);
+  const int cpus = usable_cpus();
+  REQUIRE(cpus > 0);
   // Thread ranks share this process's CPUs: one more rank than CPUs is too
   // many, two ranks on two or more CPUs are not.
   for (const int world : {2, cpus + 1}) {
@@ -482,10 +496,8 @@ TEST_CASE("a host's ranks know whether they outnumber their CPUs",
 TEST_CASE(
     "only the collective lane of ranks with a CPU each goes without fences",
     "[shm][mesh]") {
-  cpu_set_t usable;
-  CPU_ZERO(&usable);
-  REQUIRE(::sched_getaffinity(0, sizeof(usable), &usable) == 0);
-  const int cpus = CPU_COUNT(&usable);
+  const int cpus = usable_cpus();
+  REQUIRE(cpus > 0);
   const bool offered = comm::shm::enable_waiter_barrier();
   if (!offered) {
     WARN("membarrier's MEMBARRIER_CMD_GLOBAL_EXPEDITED is not offered here");
@@ -561,8 +573,7 @@ TEST_CASE("a rank knows which peers run on its kernel, whatever their host",
   // Ranks 1 and 2 are made up: both asked for tcp, so neither is local to
   // rank 0; rank 1 shares its boot id from another network namespace (a
   // veth pair away), rank 2 runs on another machine.
-  const std::string mine = comm::shm::host_identity();
-  const std::string boot_id = mine.substr(0, mine.find(' '));
+  const std::string boot_id = this_boot_id();
   if (boot_id.empty()) {
     WARN("no boot id here (/proc/sys/kernel/random/boot_id): not tested");
     return;
@@ -592,16 +603,13 @@ TEST_CASE(
     "ranks in other namespaces of this kernel count against its CPUs, ranks "
     "on other machines do not",
     "[shm][mesh]") {
-  const std::string mine = comm::shm::host_identity();
-  const std::string boot_id = mine.substr(0, mine.find(' '));
+  const std::string boot_id = this_boot_id();
   if (boot_id.empty()) {
     WARN("no boot id here (/proc/sys/kernel/random/boot_id): not tested");
     return;
   }
-  cpu_set_t usable;
-  CPU_ZERO(&usable);
-  REQUIRE(::sched_getaffinity(0, sizeof(usable), &usable) == 0);
-  const int cpus = CPU_COUNT(&usable);
+  const int cpus = usable_cpus();
+  REQUIRE(cpus > 0);
   if (cpus > 64) {
     WARN("more than 64 usable CPUs: not tested");
     return;
