@@ -43,9 +43,10 @@ const IntParam kSingleCopy{
 
 const IntParam kMembarrier{
     "COMM_SHM_MEMBARRIER", 1, 0, 1,
-    "1 lets ranks of one host that do not outnumber their CPUs publish on "
-    "the rings without a fence, a rank going to sleep paying with a "
-    "membarrier system call instead; 0 keeps the fences"};
+    "1 lets ranks of one host that do not outnumber their CPUs (nor do the "
+    "group's ranks on the machine) publish on the rings without a fence, a "
+    "rank going to sleep paying with a membarrier system call instead; 0 "
+    "keeps the fences"};
 
 constexpr std::uint32_t kHelloMagic = 0x4d484d43;  // "CMHM" in memory
 

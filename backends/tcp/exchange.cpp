@@ -31,8 +31,8 @@ const IntParam kSpinUs{
 
 const IntParam kShmSpinUs{
     "COMM_SHM_SPIN_US", 1000, 0, 100000,
-    "microseconds a step waiting only on shared-memory rings of ranks that "
-    "do not outnumber their CPUs watches them before it sleeps"};
+    "microseconds a step waiting only on shared-memory rings without fences "
+    "(COMM_SHM_MEMBARRIER) watches them before it sleeps"};
 
 bool would_block(int error) {
   return error == EAGAIN || error == EWOULDBLOCK || error == EINTR;
@@ -47,8 +47,9 @@ int remaining_ms(detail::Clock::time_point deadline) {
 }
 
 // One pause of a spinning step between two looks at its transfers: a yield
-// of the CPU where this host's ranks outnumber their CPUs (the rank waited
-// for may be the one that would run), else a few pauses of the core.
+// of the CPU where the host is oversubscribed (shm::LocalPeers::
+// oversubscribed: the rank waited for may be the one that would run), else
+// a few pauses of the core.
 void relax(bool oversubscribed) {
   if (oversubscribed) {
     sched_yield();

@@ -47,7 +47,7 @@
 // without system calls, polling its descriptors only every
 // kDescriptorPollInterval, and between two rounds watches the rings'
 // cursors alone (watch_rings), pausing the core between looks, or yielding
-// the CPU where the host's ranks outnumber their CPUs
+// the CPU where the host is oversubscribed
 // (shm::LocalPeers::oversubscribed); before it sleeps, the step raises the
 // waiting flag of each ring it waits on and sleeps on its doorbell
 // (shm/ring.h says why no wake-up is lost), and on the pidfd of each such
@@ -334,7 +334,7 @@ class Exchange final : public CollectiveStep {
   // poll of the step's descriptors) has passed. Between two looks it
   // pauses the core, and reads the clock every kLooksPerClockRead looks,
   // since how long a pause lasts differs widely between processors; where
-  // the host's ranks outnumber their CPUs it yields the CPU instead (the
+  // the host is oversubscribed it yields the CPU instead (the
   // rank waited for may be the one that would run) and reads the clock
   // after every yield. A round reads the clock, rebuilds its lists and
   // tries every transfer; a look loads a cursor or two per ring, so a rank
