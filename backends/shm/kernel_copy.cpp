@@ -69,7 +69,7 @@ bool kernel_copy_keeps_up_here() {
     const int measured = measure_percent();
     COMM_LOG_DEBUG(
         "shared memory: process_vm_readv copies at {}% of memcpy's speed "
-        "here ({} counts as keeping up)",
+        "here ({}% or more counts as keeping up)",
         measured, kKeepsUpPercent);
     return measured;
   }();
