@@ -27,9 +27,9 @@ namespace comm::shm {
 bool kernel_copy_keeps_up_here();
 
 // The share of memcpy's speed at which the kernel's copy counts as keeping
-// up: between the machines measured, an Intel Xeon guest at 54-57%, where
-// the direct reads won, and AMD EPYC guests at 15-32%, where the rings
-// did, far enough from both that noise does not flip the answer.
+// up: between the machines measured where the direct reads won and those
+// where the rings did, far enough from both that noise does not flip the
+// answer (bench/README.md, "Single copy at two ranks", has the figures).
 inline constexpr int kKeepsUpPercent = 45;
 
 }  // namespace comm::shm
