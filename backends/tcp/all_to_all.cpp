@@ -85,9 +85,11 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
     }
   }
   step.run();
+  // Read from rank + 1 on, as peers() orders them, so that the readers
+  // of a peer's input do not all start with rank 0's.
   std::vector<int> read_from, read_by;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
+  for (int k = 1; k < size; ++k) {
+    const int peer = (rank + k) % size;
     if (read(recv_bytes[peer])) {
       check_bytes(ctx, peer, told[peer], recv_bytes[peer]);
       read_from.push_back(peer);

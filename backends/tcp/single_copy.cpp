@@ -99,8 +99,8 @@ Region region_of(const void* data, std::size_t bytes) {
 
 std::vector<int> peers(const CollectiveTransport& ctx) {
   std::vector<int> others;
-  for (int peer = 0; peer < ctx.size(); ++peer) {
-    if (peer != ctx.rank()) others.push_back(peer);
+  for (int k = 1; k < ctx.size(); ++k) {
+    others.push_back((ctx.rank() + k) % ctx.size());
   }
   return others;
 }
