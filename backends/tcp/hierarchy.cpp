@@ -32,6 +32,21 @@ SubgroupTransport host_ordered(CollectiveTransport& ctx,
   return SubgroupTransport(ctx, hosts.host_order());
 }
 
+SubgroupTransport root_host_first(CollectiveTransport& ctx,
+                                  const HostPartition& hosts, int root) {
+  const int root_host = hosts.host_of(root);
+  std::vector<int> members{root};
+  for (int rank : hosts.ranks_of(root_host)) {
+    if (rank != root) members.push_back(rank);
+  }
+  for (int host = 0; host < hosts.host_count(); ++host) {
+    if (host == root_host) continue;
+    const std::vector<int>& ranks = hosts.ranks_of(host);
+    members.insert(members.end(), ranks.begin(), ranks.end());
+  }
+  return SubgroupTransport(ctx, std::move(members));
+}
+
 std::vector<int> host_leaders(const HostPartition& hosts, int root) {
   std::vector<int> leaders;
   for (int host = 0; host < hosts.host_count(); ++host) {

@@ -34,6 +34,13 @@ SubgroupTransport same_local_index(CollectiveTransport& ctx,
 // crosses from one host to the next once.
 SubgroupTransport host_ordered(CollectiveTransport& ctx,
                                const HostPartition& hosts);
+// Every rank, `root` first, then the other ranks of its host, then the
+// other hosts' ranks host by host (each host's in rank order). A binomial
+// tree over this order rooted at its first rank gives each host whose
+// ranks fill a subtree one message across the network, to its first rank,
+// which passes the rest on inside the host: the scatter's small tree.
+SubgroupTransport root_host_first(CollectiveTransport& ctx,
+                                  const HostPartition& hosts, int root);
 // Each host's leader, in host order: `root` on its own host, elsewhere
 // the host's lowest rank. Leader host_of(root) is the root, so a tree
 // over the leaders rooted there is rooted at `root`.
