@@ -35,10 +35,8 @@ SubgroupTransport same_local_index(CollectiveTransport& ctx,
 SubgroupTransport host_ordered(CollectiveTransport& ctx,
                                const HostPartition& hosts);
 // Every rank, `root` first, then the other ranks of its host, then the
-// other hosts' ranks host by host (each host's in rank order). A binomial
-// tree over this order rooted at its first rank gives each host whose
-// ranks fill a subtree one message across the network, to its first rank,
-// which passes the rest on inside the host: the scatter's small tree.
+// other hosts' ranks host by host (each host's in rank order): the order
+// of scatter's small tree across hosts (scatter.cpp says why).
 SubgroupTransport root_host_first(CollectiveTransport& ctx,
                                   const HostPartition& hosts, int root);
 // Each host's leader, in host order: `root` on its own host, elsewhere

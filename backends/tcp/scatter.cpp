@@ -15,15 +15,18 @@
 //
 // A group spanning hosts sends straight from the root too once the n
 // parts reach kScatterTreeBytes: each block then travels once, over its
-// receiver's own link. Below that it runs the tree over the ranks ordered
-// root first, then the rest of the root's host, then host by host
-// (root_host_first): the root sends each host whose ranks fill a subtree
-// one message over the network, whose first rank passes the other parts
-// on through shared memory. A small scatter's time is the root's system
-// calls, one per message over TCP, and the hop inside a host costs a copy
-// into a ring; between two namespaces of two ranks each (bench/README.md,
-// "Scatter across hosts") the tree took half the time of the direct sends
-// up to 64 KiB.
+// receiver's own link. Below that, where the root's system calls, one per
+// message over TCP, set the pace, it runs the tree over the ranks ordered
+// root first, then the rest of its host, then host by host
+// (root_host_first), which spreads the root's sends over the ranks of its
+// host: with two hosts of two ranks, the root sends one part over the
+// network and two through shared memory to its host's other rank, which
+// sends one of them on over the network at the same time. Between two
+// namespaces of two ranks each that took half the time of the direct
+// sends up to 64 KiB, and an order that sent the other host both its
+// parts in one message, for its first rank to pass one on, took 1.4-1.6
+// times as long as this one: its second hop waits for the first
+// (bench/README.md, "Scatter across hosts").
 //
 // Where every rank is on this host and may read the others' memory, and
 // the n parts hold COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES or more (at
