@@ -404,6 +404,46 @@ std::vector<std::vector<Outcome>> run_over_hosts(
             rank == root ? count * sizeof(std::int64_t) : 0, ctx);
       }
     }
+    // scatter and gather from every root: parts of 3 bytes (scatter's tree
+    // across hosts) and of 70001 (straight from the root: at least 256
+    // KiB in all from four ranks on).
+    for (int root = 0; root < world; ++root) {
+      for (std::size_t bytes : {std::size_t{3}, std::size_t{70001}}) {
+        std::vector<std::uint8_t> parts(rank == root ? bytes * world : 0);
+        std::vector<const void*> inputs;
+        for (int r = 0; rank == root && r < world; ++r) {
+          for (std::size_t i = 0; i < bytes; ++i) {
+            parts[bytes * r + i] = static_cast<std::uint8_t>(i * 5 + r + root);
+          }
+          inputs.push_back(&parts[bytes * r]);
+        }
+        std::vector<std::uint8_t> part(bytes);
+        CountingTransport scatter =
+            transport(Collective::kScatter, DType::kU8,
+                      static_cast<std::int64_t>(bytes), ReduceOp::kSum, root);
+        alg::scatter(scatter, inputs, part.data(), bytes, root);
+        record("scatter " + std::to_string(bytes) + " from " +
+                   std::to_string(root),
+               part.data(), bytes, scatter);
+
+        std::vector<std::uint8_t> block(bytes);
+        for (std::size_t i = 0; i < bytes; ++i) {
+          block[i] = static_cast<std::uint8_t>(i * 3 + rank * 11 + root);
+        }
+        std::vector<std::uint8_t> blocks(rank == root ? bytes * world : 0);
+        std::vector<void*> outputs;
+        for (int r = 0; rank == root && r < world; ++r) {
+          outputs.push_back(&blocks[bytes * r]);
+        }
+        CountingTransport gather =
+            transport(Collective::kGather, DType::kU8,
+                      static_cast<std::int64_t>(bytes), ReduceOp::kSum, root);
+        alg::gather(gather, block.data(), outputs, bytes, root);
+        record(
+            "gather " + std::to_string(bytes) + " to " + std::to_string(root),
+            blocks.data(), blocks.size(), gather);
+      }
+    }
     // all_gather and reduce_scatter: direct, and rings in host order.
     for (std::size_t count : {std::size_t{1}, std::size_t{20011}}) {
       const std::size_t bytes = count * sizeof(std::int32_t);
@@ -542,6 +582,33 @@ TEST_CASE("hierarchical collectives over made-up hosts", "[hierarchy][sweep]") {
         }
         // Each host but the root's receives the message once.
         CHECK(across == bytes * static_cast<std::size_t>(H - 1));
+      } else if (name.starts_with("scatter") || name.starts_with("gather")) {
+        const std::size_t bytes = count_in(name, 1);
+        const int root = static_cast<int>(count_in(name, 3));
+        const bool scatter = name.starts_with("scatter");
+        for (int r = 0; r < world; ++r) {
+          for (std::size_t i = 0; i < bytes; ++i) {
+            const std::uint8_t got =
+                scatter ? outcomes[r][c].result[i]
+                        : outcomes[root][c].result[bytes * r + i];
+            if (got != static_cast<std::uint8_t>(scatter
+                                                     ? i * 5 + r + root
+                                                     : i * 3 + r * 11 + root)) {
+              FAIL("rank " << r << " byte " << i);
+            }
+          }
+        }
+        // Each part of a rank off the root's host crosses the network, and
+        // with two hosts only once, through the tree too.
+        std::size_t off_host = 0;
+        for (int r = 0; r < world; ++r) {
+          if (hosts.host_of(r) != hosts.host_of(root)) off_host += bytes;
+        }
+        if (H == 2 || bytes > 3) {
+          CHECK(across == off_host);
+        } else {
+          CHECK(across >= off_host);
+        }
       } else if (name.starts_with("reduce_scatter")) {
         const std::size_t count = count_in(name, 1);
         for (int r = 0; r < world; ++r) {
