@@ -1,7 +1,8 @@
 // The pieces of the hierarchical algorithms: for a group spanning hosts,
 // most collectives compose flat algorithms run over views of the group
-// (SubgroupTransport): the ranks of one host, one rank per host, or every
-// rank ordered host by host; the broadcast builds one tree of its own
+// (SubgroupTransport): the ranks of one host, one rank per host, every
+// rank ordered host by host, or every rank ordered from the root's host
+// on (scatter's small tree); the broadcast builds one tree of its own
 // from the leaders' and the hosts' trees. Inside a host the messages go
 // through shared memory, between hosts over TCP, since the transport picks
 // each pair's link. Each collective's file says what it composes, and why.

@@ -129,9 +129,9 @@ Region region_of(const void* data, std::size_t bytes);
 
 // Every rank of the group but this one, from rank + 1 on, wrapping
 // around: ranks that read their peers one after another in this order each
-// start at a different peer, where in rank order they would all read rank
-// 0 first, pinning its pages and walking its page tables at once, then
-// rank 1's (bench/README.md, "Staggered reads").
+// start at a different peer, where in rank order all but rank 0 would read
+// rank 0 first, pinning its pages and walking its page tables at once,
+// then rank 1's (bench/README.md, "Staggered reads").
 std::vector<int> peers(const CollectiveTransport& ctx);
 
 // One step: sends each peer in `to` the message outgoing[peer] (regions,
