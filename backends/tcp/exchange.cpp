@@ -937,7 +937,8 @@ std::size_t Exchange::publish_every(const Transfer& t,
                                     const shm::Ring& ring) const {
   const std::size_t left =
       MessageHeader::kWireSize - t.header_done + t.bytes - t.payload_done;
-  if (left < ring.capacity() / 2 || mesh_.local_peers().oversubscribed()) {
+  const std::size_t slice = std::min(kPublishBytes, ring.capacity() / 4);
+  if (left < 2 * slice || mesh_.local_peers().oversubscribed()) {
     return 0;
   }
   for (const Transfer& other : transfers_) {
@@ -946,7 +947,7 @@ std::size_t Exchange::publish_every(const Transfer& t,
       return 0;
     }
   }
-  return ring.capacity() / 4;
+  return slice;
 }
 
 void Exchange::progress_send(Transfer& t) {

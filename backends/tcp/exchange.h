@@ -86,6 +86,13 @@ std::size_t chunk_bytes();
 // Not for a step that waits only on rings without fences (see above).
 std::chrono::microseconds spin_budget();
 
+// How many bytes a one-way send over a ring copies between publications,
+// once it has two such slices or more to copy (Exchange::publish_every):
+// small enough that a 64 KiB message is read while it is written, large
+// enough that publishing, a store the reader's core must fetch, stays rare
+// (bench/README.md, "Reducing in the ring; one-way sends").
+inline constexpr std::size_t kPublishBytes = 32 * 1024;
+
 // One non-blocking sendmsg of header[header_done, kWireSize) (nothing once
 // header_done is kWireSize) followed by the `count` regions of `payload`,
 // at most kMaxPayloadRegions. Advances header_done and returns the payload
@@ -317,14 +324,14 @@ class Exchange final : public CollectiveStep {
   // Moves bytes while the socket takes or gives them, until it would block.
   void progress(Transfer& t);
   void progress_send(Transfer& t);
-  // How often a send over `ring` publishes as it copies (Ring::write): a
-  // quarter of the ring while half a ring or more of the message is left,
-  // the step has no payload still to receive and the host's ranks have a
-  // CPU each, so that the reader copies or reduces while the writer
-  // copies, instead of the two taking turns over whole rings; 0 (once per
-  // write) otherwise: a rank that also receives (a two-way exchange, a
-  // ring's step, a relay) is busy with that meanwhile, and ranks that
-  // share CPUs cannot run at once.
+  // How often a send over `ring` publishes as it copies (Ring::write):
+  // every kPublishBytes (a quarter of a smaller ring) while two of them or
+  // more of the message are left, the step has no payload still to receive
+  // and the host's ranks have a CPU each, so that the reader copies or
+  // reduces while the writer copies, instead of the two taking turns over
+  // whole rings or whole messages; 0 (once per write) otherwise: a rank that
+  // also receives (a two-way exchange, a ring's step, a relay) is busy with
+  // that meanwhile, and ranks that share CPUs cannot run at once.
   std::size_t publish_every(const Transfer& t, const shm::Ring& ring) const;
   void progress_recv(Transfer& t);
   // Between two rounds of a step that spins on rings alone: looks at the
