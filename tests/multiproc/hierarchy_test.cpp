@@ -410,6 +410,68 @@ TEST_CASE("two hosts of two ranks: every collective, the same bits everywhere",
   }
 }
 
+// Ranks that name different roots of a small scatter across hosts (its
+// tree over the ranks ordered from the root's host on) must not return
+// success with data their root did not send, nor wait for the timeout:
+// each fails with MismatchError in the scatter, or, if its own part came
+// from ranks that agree with it, in one of the barriers after it, within
+// the confirmation window. Ranks 0 and 1 name rank 0, ranks 2 and 3 rank
+// 2: each half's tree reaches into the other host.
+TEST_CASE("ranks that name different roots of a scatter across hosts fail",
+          "[hierarchy][multiproc][hosts][mismatch]") {
+  NamespacePair hosts;
+  if (!hosts.ok()) {
+    WARN("SKIPPED: " << hosts.why());
+    return;
+  }
+  constexpr int kNoMismatch = 25;
+  constexpr int world = 4;
+  const std::vector<int> host_of{0, 0, 1, 1};
+  const std::string url = "tcp://" + NamespacePair::address(0) +
+                          ":29532?world_size=" + std::to_string(world);
+  std::vector<std::unique_ptr<ChildProcess>> ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    ranks.push_back(std::make_unique<ChildProcess>([=, &hosts] {
+      const int host = host_of[rank];
+      if (!hosts.enter(host)) return 97;
+      setenv("COMM_TCP_ADDR", NamespacePair::address(host).c_str(), 1);
+      const int root = rank < 2 ? 0 : 2;
+      try {
+        auto group = comm::init_process_group("tcp", url, rank, world, 60s);
+        const std::int64_t count = 16;
+        Tensor part = Tensor::full({count}, -1.0, DType::kI32);
+        std::vector<Tensor> parts;
+        for (int r = 0; rank == root && r < world; ++r) {
+          parts.push_back(Tensor::full({count}, r + 100 * root, DType::kI32));
+        }
+        group->scatter(part, parts, {.root = root})->wait();
+        for (std::int64_t i = 0; i < count; ++i) {
+          expect(data<std::int32_t>(part)[i] == rank + 100 * root,
+                 "scatter from " + std::to_string(root));
+        }
+        for (std::uint64_t b = 0; b <= 256; ++b) {
+          group->barrier({.timeout = 5s})->wait();
+        }
+        std::fprintf(stderr, "rank %d: no MismatchError\n", rank);
+        return kNoMismatch;
+      } catch (const comm::MismatchError& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return 0;
+      } catch (const WrongResult& e) {
+        std::fprintf(stderr, "rank %d: wrong result: %s\n", rank, e.what());
+        return kWrongResult;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+        return kOtherError;
+      }
+    }));
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    INFO("rank " << rank);
+    CHECK(ranks[rank]->wait(60s) == 0);
+  }
+}
+
 TEST_CASE("uneven hosts, three ranks and one: every collective, the same bits",
           "[hierarchy][multiproc][hosts]") {
   NamespacePair hosts;
