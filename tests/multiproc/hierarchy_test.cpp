@@ -10,7 +10,9 @@
 // flat ring over the ranks in rank order crosses between the hosts at
 // every step and sends three times that. The uneven cases put three ranks
 // on one host and one on the other, in namespaces, and on this host, where
-// the one is a rank that asked for COMM_TRANSPORT=tcp.
+// the one is a rank that asked for COMM_TRANSPORT=tcp. Ranks that name
+// different roots of a small scatter across the hosts fail with
+// MismatchError.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
