@@ -21,13 +21,10 @@
 // (root_host_first), which spreads the root's sends over the ranks of its
 // host: with two hosts of two ranks, the root sends one part over the
 // network and two through shared memory to its host's other rank, which
-// sends one of them on over the network at the same time. Between two
-// namespaces of two ranks each that took about half the time of the
-// direct sends at 1 and 4 KiB and 0.6-0.7 of it at 16 and 64 KiB, and an
-// order that sent the other host both its parts in one message, for its
-// first rank to pass one on, took 1.4-1.7 times as long as this one: its
-// second hop waits for the first (bench/README.md, "Scatter across
-// hosts").
+// sends one of them on over the network at the same time. An order that
+// sent the other host both its parts in one message, for its first rank
+// to pass one on, was slower: its second hop waits for the first
+// (bench/README.md, "Scatter across hosts", has the figures).
 //
 // Where every rank is on this host and may read the others' memory, and
 // the n parts hold COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES or more (at
