@@ -80,23 +80,27 @@ void scatter_in_tree(CollectiveTransport& ctx,
     from_parent.recv_parts(parent, parts, DType::kU8, ReduceOp::kSum);
     from_parent.send_confirmation(parent);
     from_parent.run();
-  } else if (bytes > 0 && inputs[root] != output) {
+  }
+  if (place.relative + stride < size) {
+    CollectiveStep& to_children = ctx.step();
+    std::vector<CollectiveStep::Part> parts;
+    for (int power = stride; place.relative + power < size; power <<= 1) {
+      const int child = place.relative + power;
+      parts.clear();
+      for (int x = child; x < size; x += power << 1) {
+        parts.push_back(
+            {static_cast<std::uint8_t*>(const_cast<void*>(block_of(x))),
+             bytes});
+      }
+      to_children.relay(place.real(child), parts, bytes * parts.size(), -1);
+      to_children.expect_confirmation(place.real(child));
+    }
+    to_children.run();
+  }
+  // The root copies its own part last, as scatter()'s does.
+  if (place.parent < 0 && bytes > 0 && inputs[root] != output) {
     std::memmove(output, inputs[root], bytes);
   }
-  if (place.relative + stride >= size) return;
-  CollectiveStep& to_children = ctx.step();
-  std::vector<CollectiveStep::Part> parts;
-  for (int power = stride; place.relative + power < size; power <<= 1) {
-    const int child = place.relative + power;
-    parts.clear();
-    for (int x = child; x < size; x += power << 1) {
-      parts.push_back(
-          {static_cast<std::uint8_t*>(const_cast<void*>(block_of(x))), bytes});
-    }
-    to_children.relay(place.real(child), parts, bytes * parts.size(), -1);
-    to_children.expect_confirmation(place.real(child));
-  }
-  to_children.run();
 }
 
 }  // namespace
@@ -149,8 +153,6 @@ void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
     from_root.run();
     return;
   }
-  if (bytes > 0 && inputs[root] != output)
-    std::memmove(output, inputs[root], bytes);
   CollectiveStep& to_all = ctx.step();
   for (int peer = 0; peer < ctx.size(); ++peer) {
     if (peer == root) continue;
@@ -158,6 +160,13 @@ void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
     to_all.expect_confirmation(peer);
   }
   to_all.run();
+  // The root copies its own part once its sends are complete (a send is,
+  // once the ring or the socket holds its bytes, not once they are read),
+  // so that its copy overlaps the receivers' copies out of the rings,
+  // where copying it first held the sends back (bench/README.md, "The
+  // scatter root's own part").
+  if (bytes > 0 && inputs[root] != output)
+    std::memmove(output, inputs[root], bytes);
 }
 
 }  // namespace comm::tcp::algorithms
