@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -304,6 +305,27 @@ struct Ran {
   std::vector<std::map<std::string, std::string>> digests;
 };
 
+// A rank's process: enters namespace `host` of `hosts` (stays on this host
+// where `hosts` is null) with COMM_TCP_ADDR set to its address, and runs
+// `body`, whose return value is the exit code; what it throws is printed
+// and becomes kWrongResult or kOtherError.
+int run_rank(const NamespacePair* hosts, int host, int rank,
+             const std::function<int()>& body) {
+  if (hosts != nullptr) {
+    if (!hosts->enter(host)) return 97;
+    setenv("COMM_TCP_ADDR", NamespacePair::address(host).c_str(), 1);
+  }
+  try {
+    return body();
+  } catch (const WrongResult& e) {
+    std::fprintf(stderr, "rank %d: wrong result: %s\n", rank, e.what());
+    return kWrongResult;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return kOtherError;
+  }
+}
+
 // Runs the ranks, each checking every collective and writing its digests
 // to a file.
 Ran run(const Layout& layout) {
@@ -328,12 +350,8 @@ Ran run(const Layout& layout) {
     const bool tcp = std::find(layout.tcp.begin(), layout.tcp.end(), rank) !=
                      layout.tcp.end();
     ranks.push_back(std::make_unique<ChildProcess>([=] {
-      if (hosts != nullptr) {
-        if (!hosts->enter(host)) return 97;
-        setenv("COMM_TCP_ADDR", NamespacePair::address(host).c_str(), 1);
-      }
-      setenv("COMM_TRANSPORT", tcp ? "tcp" : "auto", 1);
-      try {
+      return run_rank(hosts, host, rank, [&] {
+        setenv("COMM_TRANSPORT", tcp ? "tcp" : "auto", 1);
         auto group = comm::init_process_group("tcp", url, rank, world, 60s);
         std::ofstream digests(path);
         check_collectives(*group, digests);
@@ -357,13 +375,7 @@ Ran run(const Layout& layout) {
                      "an all_reduce of %.0f bytes\n",
                      rank, host, sent, bytes);
         return sent <= 1.25 * bytes ? 0 : kTooMuchTraffic;
-      } catch (const WrongResult& e) {
-        std::fprintf(stderr, "rank %d: wrong result: %s\n", rank, e.what());
-        return kWrongResult;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        return kOtherError;
-      }
+      });
     }));
   }
   Ran ran;
@@ -434,38 +446,31 @@ TEST_CASE("ranks that name different roots of a scatter across hosts fail",
   std::vector<std::unique_ptr<ChildProcess>> ranks;
   for (int rank = 0; rank < world; ++rank) {
     ranks.push_back(std::make_unique<ChildProcess>([=, &hosts] {
-      const int host = host_of[rank];
-      if (!hosts.enter(host)) return 97;
-      setenv("COMM_TCP_ADDR", NamespacePair::address(host).c_str(), 1);
-      const int root = rank < 2 ? 0 : 2;
-      try {
-        auto group = comm::init_process_group("tcp", url, rank, world, 60s);
-        const std::int64_t count = 16;
-        Tensor part = Tensor::full({count}, -1.0, DType::kI32);
-        std::vector<Tensor> parts;
-        for (int r = 0; rank == root && r < world; ++r) {
-          parts.push_back(Tensor::full({count}, r + 100 * root, DType::kI32));
+      return run_rank(&hosts, host_of[rank], rank, [&] {
+        const int root = rank < 2 ? 0 : 2;
+        try {
+          auto group = comm::init_process_group("tcp", url, rank, world, 60s);
+          const std::int64_t count = 16;
+          Tensor part = Tensor::full({count}, -1.0, DType::kI32);
+          std::vector<Tensor> parts;
+          for (int r = 0; rank == root && r < world; ++r) {
+            parts.push_back(Tensor::full({count}, r + 100 * root, DType::kI32));
+          }
+          group->scatter(part, parts, {.root = root})->wait();
+          for (std::int64_t i = 0; i < count; ++i) {
+            expect(data<std::int32_t>(part)[i] == rank + 100 * root,
+                   "scatter from " + std::to_string(root));
+          }
+          for (std::uint64_t b = 0; b <= 256; ++b) {
+            group->barrier({.timeout = 5s})->wait();
+          }
+          std::fprintf(stderr, "rank %d: no MismatchError\n", rank);
+          return kNoMismatch;
+        } catch (const comm::MismatchError& e) {
+          std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+          return 0;
         }
-        group->scatter(part, parts, {.root = root})->wait();
-        for (std::int64_t i = 0; i < count; ++i) {
-          expect(data<std::int32_t>(part)[i] == rank + 100 * root,
-                 "scatter from " + std::to_string(root));
-        }
-        for (std::uint64_t b = 0; b <= 256; ++b) {
-          group->barrier({.timeout = 5s})->wait();
-        }
-        std::fprintf(stderr, "rank %d: no MismatchError\n", rank);
-        return kNoMismatch;
-      } catch (const comm::MismatchError& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        return 0;
-      } catch (const WrongResult& e) {
-        std::fprintf(stderr, "rank %d: wrong result: %s\n", rank, e.what());
-        return kWrongResult;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-        return kOtherError;
-      }
+      });
     }));
   }
   for (int rank = 0; rank < world; ++rank) {
