@@ -332,8 +332,10 @@ std::uint64_t Exchange::confirmation_window(Mesh& mesh, int peer) {
     owed.window_kept = std::clamp<std::uint64_t>(fit >= 3 ? fit - 2 : 1, 1,
                                                  kConfirmationWindow);
   }
-  // The ring this rank's confirmations to `peer` travel on is the one
-  // `peer` reads them from, of the same capacity as the one back.
+  // The batch is a share of this window. A batch goes out as one message
+  // that counts its confirmations, on the ring `peer` reads, whose
+  // capacity `peer` chose (COMM_SHM_RING_BYTES may differ between ranks),
+  // written as that ring makes room, like any message.
   owed.batch_kept = std::max<std::uint64_t>(
       1, owed.window_kept * kConfirmationBatch / kConfirmationWindow);
   return owed.window_kept;
@@ -1171,7 +1173,8 @@ void Exchange::check_header(const Transfer& t) {
         (t.address
              ? "the address of " + std::to_string(t.bytes) + " bytes to read"
              : std::to_string(t.bytes) + " bytes") +
-        "; check that the ranks' split sizes agree");
+        "; check that the ranks' split sizes agree, and their "
+        "COMM_SHM_DIRECT_* settings");
   }
   if (header.payload_bytes != t.bytes) {
     throw MismatchError(

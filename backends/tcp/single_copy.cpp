@@ -114,11 +114,11 @@ std::vector<std::vector<Region>> trade_regions(
   CollectiveStep& step = ctx.step();
   for (int peer : to) {
     const std::vector<Region>& message = outgoing[peer];
-    step.send(peer, message.data(), message.size() * sizeof(Region));
+    step.send_address(peer, message.data(), message.size() * sizeof(Region));
   }
   for (int peer : from) {
     incoming[peer].resize(each);
-    step.recv(peer, incoming[peer].data(), each * sizeof(Region));
+    step.recv_address(peer, incoming[peer].data(), each * sizeof(Region));
   }
   step.run();
   return incoming;

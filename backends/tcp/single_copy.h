@@ -9,13 +9,16 @@
 // The pattern, in each collective's file beside its other algorithms:
 //   0. the rank offers its buffers (Offer) for as long as it is in the
 //      algorithm, so that a peer's read fails once it left, whatever way;
-//   1. a step trades Regions (address and size) over the rings; the
-//      messages carry the call's header, so a rank in another call, or on
-//      another algorithm, is a MismatchError as before, and each region's
-//      size is checked against what the reader expects (check_bytes), so
-//      that ranks that disagree on a size fail instead of reading out of
-//      bounds (all_to_all sends them, marked as addresses, beside the
-//      parts that travel);
+//   1. a step trades Regions (address and size) over the rings, in
+//      messages marked as addresses (CollectiveStep::send_address; all_to_all
+//      sends them beside the parts that travel); the messages carry the
+//      call's header, so a rank in another call is a MismatchError as
+//      before, and so is a rank that runs the rings' algorithm where its
+//      peers read (ranks whose COMM_SHM_DIRECT_* settings differ), which
+//      would otherwise take a region of the same length for data; each
+//      region's size is checked against what the reader expects
+//      (check_bytes), so that ranks that disagree on a size fail instead
+//      of reading out of bounds;
 //   2. each rank reads what it needs (PeerMemory::read), reducing a chunk
 //      at a time where the collective reduces (reduce_from_peers: scratch
 //      of two chunks, chunk_bytes() each, kept by the transport), and
@@ -136,7 +139,8 @@ std::vector<int> peers(const CollectiveTransport& ctx);
 
 // One step: sends each peer in `to` the message outgoing[peer] (regions,
 // indexed by rank) and receives from each peer in `from` a message of
-// `each` regions; returns those, indexed by rank (empty for the others).
+// `each` regions, all marked as addresses; returns those, indexed by rank
+// (empty for the others).
 std::vector<std::vector<Region>> trade_regions(
     CollectiveTransport& ctx, const std::vector<int>& to,
     const std::vector<std::vector<Region>>& outgoing,

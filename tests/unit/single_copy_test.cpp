@@ -66,12 +66,14 @@ std::atomic<std::size_t> offers_made{0};
 // of the others' memory, and its offers in offers_made.
 class Counted final : public CollectiveTransport, public PeerMemory {
  public:
-  Counted(CollectiveTransport& inner, std::atomic<std::size_t>& read)
-      : inner_(inner), read_(read) {}
+  Counted(CollectiveTransport& inner, std::atomic<std::size_t>& read,
+          bool hide_memory)
+      : inner_(inner), read_(read), hide_memory_(hide_memory) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   CollectiveStep& step() override { return inner_.step(); }
   PeerMemory* peer_memory() override {
+    if (hide_memory_) return nullptr;
     memory_ = inner_.peer_memory();
     return memory_ != nullptr ? this : nullptr;
   }
@@ -97,6 +99,9 @@ class Counted final : public CollectiveTransport, public PeerMemory {
  private:
   CollectiveTransport& inner_;
   std::atomic<std::size_t>& read_;
+  // As a rank whose transport offers no peer memory: it runs the rings'
+  // algorithms whatever its peers do.
+  bool hide_memory_;
   PeerMemory* memory_ = nullptr;
 };
 
@@ -113,14 +118,16 @@ class Rank {
   Mesh& mesh() { return mesh_; }
 
   // Runs `algorithm` as the next call, whose header says `call` (its
-  // sequence number is set here).
+  // sequence number is set here); with `hide_memory`, through a transport
+  // that offers no peer memory.
   void run(CallInfo call,
-           const std::function<void(CollectiveTransport&)>& algorithm) {
+           const std::function<void(CollectiveTransport&)>& algorithm,
+           bool hide_memory = false) {
     call.sequence = sequence_++;
     const auto deadline = comm::detail::deadline_after(30s);
     comm::tcp::CollectiveContext context(mesh_, control_, call, deadline, -1,
                                          workspace_);
-    Counted counted(context, read_);
+    Counted counted(context, read_, hide_memory);
     algorithm(counted);
   }
 
@@ -990,4 +997,83 @@ TEST_CASE("a rank that leaves a call makes its readers fail, naming it",
   });
   check_all_ok(errors);
   CHECK(failure == "");
+}
+
+TEST_CASE(
+    "a rank on the rings beside ranks that read fails instead of taking an "
+    "address for data",
+    "[single_copy][mismatch]") {
+  // Every rank reads from one byte on, but rank 1's transport offers no
+  // peer memory, as a rank whose COMM_SHM_DIRECT_* settings differ runs
+  // the rings where its peers read. Each call moves 16 bytes, the size of
+  // the address and length the readers trade, so only the messages' mark
+  // tells an address from data: rank 1 must fail with MismatchError, and
+  // so must the rank that sent it an address, whose last step rank 1
+  // never joins.
+  EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_KERNEL_COPY", "fast"}});
+  constexpr std::size_t kBytes = sizeof(alg::Region);
+  struct Case {
+    const char* name;
+    int world;
+    std::function<void(Rank&, bool)> call;
+  };
+  const std::vector<Case> cases = {
+      {"broadcast", 3,
+       [](Rank& rank, bool hide) {
+         Bytes data = rank.rank() == 0 ? pattern(0, 1, kBytes) : Bytes(kBytes);
+         rank.run(
+             {Collective::kBroadcast, 0, DType::kU8, kBytes, ReduceOp::kSum, 0},
+             [&](CollectiveTransport& t) {
+               alg::broadcast(t, data.data(), kBytes, 0);
+             },
+             hide);
+       }},
+      {"all_gather", 2,
+       [](Rank& rank, bool hide) {
+         std::vector<Bytes> blocks(2, Bytes(kBytes, 0));
+         blocks[rank.rank()] = pattern(rank.rank(), 2, kBytes);
+         std::vector<void*> places{blocks[0].data(), blocks[1].data()};
+         rank.run(
+             {Collective::kAllGather, 0, DType::kU8, kBytes, ReduceOp::kSum,
+              -1},
+             [&](CollectiveTransport& t) {
+               alg::all_gather(t, places, kBytes);
+             },
+             hide);
+       }},
+      {"scatter", 2,
+       [](Rank& rank, bool hide) {
+         const Bytes first = pattern(0, 3, kBytes);
+         const Bytes second = pattern(1, 3, kBytes);
+         std::vector<const void*> inputs;
+         if (rank.rank() == 0) inputs = {first.data(), second.data()};
+         Bytes part(kBytes, 0);
+         rank.run(
+             {Collective::kScatter, 0, DType::kU8, kBytes, ReduceOp::kSum, 0},
+             [&](CollectiveTransport& t) {
+               alg::scatter(t, inputs, part.data(), kBytes, 0);
+             },
+             hide);
+       }},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name << ", world " << c.world);
+    std::atomic<std::size_t> read{0};
+    std::vector<std::string> kinds(static_cast<std::size_t>(c.world));
+    auto errors = run_ranks(c.world, read, [&](Rank& rank) {
+      try {
+        c.call(rank, rank.rank() == 1);
+      } catch (const comm::MismatchError&) {
+        kinds[rank.rank()] = "mismatch";
+        throw;
+      }
+    });
+    CHECK(kinds[1] == "mismatch");
+    CHECK(errors[1].find("address") != std::string::npos);
+    CHECK_FALSE(errors[0].empty());
+  }
 }
