@@ -32,7 +32,12 @@
 // only where the kernel's copy keeps up: single_copy.h), each
 // rank reads its part from the root's memory (single_copy.h): the root
 // sends each rank its part's address and size, and returns once every rank
-// has said it has read it.
+// has said it has read it. The root copies its own part while they read,
+// or, where its output lies over another rank's part, once they have read:
+// the other algorithms copy it after their sends, so no rank's part is
+// overwritten before it left.
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -44,6 +49,19 @@
 namespace comm::tcp::algorithms {
 
 namespace {
+
+// Whether the `bytes` at `a` and at `b` share a byte.
+bool overlap(const void* a, const void* b, std::size_t bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return bytes > 0 && x < y + bytes && y < x + bytes;
+}
+
+// The root's copy of its own part into its output, which may be that part
+// (in place).
+void copy_own_part(const void* part, void* output, std::size_t bytes) {
+  if (bytes > 0 && part != output) std::memmove(output, part, bytes);
+}
 
 // Below this many bytes in all, the tree: at four ranks or more that are
 // each a host of their own (over sockets), and in a group spanning hosts.
@@ -98,9 +116,7 @@ void scatter_in_tree(CollectiveTransport& ctx,
     to_children.run();
   }
   // The root copies its own part last, as scatter()'s does.
-  if (place.parent < 0 && bytes > 0 && inputs[root] != output) {
-    std::memmove(output, inputs[root], bytes);
-  }
+  if (place.parent < 0) copy_own_part(inputs[root], output, bytes);
 }
 
 }  // namespace
@@ -123,9 +139,14 @@ void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
     std::vector<std::vector<Region>> mine(static_cast<std::size_t>(ctx.size()));
     for (int peer : others) mine[peer] = {region_of(inputs[peer], bytes)};
     trade_regions(ctx, others, mine, {}, 0);
-    if (bytes > 0 && inputs[root] != output)
-      std::memmove(output, inputs[root], bytes);
+    // The root's own copy overlaps the peers' reads, unless its output
+    // lies over a part that a peer may still be reading.
+    const bool over_a_part = std::any_of(
+        others.begin(), others.end(),
+        [&](int peer) { return overlap(output, inputs[peer], bytes); });
+    if (!over_a_part) copy_own_part(inputs[root], output, bytes);
     signal(ctx, {}, others);
+    if (over_a_part) copy_own_part(inputs[root], output, bytes);
     return;
   }
   const int size = ctx.size();
@@ -165,8 +186,7 @@ void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
   // so that its copy overlaps the receivers' copies out of the rings,
   // where copying it first held the sends back (bench/README.md, "The
   // scatter root's own part").
-  if (bytes > 0 && inputs[root] != output)
-    std::memmove(output, inputs[root], bytes);
+  copy_own_part(inputs[root], output, bytes);
 }
 
 }  // namespace comm::tcp::algorithms

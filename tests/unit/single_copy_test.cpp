@@ -1077,3 +1077,50 @@ TEST_CASE(
     CHECK_FALSE(errors[0].empty());
   }
 }
+
+TEST_CASE(
+    "a scatter root whose output lies over another rank's part copies its "
+    "own part once that part was read",
+    "[single_copy]") {
+  // The root's parts lie one after another in one buffer, and its output
+  // starts halfway through rank 1's part; the other ranks read their parts
+  // directly. Each must get its part as it was, and the root its own.
+  EnvIs env({{"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", "1"},
+             {"COMM_SHM_KERNEL_COPY", "fast"}});
+  const std::size_t bytes = 1 << 16;
+  for (int world : {2, 3}) {
+    INFO("world " << world);
+    std::atomic<std::size_t> read{0};
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      Bytes all;
+      std::vector<const void*> inputs;
+      Bytes own(bytes, 0);
+      void* output = own.data();
+      if (me == 0) {
+        for (int r = 0; r < world; ++r) {
+          const Bytes part = pattern(r, 4, bytes);
+          all.insert(all.end(), part.begin(), part.end());
+        }
+        all.resize(all.size() + bytes, 0);
+        for (int r = 0; r < world; ++r)
+          inputs.push_back(all.data() + r * bytes);
+        output = all.data() + bytes + bytes / 2;
+      }
+      rank.run({Collective::kScatter, 0, DType::kU8,
+                static_cast<std::int64_t>(bytes), ReduceOp::kSum, 0},
+               [&](CollectiveTransport& t) {
+                 alg::scatter(t, inputs, output, bytes, 0);
+               });
+      if (me == 0) {
+        const auto* out = static_cast<const std::uint8_t*>(output);
+        expect(Bytes(out, out + bytes) == pattern(0, 4, bytes), "root's part");
+      } else {
+        expect(own == pattern(me, 4, bytes), "rank's part");
+      }
+    });
+    check_all_ok(errors);
+    CHECK(read.load() == bytes * static_cast<std::size_t>(world - 1));
+  }
+}
