@@ -215,7 +215,11 @@ void Ring::disarm_writer() {
 
 void Ring::close() {
   if (control_ == nullptr) return;
-  control_->closed.store(1, std::memory_order_relaxed);
+  // Released, so that a reader that sees the ring closed also sees every
+  // byte published before (Exchange reads what is left before it calls a
+  // closed ring an ended connection); the fence then orders the store
+  // before the doorbell's check for a sleeper, as the cursors' are.
+  control_->closed.store(1, std::memory_order_release);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   Doorbell::ring(peer_doorbell_);
 }
