@@ -1,7 +1,12 @@
 #include "bench/harness/options.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include <CLI/CLI.hpp>
@@ -22,14 +27,34 @@ std::string lower(std::string text) {
 
 int parse_int(const std::string& flag, const std::string& text, int low,
               int high) {
-  const std::int64_t value = parse_size(flag, text);
-  if (!std::all_of(text.begin(), text.end(),
-                   [](unsigned char c) { return std::isdigit(c); }) ||
-      value < low || value > high) {
+  // Digits alone, at most 15 of them, so that the value fits before its
+  // range is checked; a sign or a suffix is refused with the same message.
+  const bool digits =
+      !text.empty() && text.size() <= 15 &&
+      std::all_of(text.begin(), text.end(),
+                  [](unsigned char c) { return std::isdigit(c); });
+  const std::int64_t value = digits ? std::stoll(text) : -1;
+  if (!digits || value < low || value > high) {
     throw UsageError(flag + " takes an integer from " + std::to_string(low) +
                      " to " + std::to_string(high) + ", not '" + text + "'");
   }
   return static_cast<int>(value);
+}
+
+// Throws UsageError naming `flag` unless `path` can be opened for writing,
+// so that a sweep does not run to its end only to fail there. A file that
+// did not exist is removed again; an existing one is left as it was.
+void check_writable(const std::string& flag, const std::string& path) {
+  struct stat before {};
+  const bool existed = ::stat(path.c_str(), &before) == 0;
+  std::FILE* file = std::fopen(path.c_str(), "a");
+  if (file == nullptr) {
+    throw UsageError(flag + " " + path + ": " + std::strerror(errno) +
+                     "; give a file in a directory that exists and that "
+                     "this user may write to");
+  }
+  std::fclose(file);
+  if (!existed) std::remove(path.c_str());
 }
 
 }  // namespace
@@ -245,6 +270,7 @@ Options parse_options(const std::string& program,
         "--fresh-inputs writes host memory; it has no meaning for --device "
         "cuda");
   }
+  if (!options.json_path.empty()) check_writable("-J", options.json_path);
   return options;
 }
 
