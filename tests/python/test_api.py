@@ -68,8 +68,12 @@ def test_other_bad_arguments(world_of_one):
 
 
 def test_unknown_backend_is_named():
-    with pytest.raises(dist.InvalidArgument, match="carrier-pigeon"):
+    with pytest.raises(dist.InvalidArgument,
+                       match="carrier-pigeon.*gloo.*tcp"):
         dist.init_process_group("carrier-pigeon", store=dist.HashStore(),
+                                rank=0, world_size=1)
+    with pytest.raises(dist.InvalidArgument, match="'ucc'"):
+        dist.init_process_group("cpu:ucc,cuda:nccl", store=dist.HashStore(),
                                 rank=0, world_size=1)
     assert not dist.is_initialized()
 

@@ -302,6 +302,25 @@ def _libcomm_backend(backend):
     return ",".join(parts)
 
 
+def _check_backend_names(spec):
+    """Raises InvalidArgument for a name in `spec` that is neither a
+    registered libcomm backend nor one of the names torch scripts use for
+    one ("gloo"), listing both. "nccl" is left to libcomm, which says why a
+    build lacks it."""
+    registered = list(_C.registered_backends())
+    for part in spec.split(","):
+        name = part.rpartition(":")[2]
+        if name == "nccl" or _BACKEND_ALIASES.get(name, name) in registered:
+            continue
+        names = sorted(set(registered) | set(_BACKEND_ALIASES))
+        aliases = ", ".join(f'"{alias}" is libcomm\'s {target}'
+                            for alias, target in _BACKEND_ALIASES.items())
+        raise InvalidArgument(
+            f"init_process_group: no backend named {name!r}; commdist "
+            f"takes {', '.join(names)} ({aliases}), or one per device "
+            f'("cpu:gloo,cuda:nccl")')
+
+
 def init_process_group(backend=None, init_method=None,
                        timeout=default_pg_timeout, world_size=-1, rank=-1,
                        store=None, group_name="", pg_options=None):
@@ -322,6 +341,7 @@ def init_process_group(backend=None, init_method=None,
             "init_process_group: pg_options are NCCL options of torch's; "
             "libcomm's backends take their settings from COMM_* variables")
     asked = "gloo" if backend is None else str(backend).lower()
+    _check_backend_names(asked)
     libcomm_name = _libcomm_backend(asked)
     if store is not None:
         if init_method is not None:
