@@ -230,8 +230,8 @@ RendezvousResult rendezvous(const std::string& init_method, int rank,
     }
     return static_cast<int>(parse_integer(
         it->second,
-        std::string("the ") + name + " parameter of '" + init_method + "'", 0,
-        1 << 30));
+        std::string("the ") + name + " parameter of '" + init_method + "'",
+        std::string_view(name) == "world_size" ? 1 : 0, 1 << 30));
   };
 
   std::string host;
@@ -254,7 +254,7 @@ RendezvousResult rendezvous(const std::string& init_method, int rank,
             ? world_size
             : static_cast<int>(parse_integer(
                   required_env("WORLD_SIZE", "set it to the number of ranks"),
-                  "WORLD_SIZE", 0, 1 << 30));
+                  "WORLD_SIZE", 1, 1 << 30));
     if (auto local = env("LOCAL_RANK")) {
       result.local_rank =
           static_cast<int>(parse_integer(*local, "LOCAL_RANK", 0, 1 << 30));

@@ -106,7 +106,17 @@ TEST_CASE("env:// names the missing or malformed variable", "[rendezvous]") {
                                      {"RANK", "0"},
                                      {"WORLD_SIZE", "0"}});
     CHECK_THROWS_WITH(comm::rendezvous("env://"),
-                      Catch::Contains("at least 1"));
+                      Catch::Contains("WORLD_SIZE='0' is not an integer in "
+                                      "[1, "));
+  }
+  {
+    const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
+                                     {"MASTER_PORT", "0"},
+                                     {"RANK", "0"},
+                                     {"WORLD_SIZE", "abc"}});
+    CHECK_THROWS_WITH(comm::rendezvous("env://"),
+                      Catch::Contains("WORLD_SIZE='abc' is not an integer in "
+                                      "[1, "));
   }
   {
     const auto env = rendezvous_env({{"MASTER_ADDR", "127.0.0.1"},
