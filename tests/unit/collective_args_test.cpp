@@ -105,3 +105,23 @@ TEST_CASE("all_to_all splits that do not cover the tensor are refused") {
   }
   check_all_to_all(t, t, {6, 0, 0}, {0, 0, 6}, 3);
 }
+
+TEST_CASE(
+    "a tensor on a CUDA device this process does not see is refused, "
+    "naming the device once and the devices there are") {
+  float value = 0;
+  // Past any machine's device count.
+  const Tensor far =
+      Tensor::from_blob(&value, {1}, DType::kF32, comm::Device::cuda(4000));
+  try {
+    comm::detail::check_tensor(far, "all_reduce", "output");
+    FAIL("accepted a tensor on cuda:4000");
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    CHECK_THAT(message, Catch::StartsWith("all_reduce output: ") &&
+                            Catch::Contains("does not exist") &&
+                            Catch::Contains("this process sees"));
+    // The device appears once, in the tensor's description.
+    CHECK(message.find("cuda:4000") == message.rfind("cuda:4000"));
+  }
+}
