@@ -105,6 +105,10 @@ struct Config {
   int master_port = 29500;
   int max_restarts = 0;
   int rdzv_timeout = 900;
+  // Whether the workers get rdzv_timeout as COMM_RDZV_TIMEOUT: unless
+  // --rdzv-timeout or join_timeout= gave it, a COMM_RDZV_TIMEOUT of
+  // commrun's own environment passes to them unchanged.
+  bool set_rdzv_timeout = true;
   int term_grace = 5;
   std::string run_id = "none";
   std::string role = "default";
@@ -252,7 +256,9 @@ bool failed(int status) {
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart));
   set("TORCHELASTIC_MAX_RESTARTS", std::to_string(config.max_restarts));
   set("COMM_RESTART_COUNT", std::to_string(restart));
-  set("COMM_RDZV_TIMEOUT", std::to_string(config.rdzv_timeout));
+  if (config.set_rdzv_timeout) {
+    set("COMM_RDZV_TIMEOUT", std::to_string(config.rdzv_timeout));
+  }
   if (config.set_omp_threads) set("OMP_NUM_THREADS", "1");
   if (!config.local_addr.empty()) set("COMM_TCP_ADDR", config.local_addr);
   std::vector<std::string> args = config.command;
@@ -620,6 +626,10 @@ std::string random_run_id() {
 
 int parse(int argc, char** argv, Config& config) {
   CLI::App app{"commrun: starts the ranks of a libcomm job, as torchrun does"};
+  // CLI11 2.1 writes the usage line as "NAME [OPTIONS]" and has no setter
+  // for it; the label inside the brackets carries the program and its
+  // arguments, which prefix_command() leaves to us.
+  app.get_formatter()->label("OPTIONS", "OPTIONS] PROGRAM [ARGS...");
   std::string nproc = "1";
   std::string nnodes = "1";
   std::string rdzv_backend = "static";
@@ -681,7 +691,8 @@ int parse(int argc, char** argv, Config& config) {
       ->capture_default_str();
   auto* rdzv_timeout =
       app.add_option("--rdzv-timeout,--rdzv_timeout", config.rdzv_timeout,
-                     "seconds the workers' rendezvous may take")
+                     "seconds the workers' rendezvous may take (unset: "
+                     "COMM_RDZV_TIMEOUT where it is set, else 900)")
           ->check(CLI::Range(1, 1 << 30))
           ->capture_default_str();
   app.add_option("--term-grace", config.term_grace,
@@ -770,6 +781,7 @@ int parse(int argc, char** argv, Config& config) {
   if (const auto n = processes_per_node(nproc, problem)) {
     config.nproc_per_node = *n;
   }
+  bool given_rdzv_timeout = rdzv_timeout->count() > 0;
   for (const std::string& item : rdzv_conf) {
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
@@ -780,12 +792,16 @@ int parse(int argc, char** argv, Config& config) {
     if (key == "join_timeout" && seconds > 0 && seconds <= (1 << 30) &&
         *end == '\0' && rdzv_timeout->count() == 0) {
       config.rdzv_timeout = static_cast<int>(seconds);
+      given_rdzv_timeout = true;
     } else if (problem.empty()) {
       problem = "--rdzv-conf " + item +
                 ": the one setting taken is join_timeout=SECONDS (and not "
                 "together with --rdzv-timeout)";
     }
   }
+  const char* inherited = std::getenv("COMM_RDZV_TIMEOUT");
+  config.set_rdzv_timeout =
+      given_rdzv_timeout || inherited == nullptr || *inherited == '\0';
   if (!rdzv_endpoint.empty()) {
     const auto colon = rdzv_endpoint.rfind(':');
     std::string host = rdzv_endpoint.substr(0, colon);
@@ -852,8 +868,8 @@ int parse(int argc, char** argv, Config& config) {
         "give every node the same port";
   }
   if (!problem.empty()) {
-    std::fprintf(stderr, "commrun: %s\n%s", problem.c_str(),
-                 app.help().c_str());
+    std::fprintf(stderr, "commrun: %s\nRun 'commrun --help' for the options.\n",
+                 problem.c_str());
     return 2;
   }
   const bool logging =

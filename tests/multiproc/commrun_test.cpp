@@ -439,6 +439,21 @@ TEST_CASE("commrun takes torchrun's flags and sets torchrun's environment",
     CHECK(first[2] != "29500");
     CHECK_THAT(read_file(dir / "stderr"), !Catch::Contains("OMP_NUM_THREADS"));
   }
+  for (const bool flag : {false, true}) {
+    // A COMM_RDZV_TIMEOUT of the user's reaches the workers, unless
+    // --rdzv-timeout says otherwise.
+    INFO("--rdzv-timeout given: " << flag);
+    ScratchDir dir;
+    std::vector<std::string> args = {"--standalone", "--nproc-per-node", "1"};
+    if (flag) args.insert(args.end(), {"--rdzv-timeout", "44"});
+    args.insert(args.end(), {"sh", "-c", "echo $COMM_RDZV_TIMEOUT"});
+    setenv("COMM_RDZV_TIMEOUT", "33", 1);
+    auto commrun = start_commrun(dir, args);
+    unsetenv("COMM_RDZV_TIMEOUT");
+    REQUIRE(commrun->wait(30s) == 0);
+    CHECK(lines_of(read_file(dir / "stdout")) ==
+          std::vector<std::string>{flag ? "[0]: 44" : "[0]: 33"});
+  }
   {
     // auto: one worker per GPU, or per CPU without one.
     ScratchDir dir;
