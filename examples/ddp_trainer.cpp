@@ -8,8 +8,12 @@
 // Each rank trains on its DistributedSampler share of the synthetic
 // dataset; rank 0 prints the loss averaged over all ranks, and with
 // --checkpoint writes the parameters and the optimizer's momentum buffers
-// as safetensors at the end (--resume reads such a file first).
+// as safetensors at the end, with the count of epochs trained in its
+// metadata; --resume reads such a file first and goes on from that epoch
+// (numbering, and the sampler's shuffle, continue).
+#include <charconv>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -45,6 +49,24 @@ comm::NamedTensors optimizer_state(comm::examples::Mlp& model) {
   return state;
 }
 
+// The epochs a checkpoint's run had trained: its "epochs" metadata, 0
+// where it has none (a file written by another program).
+int epochs_trained(const std::map<std::string, std::string>& metadata,
+                   const std::string& path) {
+  const auto found = metadata.find("epochs");
+  if (found == metadata.end()) return 0;
+  int epochs = 0;
+  const std::string& text = found->second;
+  const auto [end, error] =
+      std::from_chars(text.data(), text.data() + text.size(), epochs);
+  if (error != std::errc() || end != text.data() + text.size() || epochs < 0 ||
+      epochs > 1'000'000'000) {
+    throw comm::InvalidArgument(path + ": its \"epochs\" metadata is '" + text +
+                                "', not a count of epochs");
+  }
+  return epochs;
+}
+
 int train(const Config& config) {
   // Under commrun or torchrun, env:// says who is who; alone, one rank.
   // Either of RANK and WORLD_SIZE takes env://, which says what is missing.
@@ -57,12 +79,17 @@ int train(const Config& config) {
   const int world = group->size();
 
   comm::examples::Mlp model({16, config.hidden, 4}, 1 + rank);
+  int first_epoch = 0;
   if (!config.resume.empty()) {
     comm::NamedTensors targets;
     for (std::size_t p = 0; p < model.params().size(); ++p)
       targets.emplace_back(model.names()[p], model.params()[p]);
     for (auto& s : optimizer_state(model)) targets.push_back(s);
-    comm::restore(comm::load_checkpoint(config.resume), targets);
+    std::map<std::string, std::string> metadata;
+    comm::restore(
+        comm::read_safetensors(config.resume, comm::Device::cpu(), &metadata),
+        targets);
+    first_epoch = epochs_trained(metadata, config.resume);
   }
   std::vector<comm::Parameter> params;
   for (std::size_t p = 0; p < model.params().size(); ++p)
@@ -70,7 +97,8 @@ int train(const Config& config) {
   comm::DistributedDataParallel ddp(group, params);
 
   comm::DistributedSampler sampler(config.dataset, rank, world, {.seed = 7});
-  for (int epoch = 0; epoch < config.epochs; ++epoch) {
+  const int last_epoch = first_epoch + config.epochs;
+  for (int epoch = first_epoch; epoch < last_epoch; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto mine = sampler.indices();
     double loss_sum = 0;
@@ -102,7 +130,7 @@ int train(const Config& config) {
     comm::NamedTensors everything = ddp.state();
     for (auto& s : optimizer_state(model)) everything.push_back(s);
     comm::save_checkpoint(*group, config.checkpoint, everything,
-                          {{"epochs", std::to_string(config.epochs)}});
+                          {{"epochs", std::to_string(last_epoch)}});
     if (rank == 0)
       std::printf("checkpoint written to %s\n", config.checkpoint.c_str());
   }

@@ -735,6 +735,47 @@ TEST_CASE("a libcomm job runs under commrun", "[commrun]") {
                       Catch::Contains("[0]: # Out of bounds values : 0 OK"));
 }
 
+TEST_CASE(
+    "the example trainer under commrun resumes from its checkpoint, its "
+    "epochs numbered on",
+    "[commrun][ddp]") {
+  ScratchDir dir;
+  const std::string first = dir / "first.safetensors";
+  const std::string second = dir / "second.safetensors";
+  // Rank 0 prints "[0]: epoch E: loss ..." for each epoch it trains.
+  auto epochs_printed = [](const std::string& out) {
+    std::vector<int> epochs;
+    const std::regex row(R"(\[0\]: epoch (\d+): loss )");
+    for (const std::string& line : lines_of(out)) {
+      std::smatch match;
+      if (std::regex_search(line, match, row)) {
+        epochs.push_back(std::stoi(match[1].str()));
+      }
+    }
+    return epochs;
+  };
+  const std::vector<std::vector<std::string>> runs = {
+      {"--epochs", "2", "--checkpoint", first},
+      {"--epochs", "2", "--resume", first, "--checkpoint", second},
+      {"--epochs", "1", "--resume", second}};
+  const std::vector<std::vector<int>> expected = {{0, 1}, {2, 3}, {4}};
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    INFO("run " << i);
+    ScratchDir out;
+    std::vector<std::string> args = {"--nproc-per-node",
+                                     "2",
+                                     "--master-port",
+                                     "0",
+                                     from_env("DDP_TRAINER_BIN"),
+                                     "--dataset",
+                                     "512"};
+    args.insert(args.end(), runs[i].begin(), runs[i].end());
+    auto commrun = start_commrun(out, args);
+    REQUIRE(commrun->wait(120s) == 0);
+    CHECK(epochs_printed(read_file(out / "stdout")) == expected[i]);
+  }
+}
+
 // The CPUs each rank of an all_reduce_perf -np run reported in its header
 // ("#  Rank  1 Pid 123 on host device cpu cpus 0-1"), by rank.
 std::vector<std::string> bench_rank_cpus(const std::string& bind, int ranks) {
