@@ -105,13 +105,6 @@ void check_tensor_list(std::string_view op, const std::vector<Tensor>& list,
 
 namespace {
 
-// The rows each rank's block of a tensor of `rows` rows has: the row
-// counts given, or, with none given, rows / size each.
-std::int64_t rows_of(const std::vector<std::int64_t>& given, std::int64_t rows,
-                     int size, std::size_t p) {
-  return given.empty() ? rows / size : given[p];
-}
-
 // Throws unless `given` splits `t` into `size` blocks of rows (see
 // check_all_to_all).
 void check_splits(const std::vector<std::int64_t>& given, const Tensor& t,
@@ -119,8 +112,8 @@ void check_splits(const std::vector<std::int64_t>& given, const Tensor& t,
   const auto n = static_cast<std::size_t>(size);
   const std::int64_t rows = t.size(0);
   // Without split sizes every rank gets as many rows.
-  const bool even = given.empty();
-  if (even && rows % size != 0) {
+  if (given.empty()) {
+    if (rows % size == 0) return;
     throw InvalidArgument(std::string("all_to_all: ") + which + " " +
                           t.describe() + " has " + std::to_string(rows) +
                           " rows, not divisible by the group size " +
@@ -128,10 +121,10 @@ void check_splits(const std::vector<std::int64_t>& given, const Tensor& t,
   }
   // Each count is checked against the total before it is added, so the sum
   // cannot overflow.
-  bool fits = even || given.size() == n;
+  bool fits = given.size() == n;
   std::int64_t sum = 0;
   for (std::size_t p = 0; fits && p < n; ++p) {
-    const std::int64_t block = rows_of(given, rows, size, p);
+    const std::int64_t block = given[p];
     fits = block >= 0 && block <= rows - sum;
     if (fits) sum += block;
   }
@@ -151,10 +144,19 @@ void split(const std::vector<std::int64_t>& given, const Tensor& t, int size,
   const std::size_t row = rows == 0 ? 0
                                     : static_cast<std::size_t>(t.numel()) /
                                           static_cast<std::size_t>(rows);
+  if (given.empty()) {
+    // rows / size is exact: check_splits refused the rest.
+    const std::size_t each = static_cast<std::size_t>(rows / size) * row;
+    for (std::size_t p = 0; p < offsets.size(); ++p) {
+      offsets[p] = p * each;
+      counts[p] = each;
+    }
+    return;
+  }
   std::size_t at = 0;
   for (std::size_t p = 0; p < offsets.size(); ++p) {
     offsets[p] = at;
-    counts[p] = static_cast<std::size_t>(rows_of(given, rows, size, p)) * row;
+    counts[p] = static_cast<std::size_t>(given[p]) * row;
     at += counts[p];
   }
 }
