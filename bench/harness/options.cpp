@@ -43,10 +43,13 @@ int parse_int(const std::string& flag, const std::string& text, int low,
 
 // Throws UsageError naming `flag` unless `path` can be opened for writing,
 // so that a sweep does not run to its end only to fail there. A file that
-// did not exist is removed again; an existing one is left as it was.
+// did not exist is removed again; an existing one is left as it was. What
+// is there and not a plain file or a directory (a pipe, /dev/stdout) is
+// left to the writer: opening a pipe here would wait for its reader.
 void check_writable(const std::string& flag, const std::string& path) {
   struct stat before {};
   const bool existed = ::stat(path.c_str(), &before) == 0;
+  if (existed && !S_ISREG(before.st_mode) && !S_ISDIR(before.st_mode)) return;
   std::FILE* file = std::fopen(path.c_str(), "a");
   if (file == nullptr) {
     throw UsageError(flag + " " + path + ": " + std::strerror(errno) +

@@ -34,8 +34,7 @@ void check_tensor(const Tensor& tensor, std::string_view op,
   const int visible = visible_cuda_devices();
   throw InvalidArgument(
       name + ": " + tensor.describe() +
-      " is on a device that does not "
-      "exist: this process sees " +
+      " is on a device that does not exist: this process sees " +
       std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") +
       (visible == 0 ? ""
                     : " (cuda:0 to cuda:" + std::to_string(visible - 1) + ")") +
