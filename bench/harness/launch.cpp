@@ -338,6 +338,11 @@ int bench_main(const Collective& collective, int argc, char** argv) {
         parse_options(program, std::vector<std::string>(argv + 1, argv + argc));
     placement = detect_placement(options);
     check_case_options(collective, options, placement.world);
+    // Rank 0 writes it; -np's ranks run beside the process that starts
+    // them.
+    if (!options.json_path.empty() && placement.rank == 0) {
+      check_output_path("-J", options.json_path);
+    }
   } catch (const HelpRequested& help) {
     std::fputs(help.what(), stdout);
     return 0;

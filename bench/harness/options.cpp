@@ -1,11 +1,12 @@
 #include "bench/harness/options.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -41,26 +42,38 @@ int parse_int(const std::string& flag, const std::string& text, int low,
   return static_cast<int>(value);
 }
 
-// Throws UsageError naming `flag` unless `path` can be opened for writing,
-// so that a sweep does not run to its end only to fail there. A file that
-// did not exist is removed again; an existing one is left as it was. What
-// is there and not a plain file or a directory (a pipe, /dev/stdout) is
-// left to the writer: opening a pipe here would wait for its reader.
-void check_writable(const std::string& flag, const std::string& path) {
-  struct stat before {};
-  const bool existed = ::stat(path.c_str(), &before) == 0;
-  if (existed && !S_ISREG(before.st_mode) && !S_ISDIR(before.st_mode)) return;
-  std::FILE* file = std::fopen(path.c_str(), "a");
-  if (file == nullptr) {
+}  // namespace
+
+void check_output_path(const std::string& flag, const std::string& path) {
+  struct stat there {};
+  if (::lstat(path.c_str(), &there) == 0) {
+    if (S_ISDIR(there.st_mode)) {
+      throw UsageError(flag + " " + path +
+                       " is a directory; give the path of a file");
+    }
+    // A pipe, a device or a link is left to the writer: opening a pipe
+    // here would wait for its reader, and close it for that reader.
+    if (!S_ISREG(there.st_mode)) return;
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) {
+      throw UsageError(flag + " " + path + ": " + std::strerror(errno) +
+                       "; give a file this user may write");
+    }
+    ::close(fd);
+    return;
+  }
+  // Made here only to see that it can be, and removed again: O_EXCL, so
+  // that what is removed is what this call made.
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
     throw UsageError(flag + " " + path + ": " + std::strerror(errno) +
                      "; give a file in a directory that exists and that "
                      "this user may write to");
   }
-  std::fclose(file);
-  if (!existed) std::remove(path.c_str());
+  ::close(fd);
+  ::unlink(path.c_str());
 }
-
-}  // namespace
 
 std::int64_t parse_size(const std::string& flag, const std::string& text) {
   std::size_t digits = 0;
@@ -273,7 +286,6 @@ Options parse_options(const std::string& program,
         "--fresh-inputs writes host memory; it has no meaning for --device "
         "cuda");
   }
-  if (!options.json_path.empty()) check_writable("-J", options.json_path);
   return options;
 }
 

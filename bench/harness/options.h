@@ -81,6 +81,14 @@ struct HelpRequested : std::runtime_error {
 Options parse_options(const std::string& program,
                       const std::vector<std::string>& args);
 
+// Throws UsageError naming `flag` unless a file can be written at `path`:
+// a directory, a missing directory or a file this user may not write is
+// refused; a pipe, a device or a symbolic link is left to the writer. A
+// file that was not there is made and removed again; one that was is left
+// as it was. So that a sweep does not run to its end only to fail there,
+// the process that will write it checks before it starts.
+void check_output_path(const std::string& flag, const std::string& path);
+
 // "32M" -> 33554432. Throws UsageError naming `flag` for anything that is
 // not a non-negative integer with an optional K, M or G suffix.
 std::int64_t parse_size(const std::string& flag, const std::string& text);

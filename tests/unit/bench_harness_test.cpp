@@ -3,6 +3,7 @@
 // JSON file, and how -np waits for its rank processes.
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -161,8 +162,6 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
       {{"-z", "2"}, "-z"},
       {{"-np", "0"}, "-np"},
       {{"-np", "-1"}, "-np takes an integer from 1"},
-      {{"-J", "/nonexistent-libcomm-dir/x.json"},
-       "-J /nonexistent-libcomm-dir/x.json: No such file"},
       {{"--device", "tpu"}, "--device"},
       {{"--bind-to", "socket"}, "--bind-to"},
       {{"--frobnicate"}, "frobnicate"},
@@ -349,6 +348,45 @@ TEST_CASE("-c 1 catches a corrupted result", "[bench][check]") {
     CHECK(report.wrong == 0);
     CHECK(report.rows[0].out_of_place.wrong == -1);
   }
+}
+
+TEST_CASE(
+    "-J's path is checked before the sweep, and nothing is left of the "
+    "check",
+    "[bench][json]") {
+  using comm::bench::check_output_path;
+  auto refused = [](const std::string& path) -> std::string {
+    try {
+      check_output_path("-J", path);
+    } catch (const UsageError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  comm::testing::TempPath dir("bench_json_dir");
+  REQUIRE(mkdir(dir.str().c_str(), 0700) == 0);
+  CHECK_THAT(refused(dir.str() + "/missing/x.json"),
+             Catch::StartsWith("-J " + dir.str() + "/missing/x.json: ") &&
+                 Catch::Contains("No such file"));
+  CHECK_THAT(refused(dir.str()), Catch::Contains("is a directory"));
+  // A file that was not there is made and removed again.
+  const std::string fresh = dir.str() + "/fresh.json";
+  CHECK(refused(fresh) == "accepted");
+  CHECK(access(fresh.c_str(), F_OK) != 0);
+  // One that was there keeps what it held.
+  const std::string kept = dir.str() + "/kept.json";
+  std::ofstream(kept) << "earlier";
+  CHECK(refused(kept) == "accepted");
+  std::ifstream in(kept);
+  std::string held;
+  in >> held;
+  CHECK(held == "earlier");
+  // A pipe is left to the writer: opening it would wait for a reader.
+  const std::string pipe = dir.str() + "/pipe";
+  REQUIRE(mkfifo(pipe.c_str(), 0600) == 0);
+  CHECK(refused(pipe) == "accepted");
+  for (const std::string& name : {kept, pipe}) unlink(name.c_str());
+  rmdir(dir.str().c_str());
 }
 
 TEST_CASE("-J writes JSON that a JSON parser reads back", "[bench][json]") {
