@@ -25,8 +25,10 @@
 // GROUP_RANK (the node rank), GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK,
 // ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
 // TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS (as torchrun
-// sets them), COMM_RESTART_COUNT and COMM_RDZV_TIMEOUT (which env://
-// rendezvous reads), COMM_TCP_ADDR from --local-addr, and OMP_NUM_THREADS=1
+// sets them), COMM_RESTART_COUNT, COMM_RDZV_TIMEOUT (which env://
+// rendezvous reads: --rdzv-timeout or join_timeout= where given, else the
+// variable where commrun's own environment sets it, else 900),
+// COMM_TCP_ADDR from --local-addr, and OMP_NUM_THREADS=1
 // when it is unset and there is more than one worker (with torchrun's warning).
 // Rank 0 hosts the store, so every restart is a fresh rendezvous.
 //

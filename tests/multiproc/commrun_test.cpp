@@ -21,9 +21,11 @@
 #include <catch2/catch.hpp>
 
 #include "support/child_process.h"
+#include "support/env_is.h"
 #include "support/temp_path.h"
 
 using comm::testing::ChildProcess;
+using comm::testing::EnvIs;
 using comm::testing::TempPath;
 using namespace std::chrono_literals;
 
@@ -423,8 +425,12 @@ TEST_CASE("commrun takes torchrun's flags and sets torchrun's environment",
     // OMP_NUM_THREADS of the user's is kept, silently.
     ScratchDir dir;
     setenv("OMP_NUM_THREADS", "3", 1);
-    auto commrun = start_commrun(
-        dir, {"--standalone", "--nproc-per-node", "2", "sh", "-c", show});
+    auto commrun = [&] {
+      // The default timeout, whatever the environment running the test.
+      const EnvIs unset({{"COMM_RDZV_TIMEOUT", nullptr}});
+      return start_commrun(
+          dir, {"--standalone", "--nproc-per-node", "2", "sh", "-c", show});
+    }();
     unsetenv("OMP_NUM_THREADS");
     REQUIRE(commrun->wait(30s) == 0);
     const auto lines = lines_of(read_file(dir / "stdout"));
@@ -447,9 +453,10 @@ TEST_CASE("commrun takes torchrun's flags and sets torchrun's environment",
     std::vector<std::string> args = {"--standalone", "--nproc-per-node", "1"};
     if (flag) args.insert(args.end(), {"--rdzv-timeout", "44"});
     args.insert(args.end(), {"sh", "-c", "echo $COMM_RDZV_TIMEOUT"});
-    setenv("COMM_RDZV_TIMEOUT", "33", 1);
-    auto commrun = start_commrun(dir, args);
-    unsetenv("COMM_RDZV_TIMEOUT");
+    auto commrun = [&] {
+      const EnvIs inherited({{"COMM_RDZV_TIMEOUT", "33"}});
+      return start_commrun(dir, args);
+    }();
     REQUIRE(commrun->wait(30s) == 0);
     CHECK(lines_of(read_file(dir / "stdout")) ==
           std::vector<std::string>{flag ? "[0]: 44" : "[0]: 33"});
