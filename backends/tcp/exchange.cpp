@@ -1173,7 +1173,7 @@ void Exchange::check_header(const Transfer& t) {
         (t.address
              ? "the address of " + std::to_string(t.bytes) + " bytes to read"
              : std::to_string(t.bytes) + " bytes") +
-        "; check that the ranks' split sizes agree, and their "
+        "; check that the ranks' sizes (and split sizes) agree, and their "
         "COMM_SHM_DIRECT_* settings");
   }
   if (header.payload_bytes != t.bytes) {

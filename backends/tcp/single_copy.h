@@ -12,9 +12,9 @@
 //   1. a step trades Regions (address and size) over the rings, in
 //      messages marked as addresses (CollectiveStep::send_address; all_to_all
 //      sends them beside the parts that travel); the messages carry the
-//      call's header, so a rank in another call is a MismatchError as
-//      before, and so is a rank that runs the rings' algorithm where its
-//      peers read (ranks whose COMM_SHM_DIRECT_* settings differ), which
+//      call's header, so a rank in another call is a MismatchError, and
+//      so is a rank that receives on the rings' algorithm where its peers
+//      read (its COMM_SHM_DIRECT_* settings differ from theirs), which
 //      would otherwise take a region of the same length for data; each
 //      region's size is checked against what the reader expects
 //      (check_bytes), so that ranks that disagree on a size fail instead

@@ -1003,13 +1003,15 @@ TEST_CASE(
     "a rank on the rings beside ranks that read fails instead of taking an "
     "address for data",
     "[single_copy][mismatch]") {
-  // Every rank reads from one byte on, but rank 1's transport offers no
+  // Every rank reads from one byte on, but one rank's transport offers no
   // peer memory, as a rank whose COMM_SHM_DIRECT_* settings differ runs
   // the rings where its peers read. Each call moves 16 bytes, the size of
   // the address and length the readers trade, so only the messages' mark
-  // tells an address from data: rank 1 must fail with MismatchError, and
-  // so must the rank that sent it an address, whose last step rank 1
-  // never joins.
+  // tells an address from data. Where the hidden rank receives (rank 1),
+  // it must fail with MismatchError, and so must the rank that sent it an
+  // address, whose last step rank 1 never joins. Where it only sends (the
+  // root of a broadcast), its receivers must fail so, taking its data for
+  // no address; the root itself may return first.
   EnvIs env({{"COMM_SHM_DIRECT_THRESHOLD_BYTES", "1"},
              {"COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", "1"},
              {"COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES", "1"},
@@ -1060,21 +1062,36 @@ TEST_CASE(
              hide);
        }},
   };
-  for (const Case& c : cases) {
-    INFO(c.name << ", world " << c.world);
+  // Runs `c` with `hidden`'s memory hidden; returns each rank's error and
+  // whether it was a MismatchError.
+  auto run_case = [](const Case& c, int hidden) {
     std::atomic<std::size_t> read{0};
-    std::vector<std::string> kinds(static_cast<std::size_t>(c.world));
+    std::vector<int> mismatched(static_cast<std::size_t>(c.world), 0);
     auto errors = run_ranks(c.world, read, [&](Rank& rank) {
       try {
-        c.call(rank, rank.rank() == 1);
+        c.call(rank, rank.rank() == hidden);
       } catch (const comm::MismatchError&) {
-        kinds[rank.rank()] = "mismatch";
+        mismatched[rank.rank()] = 1;
         throw;
       }
     });
-    CHECK(kinds[1] == "mismatch");
+    return std::make_pair(errors, mismatched);
+  };
+  for (const Case& c : cases) {
+    INFO(c.name << ", world " << c.world << ", rank 1 on the rings");
+    const auto [errors, mismatched] = run_case(c, 1);
+    CHECK(mismatched[1] == 1);
     CHECK(errors[1].find("address") != std::string::npos);
     CHECK_FALSE(errors[0].empty());
+  }
+  {
+    INFO("broadcast, world 3, the root on the rings");
+    const auto [errors, mismatched] = run_case(cases[0], 0);
+    for (int r : {1, 2}) {
+      CHECK(mismatched[r] == 1);
+      CHECK(errors[r].find("sends its part where rank " + std::to_string(r) +
+                           " expects the address") != std::string::npos);
+    }
   }
 }
 
