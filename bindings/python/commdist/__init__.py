@@ -306,11 +306,13 @@ def _check_backend_names(spec):
     """Raises InvalidArgument for a name in `spec` that is neither a
     registered libcomm backend nor one of the names torch scripts use for
     one ("gloo"), listing both. "nccl" is left to libcomm, which says why a
-    build lacks it."""
+    build lacks it, and so is a spec that names no backend after a colon
+    ("cpu:")."""
     registered = list(_C.registered_backends())
     for part in spec.split(","):
         name = part.rpartition(":")[2]
-        if name == "nccl" or _BACKEND_ALIASES.get(name, name) in registered:
+        if name in ("", "nccl") or \
+                _BACKEND_ALIASES.get(name, name) in registered:
             continue
         names = sorted(set(registered) | set(_BACKEND_ALIASES))
         aliases = ", ".join(f'"{alias}" is libcomm\'s {target}'
