@@ -398,6 +398,43 @@ def torch_names(flavour_name):
     check(f.numpy(from_right), data_of(right, 4, np.int64, 1),
           "batch from right")
 
+    # torch's older private names of the two tensor collectives.
+    dist._reduce_scatter_base(out, full)
+    check(f.numpy(out), reduce_reference(
+        dist.ReduceOp.SUM, [data_of(r, count, np.float32, salt=RANK)
+                            for r in range(WORLD)]), "_reduce_scatter_base")
+    whole = f.empty(count * WORLD, np.float32)
+    dist._all_gather_base(whole, f.make(data_of(RANK, count, np.float32)))
+    check(f.numpy(whole), np.concatenate([data_of(r, count, np.float32)
+                                          for r in range(WORLD)]),
+          "_all_gather_base")
+
+    # torch.distributed's own ReduceOp values, as a script that imports
+    # them passes them.
+    if f.name == "torch":
+        import torch.distributed as torch_dist
+        for theirs, ours in ((torch_dist.ReduceOp.MAX, dist.ReduceOp.MAX),
+                             (torch_dist.ReduceOp.PRODUCT,
+                              dist.ReduceOp.PRODUCT)):
+            x = f.make(data_of(RANK, 4, np.float64))
+            dist.all_reduce(x, op=theirs)
+            check(f.numpy(x), reduce_reference(
+                ours, [data_of(r, 4, np.float64) for r in range(WORLD)]),
+                f"all_reduce with torch's {theirs.op.name}")
+        x = f.make(data_of(RANK, 4, np.float64))
+        dist.reduce(x, dst=0, op=torch_dist.ReduceOp.MIN)
+        if RANK == 0:
+            check(f.numpy(x), reduce_reference(
+                dist.ReduceOp.MIN,
+                [data_of(r, 4, np.float64) for r in range(WORLD)]),
+                "reduce with torch's MIN")
+        try:
+            dist.all_reduce(f.make(data_of(RANK, 4, np.float64)),
+                            op=torch_dist.ReduceOp.PREMUL_SUM)
+            raise AssertionError("PREMUL_SUM was accepted")
+        except dist.UnsupportedError as e:
+            assert "PREMUL_SUM" in str(e), e
+
     dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
 
     # Group ranks, and a subgroup of the last two ranks.
@@ -407,6 +444,12 @@ def torch_names(flavour_name):
     if RANK in tail:
         assert dist.get_process_group_ranks(sub) == tail
         assert dist.get_global_rank(sub, 1) == WORLD - 1
+        assert dist.get_group_rank(sub, WORLD - 1) == 1
+        try:
+            dist.get_group_rank(sub, 0)
+            raise AssertionError("rank 0 was given a rank in the subgroup")
+        except dist.InvalidArgument as e:
+            assert "not a member" in str(e), e
         assert dist.get_backend(sub) == dist.get_backend() == "gloo"
         dist.monitored_barrier(group=sub, timeout=30)
     else:

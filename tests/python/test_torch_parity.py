@@ -43,13 +43,14 @@ FUNCTIONS = [
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
     "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
     "broadcast", "broadcast_object_list", "destroy_process_group", "gather",
-    "gather_object", "get_backend", "get_global_rank",
+    "gather_object", "get_backend", "get_global_rank", "get_group_rank",
     "get_process_group_ranks", "get_rank", "get_world_size",
     "init_process_group", "irecv", "is_available", "is_gloo_available",
     "is_initialized", "is_mpi_available", "is_nccl_available",
     "is_torchelastic_launched", "is_ucc_available", "isend",
     "monitored_barrier", "new_group", "recv", "reduce", "reduce_scatter",
     "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
+    "_all_gather_base", "_reduce_scatter_base",
 ]
 
 

@@ -54,7 +54,8 @@ __all__ = [
     "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
     "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend",
-    "get_global_rank", "get_process_group_ranks", "get_rank",
+    "get_global_rank", "get_group_rank", "get_process_group_ranks",
+    "get_rank",
     "get_world_size", "group", "init_process_group", "irecv", "is_available",
     "is_gloo_available", "is_initialized", "is_mpi_available",
     "is_nccl_available", "is_torchelastic_launched", "is_ucc_available",
@@ -421,6 +422,16 @@ def get_global_rank(group, group_rank):
     return ranks[group_rank]
 
 
+def get_group_rank(group, global_rank):
+    """`global_rank`'s rank in `group` (the inverse of get_global_rank)."""
+    ranks = get_process_group_ranks(group)
+    if global_rank not in ranks:
+        raise InvalidArgument(
+            f"get_group_rank: rank {global_rank} is not a member of this "
+            f"group, whose ranks are {ranks}")
+    return ranks.index(global_rank)
+
+
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
     """A subgroup of `ranks` (ranks of the default group; all when None).
     Every rank of the default group must call it, in the same order.
@@ -483,11 +494,32 @@ def _rank_in(group, global_rank, what):
     return members.index(global_rank)
 
 
+def _reduce_op(op):
+    """`op` as a commdist ReduceOp: one already, or torch.distributed's
+    ReduceOp of the same name (a script that imports torch's keeps working
+    with commdist as `dist`). PREMUL_SUM, which libcomm lacks, is refused
+    naming it; anything else is left to the call to refuse."""
+    if isinstance(op, ReduceOp):
+        return op
+    # torch's ReduceOp holds its kind (a RedOpType, which has a name) in
+    # .op; a RedOpType may also come alone.
+    kind = getattr(op, "op", op)
+    name = getattr(kind, "name", None)
+    if not type(kind).__module__.startswith("torch") or name is None:
+        return op
+    if not hasattr(ReduceOp, name):
+        raise UnsupportedError(
+            f"ReduceOp.{name} has no libcomm counterpart; the ops are "
+            f"{', '.join(n for n in dir(ReduceOp) if n.isupper())}")
+    return getattr(ReduceOp, name)
+
+
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     if _not_member(group):
         return None
-    return _complete(_group(group).all_reduce(tensor, op, async_op), async_op,
-                     [tensor])
+    return _complete(_group(group).all_reduce(tensor, _reduce_op(op),
+                                              async_op),
+                     async_op, [tensor])
 
 
 def broadcast(tensor, src, group=None, async_op=False):
@@ -502,8 +534,9 @@ def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, dst, "dst")
-    return _complete(_group(group).reduce(tensor, root, op, async_op), async_op,
-                     [tensor])
+    return _complete(_group(group).reduce(tensor, root, _reduce_op(op),
+                                          async_op),
+                     async_op, [tensor])
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -546,8 +579,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None,
                    async_op=False):
     if _not_member(group):
         return None
-    return _complete(_group(group).reduce_scatter(output, input_list, op,
-                                                   async_op),
+    return _complete(_group(group).reduce_scatter(output, input_list,
+                                                   _reduce_op(op), async_op),
                      async_op, [output])
 
 
@@ -575,8 +608,15 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None,
     flat = input.reshape(-1)
     blocks = [flat[r * count:(r + 1) * count].reshape(output.shape)
               for r in range(world)]
-    return _complete(g.reduce_scatter(output, blocks, op, async_op), async_op,
-                     [output])
+    return _complete(g.reduce_scatter(output, blocks, _reduce_op(op),
+                                      async_op),
+                     async_op, [output])
+
+
+# torch.distributed's older, private names of the two, which scripts
+# written for torch 1.x still call.
+_all_gather_base = all_gather_into_tensor
+_reduce_scatter_base = reduce_scatter_tensor
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None,
