@@ -74,6 +74,14 @@ def test_classes_and_constants_have_torchs_shape(world_of_one):
         warnings.simplefilter("always")
         assert dist.reduce_op.SUM == dist.ReduceOp.SUM
     assert "deprecated" in str(caught[0].message)
+    # Backend names as torch checks them: known ones in any case, others a
+    # ValueError naming them.
+    assert dist.Backend("GLOO") == torch_dist.Backend("GLOO") == "gloo"
+    assert dist.Backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
+    with pytest.raises(ValueError, match="Invalid backend: 'foo'"):
+        torch_dist.Backend("foo")
+    with pytest.raises(ValueError, match="Invalid backend: 'foo'"):
+        dist.Backend("foo")
 
 
 def test_is_torchelastic_launched_follows_the_launcher(monkeypatch):

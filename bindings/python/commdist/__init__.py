@@ -119,6 +119,13 @@ class Backend(str):
         if not isinstance(name, str):
             raise InvalidArgument(f"Backend name must be a string, not "
                                   f"{type(name).__name__}")
+        # As torch's, a name it does not know is a ValueError; a spec per
+        # device ("cpu:gloo,cuda:nccl") is checked name by name.
+        known = {cls.GLOO, cls.NCCL, cls.MPI, cls.TCP}
+        known.update(_C.registered_backends())
+        for part in name.lower().split(","):
+            if part.rpartition(":")[2] not in known:
+                raise InvalidArgument(f"Invalid backend: {name!r}")
         return str.__new__(cls, name.lower())
 
 
