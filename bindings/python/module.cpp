@@ -707,8 +707,10 @@ PYBIND11_MODULE(_C, m) {
            [](comm::Store& s, Seconds seconds) {
              s.set_timeout(millis(seconds));
            })
+      // A datetime.timedelta, as torch's Store.timeout.
       .def_property_readonly("timeout", [](const comm::Store& s) {
-        return std::chrono::duration<double>(s.timeout()).count();
+        return py::module_::import("datetime")
+            .attr("timedelta")(py::arg("milliseconds") = s.timeout().count());
       });
 
   py::class_<comm::TCPStore, comm::Store, std::shared_ptr<comm::TCPStore>>(

@@ -103,7 +103,8 @@ def test_timeouts_take_timedelta_everywhere():
         with pytest.raises(dist.TimeoutError, match="absent"):
             store.wait(["absent"], datetime.timedelta(milliseconds=50))
         store.set_timeout(datetime.timedelta(seconds=2))
-        assert store.timeout == 2.0
+        assert store.timeout == datetime.timedelta(seconds=2)
+        assert type(store.timeout) is type(torch_dist.HashStore().timeout)
         with pytest.raises(dist.InvalidArgument, match="timeout must be"):
             work.wait(datetime.timedelta(seconds=-1))
     finally:

@@ -221,7 +221,8 @@ def TCPStore(host_name, port, world_size=None, is_master=False,
                 f"TCPStore: world_size must be positive, got {world_size}")
         store.add("init/", 1)
         if is_master and wait_for_workers:
-            _wait_for_count(store, "init/", world_size, store.timeout)
+            _wait_for_count(store, "init/", world_size,
+                            store.timeout.total_seconds())
     return store
 
 
