@@ -53,7 +53,7 @@ class Flavour:
 
 def check(got, expected, what):
     got = np.asarray(got)
-    if expected.dtype.kind == "f":
+    if expected.dtype.kind in "fc":
         ok = np.allclose(got, expected, rtol=1e-3, atol=0)
     else:
         ok = np.array_equal(got, expected)
@@ -520,12 +520,70 @@ def monitored_barrier_after_a_timeout(_):
     print(f"rank {RANK}: monitored_barrier after a timeout ok", flush=True)
 
 
+def complex_values(flavour_name):
+    """Complex arrays and tensors travel as their real and imaginary parts,
+    as torch.distributed hands them to its backends: sums and averages,
+    the copying collectives and point-to-point; other reductions are
+    refused."""
+    f = Flavour(flavour_name)
+
+    def mine(rank, count, salt=0):
+        re = data_of(rank, count, np.float32, salt)
+        im = data_of(rank, count, np.float32, salt + 7)
+        return (re + 1j * im).astype(np.complex64)
+
+    count = 6
+    everyone = [mine(r, count) for r in range(WORLD)]
+    x = f.make(mine(RANK, count))
+    dist.all_reduce(x)
+    check(f.numpy(x), sum(everyone), "complex all_reduce")
+    x = f.make(mine(RANK, count))
+    dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    check(f.numpy(x), sum(everyone) / WORLD, "complex all_reduce AVG")
+    x = f.make(mine(RANK, count))
+    dist.reduce(x, dst=WORLD - 1)
+    if RANK == WORLD - 1:
+        check(f.numpy(x), sum(everyone), "complex reduce")
+    x = f.make(mine(RANK, count) if RANK == 0 else np.zeros(count, np.complex64))
+    dist.broadcast(x, src=0)
+    check(f.numpy(x), everyone[0], "complex broadcast")
+    outs = [f.make(np.zeros(count, np.complex64)) for _ in range(WORLD)]
+    dist.all_gather(outs, f.make(mine(RANK, count)))
+    for r in range(WORLD):
+        check(f.numpy(outs[r]), everyone[r], f"complex all_gather from {r}")
+    # all_to_all_single with split sizes: rows along dim 0 stay rows.
+    splits = [r + 1 for r in range(WORLD)]
+    send = f.make(mine(RANK, sum(splits), salt=3))
+    recv = f.make(np.zeros((RANK + 1) * WORLD, np.complex64))
+    dist.all_to_all_single(recv, send, [RANK + 1] * WORLD, splits)
+    expected = np.concatenate(
+        [mine(r, sum(splits), salt=3)[sum(splits[:RANK]):
+                                      sum(splits[:RANK + 1])]
+         for r in range(WORLD)])
+    check(f.numpy(recv), expected, "complex all_to_all_single")
+    if WORLD > 1:
+        right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+        got = f.make(np.zeros(count, np.complex64))
+        works = [dist.isend(f.make(mine(RANK, count, salt=5)), right),
+                 dist.irecv(got, left)]
+        for w in works:
+            w.wait()
+        check(f.numpy(got), mine(left, count, salt=5), "complex isend/irecv")
+    try:
+        dist.all_reduce(f.make(mine(RANK, count)), op=dist.ReduceOp.MAX)
+        raise AssertionError("MAX on complex values was accepted")
+    except dist.UnsupportedError as e:
+        assert "MAX is not defined on complex values" in str(e), e
+    print(f"rank {RANK}: complex values ok", flush=True)
+
+
 SCENARIOS = {
     "torch_names": torch_names,
     "monitored_barrier_names_the_absent": monitored_barrier_names_the_absent,
     "monitored_barrier_after_a_timeout": monitored_barrier_after_a_timeout,
     "ddp_features": ddp_features,
     "collectives": collectives,
+    "complex_values": complex_values,
     "point_to_point": point_to_point,
     "subgroups": subgroups,
     "dead_peer": dead_peer,

@@ -48,6 +48,13 @@ def test_every_collective_against_a_reference(tmp_path, flavour, world):
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("world", [1, 3])
+def test_complex_values_travel_as_real_pairs(tmp_path, flavour, world):
+    outputs = run_ranks(tmp_path, "complex_values", flavour, world)
+    assert all("complex values ok" in o for o in outputs)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_point_to_point_tags_any_source_and_async(tmp_path, flavour):
     run_ranks(tmp_path, "point_to_point", flavour, 3)
 

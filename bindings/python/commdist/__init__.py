@@ -480,6 +480,50 @@ def destroy_process_group(group=None):
 # ---- Collectives -----------------------------------------------------------------
 
 
+def _is_complex(x):
+    dtype = getattr(x, "dtype", None)
+    if getattr(x, "is_complex", None) is not None and callable(x.is_complex):
+        return x.is_complex()  # torch
+    return getattr(dtype, "kind", None) == "c"  # numpy
+
+
+def _real(x):
+    """A complex array or tensor as a real view of it with a last axis of
+    2 (real and imaginary parts), which is how torch.distributed hands
+    complex tensors to its backends; anything else as it is. The view
+    shares the memory, so the call works in place as on the original."""
+    if x is None or not _is_complex(x):
+        return x
+    if callable(getattr(x, "is_complex", None)):
+        import torch
+        return torch.view_as_real(x)
+    try:
+        return x.view(x.real.dtype).reshape(x.shape + (2,))
+    except ValueError:
+        raise InvalidArgument(
+            f"a complex array of shape {x.shape} whose last axis is not "
+            f"contiguous cannot be viewed as real numbers; pass "
+            f"np.ascontiguousarray(a)") from None
+
+
+def _reals(xs):
+    return None if xs is None else [_real(x) for x in xs]
+
+
+def _complex_op(op, tensors, what):
+    """`op` as a commdist ReduceOp, refusing the ops that mean nothing on
+    complex values, taken part by part, where any of `tensors` is complex
+    (torch refuses them too)."""
+    op = _reduce_op(op)
+    if any(t is not None and _is_complex(t) for t in tensors) and \
+            op not in (ReduceOp.SUM, ReduceOp.AVG):
+        raise UnsupportedError(
+            f"{what}: ReduceOp.{op.name} is not defined on complex values, "
+            f"which are reduced as their real and imaginary parts; SUM and "
+            f"AVG are")
+    return op
+
+
 def _complete(work, async_op, outputs=()):
     work = Work(work, outputs)
     if async_op:
@@ -525,8 +569,8 @@ def _reduce_op(op):
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     if _not_member(group):
         return None
-    return _complete(_group(group).all_reduce(tensor, _reduce_op(op),
-                                              async_op),
+    op = _complex_op(op, [tensor], "all_reduce")
+    return _complete(_group(group).all_reduce(_real(tensor), op, async_op),
                      async_op, [tensor])
 
 
@@ -534,25 +578,25 @@ def broadcast(tensor, src, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, src, "src")
-    return _complete(_group(group).broadcast(tensor, root, async_op), async_op,
-                     [tensor])
+    return _complete(_group(group).broadcast(_real(tensor), root, async_op),
+                     async_op, [tensor])
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, dst, "dst")
-    return _complete(_group(group).reduce(tensor, root, _reduce_op(op),
-                                          async_op),
+    op = _complex_op(op, [tensor], "reduce")
+    return _complete(_group(group).reduce(_real(tensor), root, op, async_op),
                      async_op, [tensor])
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
     if _not_member(group):
         return None
-    return _complete(_group(group).all_gather(tensor_list, tensor,
-                                                 async_op), async_op,
-                     tensor_list)
+    return _complete(_group(group).all_gather(_reals(tensor_list),
+                                                 _real(tensor), async_op),
+                     async_op, tensor_list)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None,
@@ -560,8 +604,9 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None,
     if _not_member(group):
         return None
     return _complete(
-        _group(group).all_gather_into(output_tensor, input_tensor,
-                                      async_op), async_op,
+        _group(group).all_gather_into(_real(output_tensor),
+                                      _real(input_tensor), async_op),
+        async_op,
         [output_tensor])
 
 
@@ -570,7 +615,8 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, dst, "dst")
-    return _complete(_group(group).gather(tensor, gather_list, root, async_op),
+    return _complete(_group(group).gather(_real(tensor), _reals(gather_list),
+                                          root, async_op),
                      async_op, gather_list or [])
 
 
@@ -579,7 +625,9 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
     if _not_member(group):
         return None
     root = _rank_in(group, src, "src")
-    return _complete(_group(group).scatter(tensor, scatter_list, root, async_op),
+    return _complete(_group(group).scatter(_real(tensor),
+                                           _reals(scatter_list), root,
+                                           async_op),
                      async_op, [tensor])
 
 
@@ -587,8 +635,10 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None,
                    async_op=False):
     if _not_member(group):
         return None
-    return _complete(_group(group).reduce_scatter(output, input_list,
-                                                   _reduce_op(op), async_op),
+    op = _complex_op(op, [output] + list(input_list or []), "reduce_scatter")
+    return _complete(_group(group).reduce_scatter(_real(output),
+                                                   _reals(input_list), op,
+                                                   async_op),
                      async_op, [output])
 
 
@@ -606,6 +656,9 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None,
     rank r."""
     if _not_member(group):
         return None
+    op = _complex_op(op, [output, input], "reduce_scatter_tensor")
+    results = [output]
+    output, input = _real(output), _real(input)
     g = _group(group)
     world = g.size()
     count = _numel(output)
@@ -616,9 +669,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None,
     flat = input.reshape(-1)
     blocks = [flat[r * count:(r + 1) * count].reshape(output.shape)
               for r in range(world)]
-    return _complete(g.reduce_scatter(output, blocks, _reduce_op(op),
-                                      async_op),
-                     async_op, [output])
+    return _complete(g.reduce_scatter(output, blocks, op, async_op),
+                     async_op, results)
 
 
 # torch.distributed's older, private names of the two, which scripts
@@ -632,8 +684,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None,
     if _not_member(group):
         return None
     return _complete(
-        _group(group).all_to_all(output_tensor_list, input_tensor_list,
-                                 async_op),
+        _group(group).all_to_all(_reals(output_tensor_list),
+                                 _reals(input_tensor_list), async_op),
         async_op, output_tensor_list)
 
 
@@ -642,7 +694,7 @@ def all_to_all_single(output, input, output_split_sizes=None,
     if _not_member(group):
         return None
     return _complete(
-        _group(group).all_to_all_single(output, input,
+        _group(group).all_to_all_single(_real(output), _real(input),
                                         list(output_split_sizes or []),
                                         list(input_split_sizes or []),
                                         async_op),
@@ -856,8 +908,8 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 def isend(tensor, dst, group=None, tag=0):
     if _not_member(group):
         return None
-    return Work(_group(group).isend(tensor, _rank_in(group, dst, "dst"),
-                                    tag))
+    return Work(_group(group).isend(_real(tensor),
+                                    _rank_in(group, dst, "dst"), tag))
 
 
 def irecv(tensor, src=None, group=None, tag=0):
@@ -866,7 +918,7 @@ def irecv(tensor, src=None, group=None, tag=0):
     if _not_member(group):
         return None
     peer = _C.ANY_SOURCE if src is None else _rank_in(group, src, "src")
-    return Work(_group(group).irecv(tensor, peer, tag), [tensor])
+    return Work(_group(group).irecv(_real(tensor), peer, tag), [tensor])
 
 
 def send(tensor, dst, group=None, tag=0):
