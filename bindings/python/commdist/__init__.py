@@ -55,13 +55,12 @@ __all__ = [
     "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend",
     "get_global_rank", "get_group_rank", "get_process_group_ranks",
-    "get_rank",
-    "get_world_size", "group", "init_process_group", "irecv", "is_available",
-    "is_gloo_available", "is_initialized", "is_mpi_available",
-    "is_nccl_available", "is_torchelastic_launched", "is_ucc_available",
-    "isend", "monitored_barrier", "new_group", "recv", "reduce", "reduce_op",
-    "reduce_scatter", "reduce_scatter_tensor", "scatter",
-    "scatter_object_list", "send",
+    "get_rank", "get_world_size", "group", "init_process_group", "irecv",
+    "is_available", "is_gloo_available", "is_initialized",
+    "is_mpi_available", "is_nccl_available", "is_torchelastic_launched",
+    "is_ucc_available", "isend", "monitored_barrier", "new_group", "recv",
+    "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_tensor",
+    "scatter", "scatter_object_list", "send",
 ]
 
 
@@ -481,10 +480,10 @@ def destroy_process_group(group=None):
 
 
 def _is_complex(x):
-    dtype = getattr(x, "dtype", None)
-    if getattr(x, "is_complex", None) is not None and callable(x.is_complex):
-        return x.is_complex()  # torch
-    return getattr(dtype, "kind", None) == "c"  # numpy
+    is_complex = getattr(x, "is_complex", None)
+    if callable(is_complex):
+        return is_complex()  # torch
+    return getattr(getattr(x, "dtype", None), "kind", None) == "c"  # numpy
 
 
 def _real(x):
@@ -494,7 +493,7 @@ def _real(x):
     shares the memory, so the call works in place as on the original."""
     if x is None or not _is_complex(x):
         return x
-    if callable(getattr(x, "is_complex", None)):
+    if callable(getattr(x, "is_complex", None)):  # torch
         import torch
         return torch.view_as_real(x)
     try:
