@@ -1,24 +1,12 @@
 #include "libcomm/distributed/distributed_sampler.h"
 
 #include <numeric>
+#include <random>
 #include <string>
 
 #include "libcomm/error.h"
 
 namespace comm {
-namespace {
-
-// SplitMix64: a small, fully specified generator, so that the permutation
-// is the same on every platform and standard library (std::shuffle's is
-// not specified).
-std::uint64_t next(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-}  // namespace
 
 DistributedSampler::DistributedSampler(std::size_t dataset_size, int rank,
                                        int world,
@@ -40,11 +28,17 @@ std::vector<std::size_t> DistributedSampler::indices() const {
   std::vector<std::size_t> order(dataset_size_);
   std::iota(order.begin(), order.end(), std::size_t{0});
   if (options_.shuffle) {
-    // Fisher-Yates, seeded by (seed, epoch).
-    std::uint64_t state = options_.seed * 0x100000001b3ULL ^ epoch_;
-    for (std::size_t i = order.size(); i > 1; --i) {
-      const std::size_t j = next(state) % i;
-      std::swap(order[i - 1], order[j]);
+    // torch.randperm(N) under torch.Generator().manual_seed(seed + epoch):
+    // a 32-bit Mersenne Twister seeded with the low 32 bits of the sum
+    // (std::mt19937's output is fixed by the C++ standard), and a
+    // Fisher-Yates pass from the front that swaps index i with i plus the
+    // next output modulo N - i. torch 1.13 orders every dataset so; later
+    // releases keep this order for datasets of fewer than 2^32 / 20
+    // samples and order larger ones otherwise.
+    std::mt19937 engine(static_cast<std::uint32_t>(options_.seed + epoch_));
+    const std::size_t n = order.size();
+    for (std::size_t i = 0; i + 1 < n; ++i) {
+      std::swap(order[i], order[i + engine() % (n - i)]);
     }
   }
   const std::size_t total = num_samples_ * static_cast<std::size_t>(world_);

@@ -2,11 +2,12 @@
 // as torch.utils.data.DistributedSampler decides it.
 //
 // Every rank builds the same permutation of [0, dataset_size) from (seed,
-// epoch), so ranks agree without talking. Each rank then takes every
-// world-th index starting at its rank: ceil(N / world) indices, the
-// permutation padded by repeating its first indices (or, with drop_last,
-// cut to floor(N / world) per rank). The ranks' indices are disjoint when
-// world divides N.
+// epoch), so ranks agree without talking. It is torch's, so that a trainer
+// moved from torch's sampler sees its samples in the same order. Each rank
+// then takes every world-th index starting at its rank: ceil(N / world)
+// indices, the permutation padded by repeating its first indices (or, with
+// drop_last, cut to floor(N / world) per rank). The ranks' indices are
+// disjoint when world divides N.
 #pragma once
 
 #include <cstddef>

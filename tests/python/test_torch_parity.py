@@ -283,3 +283,28 @@ def test_monitored_barrier_works_again_after_one_timed_out(tmp_path):
     outputs = run_ranks(tmp_path, "monitored_barrier_after_a_timeout",
                         "numpy", 3)
     assert all("monitored_barrier after a timeout ok" in o for o in outputs)
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 10, 97, 1000])
+@pytest.mark.parametrize("world", [1, 3, 4])
+@pytest.mark.parametrize("shuffle,drop_last", [(True, False), (True, True),
+                                               (False, False), (False, True)])
+def test_sampler_draws_torchs_indices(size, world, shuffle, drop_last):
+    """A trainer moved from torch's DistributedSampler sees the same samples
+    in the same order, epoch after epoch."""
+    from torch.utils.data.distributed import DistributedSampler as Torchs
+
+    for seed in (0, 7, -3, 2**40 + 5):
+        for rank in range(world):
+            theirs = Torchs(range(size), num_replicas=world, rank=rank,
+                            shuffle=shuffle, seed=seed, drop_last=drop_last)
+            ours = dist.DistributedSampler(range(size), num_replicas=world,
+                                           rank=rank, shuffle=shuffle,
+                                           seed=seed, drop_last=drop_last)
+            assert (len(ours), ours.total_size) == (len(theirs),
+                                                    theirs.total_size)
+            for epoch in (0, 1, 5):
+                theirs.set_epoch(epoch)
+                ours.set_epoch(epoch)
+                assert ours.epoch == theirs.epoch
+                assert list(ours) == list(theirs), (seed, rank, epoch)
