@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 
 #include "backends/nccl/flat_blocks.h"
@@ -13,6 +14,7 @@
 #include "libcomm/detail/collective_args.h"
 #include "libcomm/detail/cuda_device.h"
 #include "libcomm/detail/log.h"
+#include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -51,7 +53,8 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::kI64: return ncclInt64;
     case DType::kBool: return ncclUint8;  // one byte holding 0 or 1
   }
-  return ncclUint8;
+  throw UnsupportedError(std::string("dtype ") + dtype_name(dtype) +
+                         " has no NCCL type");
 }
 
 // NCCL's op for `op` on `dtype`. Bool is a byte of 0 or 1, where or is max
@@ -189,7 +192,8 @@ struct NcclBackend::Communicator {
   // call may answer ncclInProgress, and the communicator's state says when
   // it is done.
   void wait_for(ncclResult_t result, const std::string& what) {
-    const auto deadline = Clock::now() + timeout;
+    // Saturating: the group's timeout may be "forever".
+    const auto deadline = detail::deadline_after(timeout);
     while (result == ncclInProgress) {
       if (Clock::now() >= deadline) {
         throw TimeoutError(what + " did not complete within " +
@@ -247,9 +251,13 @@ class NcclWork final : public Work {
   bool wait(Duration timeout) override {
     if (timeout != kNoTimeout || blocks_host_) return Work::wait(timeout);
     if (auto error = exception()) std::rethrow_exception(error);
-    // Order the caller's stream after the operation; the host goes on.
+    // Order the caller's stream after the operation; the host goes on. An
+    // abort finishes the Work before it destroys the event, so a Work
+    // without an event here has its outcome.
     std::lock_guard<std::mutex> lock(done_->mutex);
-    if (done_->event != nullptr) {
+    if (done_->event == nullptr) {
+      if (auto error = exception()) std::rethrow_exception(error);
+    } else {
       detail::CudaDeviceGuard guard(done_->device);
       check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(
                                          current_cuda_stream(done_->device)),
@@ -276,16 +284,19 @@ struct NcclBackend::Pending {
   std::chrono::milliseconds timeout;
 
   // Once their operations have run: destroys each one's event and finishes
-  // its Work, waking its waiters, then releases them (and the tensors they
-  // kept). Called without the backend's lock. Returns their staging, for
-  // the caller to make spare under the lock.
+  // its Work, waking its waiters, then drops them. Called without the
+  // backend's lock. Returns their staging, for the caller to make spare
+  // under the lock, and moves the tensors they kept to `kept`, for the
+  // caller to release where it may block (see released_).
   static std::vector<StagedBuffer> complete(
-      std::vector<std::shared_ptr<Pending>>& finished) {
+      std::vector<std::shared_ptr<Pending>>& finished,
+      std::vector<std::vector<Tensor>>& kept) {
     std::vector<StagedBuffer> staging;
     for (auto& p : finished) {
       p->done->destroy();
       p->work->finish();
       staging.insert(staging.end(), p->staged.begin(), p->staged.end());
+      kept.push_back(std::move(p->keep));
     }
     finished.clear();
     return staging;
@@ -429,6 +440,7 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
                                          std::vector<Tensor> keep, int device,
                                          OpTimeout timeout, Launch launch,
                                          bool blocks_host) {
+  release_kept();
   std::lock_guard<std::mutex> lock(mutex_);
   check_open_locked();
   const std::uint64_t sequence = next_sequence_++;
@@ -474,7 +486,7 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
   pending->staged = std::move(c.staged_now);  // empty where there is a pool
   c.staged_now.clear();
   pending->timeout = timeout == kDefaultTimeout ? timeout_ : timeout;
-  pending->deadline = Clock::now() + pending->timeout;
+  pending->deadline = detail::deadline_after(pending->timeout);
   pending_.push_back(pending);
   watchdog_wake_.notify_one();
   return pending->work;
@@ -523,8 +535,10 @@ void NcclBackend::watch() {
       ++it;
     }
     lock.unlock();
-    const std::vector<StagedBuffer> spare = Pending::complete(finished);
+    std::vector<std::vector<Tensor>> kept;
+    const std::vector<StagedBuffer> spare = Pending::complete(finished, kept);
     lock.lock();
+    std::move(kept.begin(), kept.end(), std::back_inserter(released_));
     if (communicator_) {
       communicator_->spare.insert(communicator_->spare.end(), spare.begin(),
                                   spare.end());
@@ -544,12 +558,26 @@ void NcclBackend::abort_locked(const std::string& reason, bool timed_out) {
         p->work->description() +
         " failed: the NCCL communicator was aborted: " + reason;
     // Its staging, if cudaMalloc'd, is left allocated: the stream may still
-    // be using it, and cudaFree would wait for it.
-    p->done->destroy();
+    // be using it, and cudaFree would wait for it. Its tensors go to the
+    // next caller to release (released_).
     p->work->finish(timed_out ? std::make_exception_ptr(TimeoutError(message))
                               : std::make_exception_ptr(BackendError(message)));
+    p->done->destroy();
+    released_.push_back(std::move(p->keep));
   }
   pending_.clear();
+}
+
+void NcclBackend::release_kept() {
+  std::vector<std::vector<Tensor>> kept;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kept.swap(released_);
+  }
+  // Outside the lock: a last reference to a tensor libcomm allocated frees
+  // it with cudaFree, which waits for the whole device, and the watchdog
+  // must meanwhile be able to abort an operation that hangs.
+  kept.clear();
 }
 
 void NcclBackend::abort(const std::string& reason) {
@@ -578,7 +606,11 @@ void NcclBackend::shutdown() {
       return true;
     });
   }
-  const std::vector<StagedBuffer> spare = Pending::complete(finished);
+  std::vector<std::vector<Tensor>> kept;
+  const std::vector<StagedBuffer> spare = Pending::complete(finished, kept);
+  // The watchdog is gone: nothing waits on this thread any more.
+  kept.clear();
+  release_kept();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!communicator_) return;
   Communicator& c = *communicator_;

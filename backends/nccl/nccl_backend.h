@@ -132,6 +132,9 @@ class COMM_API NcclBackend final : public Backend {
                                          const AllReduceOptions& options);
   Communicator& communicator(int device);
   void watch();
+  // Drops the tensors of finished operations (released_), on the calling
+  // thread, without the lock.
+  void release_kept();
   // With mutex_ held.
   void abort_locked(const std::string& reason, bool timed_out);
   void check_open_locked() const;
@@ -145,6 +148,12 @@ class COMM_API NcclBackend final : public Backend {
   std::condition_variable watchdog_wake_;
   std::unique_ptr<Communicator> communicator_;
   std::vector<std::shared_ptr<Pending>> pending_;
+  // The tensors finished operations kept, dropped by the next issue() or
+  // by shutdown() rather than by the watchdog: the last reference to a
+  // CUDA tensor libcomm allocated frees it with cudaFree, which waits until
+  // the whole device is idle, and so until an operation that hangs on a
+  // peer ends, which only the watchdog's abort can bring about.
+  std::vector<std::vector<Tensor>> released_;
   std::optional<int> device_;
   std::uint64_t next_sequence_ = 0;
   bool stopping_ = false;
