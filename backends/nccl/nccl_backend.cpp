@@ -458,6 +458,17 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
              "cudaEventRecord before " + description);
   check_cuda(cudaStreamWaitEvent(c.stream, c.input_ready, 0),
              "cudaStreamWaitEvent before " + description);
+  const std::chrono::milliseconds op_timeout =
+      timeout == kDefaultTimeout ? timeout_ : timeout;
+  // A call NCCL answers ncclInProgress (its first to a peer, while the
+  // connection is made) is waited for here, under the lock: at most this
+  // operation's own timeout.
+  struct RestoreTimeout {
+    Communicator& c;
+    std::chrono::milliseconds kept;
+    ~RestoreTimeout() { c.timeout = kept; }
+  } restore{c, c.timeout};
+  c.timeout = op_timeout;
   try {
     launch(c);
   } catch (const StagingFailed& e) {
@@ -485,7 +496,7 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
   pending->keep = std::move(keep);
   pending->staged = std::move(c.staged_now);  // empty where there is a pool
   c.staged_now.clear();
-  pending->timeout = timeout == kDefaultTimeout ? timeout_ : timeout;
+  pending->timeout = op_timeout;
   pending->deadline = detail::deadline_after(pending->timeout);
   pending_.push_back(pending);
   watchdog_wake_.notify_one();

@@ -106,6 +106,9 @@ class COMM_API NcclBackend final : public Backend {
   std::shared_ptr<Work> do_all_to_all(Tensor& output, const Tensor& input,
                                       const AllToAllOptions& options) override;
   std::shared_ptr<Work> do_barrier(const BarrierOptions& options) override;
+  // Each send and receive is issued alone on the group's stream, and an
+  // NCCL send may wait on the GPU for its receive: two ranks that both
+  // send to each other first can wait until the timeout.
   std::shared_ptr<Work> do_send(const Tensor& tensor, int dst,
                                 const SendOptions& options) override;
   std::shared_ptr<Work> do_recv(Tensor& tensor, int src,
