@@ -237,6 +237,96 @@ def subgroups(flavour_name):
         check(f.numpy(x), data_of(odd[-1], 4, np.float32), "subgroup bcast")
     dist.barrier()
 
+    # new_subgroups: consecutive ranks, two at a time here (LOCAL_WORLD_SIZE
+    # stands in for a host of two); each sums within its own pair.
+    os.environ["LOCAL_WORLD_SIZE"] = "2"
+    mine, pairs = dist.new_subgroups()
+    assert len(pairs) == WORLD // 2
+    assert dist.get_process_group_ranks(mine) == [RANK // 2 * 2,
+                                                  RANK // 2 * 2 + 1]
+    assert sum(p is dist.GroupMember.NON_GROUP_MEMBER for p in pairs) == \
+        WORLD // 2 - 1
+    x = f.make(data_of(RANK, 5, np.float64))
+    dist.all_reduce(x, group=mine)
+    check(f.numpy(x), reduce_reference(
+        dist.ReduceOp.SUM, [data_of(r, 5, np.float64)
+                            for r in dist.get_process_group_ranks(mine)]),
+          "all_reduce in new_subgroups' pair")
+    for bad, says in ((3, "not divisible"), (WORLD + 2, "exceeds"),
+                      (0, "positive")):
+        try:
+            dist.new_subgroups(bad)
+            raise AssertionError(f"new_subgroups({bad}) was accepted")
+        except dist.InvalidArgument as e:
+            assert says in str(e), e
+    # By enumeration: rank 0 alone, and the others together.
+    rest = list(range(1, WORLD))
+    mine, both = dist.new_subgroups_by_enumeration([[0], rest])
+    assert dist.get_process_group_ranks(mine) == ([0] if RANK == 0 else rest)
+    x = f.make(data_of(RANK, 3, np.int64))
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=mine)
+    check(f.numpy(x), reduce_reference(
+        dist.ReduceOp.MAX, [data_of(r, 3, np.int64)
+                            for r in dist.get_process_group_ranks(mine)]),
+          "all_reduce in an enumerated subgroup")
+    try:
+        dist.new_subgroups_by_enumeration([[0, 1], [1, 2]])
+        raise AssertionError("a rank in two subgroups was accepted")
+    except dist.InvalidArgument as e:
+        assert "rank 1 is in subgroup 0 and in subgroup 1" in str(e), e
+    dist.barrier()
+
+
+def coalesced(flavour_name):
+    """all_reduce_coalesced and all_gather_coalesced, blocking and async
+    (a torch future, as torch returns, where torch is installed)."""
+    f = Flavour(flavour_name)
+    sizes = (1, 7, 0, 13)
+    tensors = [f.make(data_of(RANK, n, np.float32, salt=n)) for n in sizes]
+    assert dist.all_reduce_coalesced(tensors, op=dist.ReduceOp.MAX) is None
+    for t, n in zip(tensors, sizes):
+        check(f.numpy(t), reduce_reference(
+            dist.ReduceOp.MAX, [data_of(r, n, np.float32, salt=n)
+                                for r in range(WORLD)]),
+              f"all_reduce_coalesced of {n}")
+    tensors = [f.make(data_of(RANK, n, np.float32, salt=n)) for n in sizes]
+    pending = dist.all_reduce_coalesced(tensors, async_op=True)
+    pending.wait()
+    for t, n in zip(tensors, sizes):
+        check(f.numpy(t), reduce_reference(
+            dist.ReduceOp.SUM, [data_of(r, n, np.float32, salt=n)
+                                for r in range(WORLD)]),
+              f"async all_reduce_coalesced of {n}")
+    if f.name == "torch":
+        import torch
+        assert isinstance(pending, torch.futures.Future), type(pending)
+        assert pending.value()[0] is tensors[0]
+    try:
+        dist.all_reduce_coalesced([f.make(np.zeros(2, np.float32)),
+                                   f.make(np.zeros(2, np.float64))])
+        raise AssertionError("mixed dtypes were accepted")
+    except dist.InvalidArgument as e:
+        assert "same dtype" in str(e), e
+
+    inputs = [f.make(data_of(RANK, n, np.int32, salt=n)) for n in sizes]
+    outputs = [[f.empty(n, np.int32) for n in sizes] for _ in range(WORLD)]
+    dist.all_gather_coalesced(outputs, inputs)
+    for r in range(WORLD):
+        for got, n in zip(outputs[r], sizes):
+            check(f.numpy(got), data_of(r, n, np.int32, salt=n),
+                  f"all_gather_coalesced of {n} from rank {r}")
+    outputs = [[f.empty(n, np.int32) for n in sizes] for _ in range(WORLD)]
+    dist.all_gather_coalesced(outputs, inputs, async_op=True).wait()
+    check(f.numpy(outputs[WORLD - 1][1]),
+          data_of(WORLD - 1, sizes[1], np.int32, salt=sizes[1]),
+          "async all_gather_coalesced")
+    try:
+        dist.all_gather_coalesced(outputs[:-1], inputs)
+        raise AssertionError("a list per rank short was accepted")
+    except dist.InvalidArgument as e:
+        assert "one list per rank" in str(e), e
+    print(f"rank {RANK}: coalesced ok", flush=True)
+
 
 def dead_peer(_):
     """The last rank exits in the middle; the others get PeerError naming
@@ -586,6 +676,7 @@ SCENARIOS = {
     "complex_values": complex_values,
     "point_to_point": point_to_point,
     "subgroups": subgroups,
+    "coalesced": coalesced,
     "dead_peer": dead_peer,
 }
 

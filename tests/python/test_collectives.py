@@ -64,6 +64,13 @@ def test_subgroups_take_default_group_ranks(tmp_path, flavour):
     run_ranks(tmp_path, "subgroups", flavour, 4)
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("world", [1, 3])
+def test_coalesced_calls_act_on_every_tensor(tmp_path, flavour, world):
+    outputs = run_ranks(tmp_path, "coalesced", flavour, world)
+    assert all("coalesced ok" in o for o in outputs)
+
+
 def test_a_dead_peer_is_a_peer_error_naming_it(tmp_path):
     outputs = run_ranks(tmp_path, "dead_peer", "numpy", 3)
     assert "PeerError" in outputs[0] and "PeerError" in outputs[1]

@@ -48,7 +48,9 @@ FUNCTIONS = [
     "init_process_group", "irecv", "is_available", "is_gloo_available",
     "is_initialized", "is_mpi_available", "is_nccl_available",
     "is_torchelastic_launched", "is_ucc_available", "isend",
-    "monitored_barrier", "new_group", "recv", "reduce", "reduce_scatter",
+    "monitored_barrier", "new_group", "new_subgroups",
+    "new_subgroups_by_enumeration", "all_reduce_coalesced",
+    "all_gather_coalesced", "recv", "reduce", "reduce_scatter",
     "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
     "_all_gather_base", "_reduce_scatter_base",
 ]

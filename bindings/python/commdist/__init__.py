@@ -52,13 +52,15 @@ __all__ = [
     "ProcessGroup", "ReduceOp", "Store", "TCPStore", "TimeoutError",
     "UnsupportedError", "Work", "all_gather", "all_gather_into_tensor",
     "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
+    "all_gather_coalesced", "all_reduce_coalesced",
     "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend",
     "get_global_rank", "get_group_rank", "get_process_group_ranks",
     "get_rank", "get_world_size", "group", "init_process_group", "irecv",
     "is_available", "is_gloo_available", "is_initialized",
     "is_mpi_available", "is_nccl_available", "is_torchelastic_launched",
-    "is_ucc_available", "isend", "monitored_barrier", "new_group", "recv",
+    "is_ucc_available", "isend", "monitored_barrier", "new_group",
+    "new_subgroups", "new_subgroups_by_enumeration", "recv",
     "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_tensor",
     "scatter", "scatter_object_list", "send",
 ]
@@ -464,6 +466,75 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
     return made
 
 
+def new_subgroups(group_size=None, group=None, timeout=None, backend=None,
+                  pg_options=None):
+    """Splits the default group into subgroups of `group_size` consecutive
+    ranks, as torch's: every rank calls it, and gets the subgroup it is in
+    and the list of all of them (GroupMember.NON_GROUP_MEMBER for those it
+    is not in). `group_size` defaults to the ranks of one host
+    (LOCAL_WORLD_SIZE, which commrun and torchrun set). `group` is accepted
+    for torch's signature and, as in torch, not used."""
+    del group
+    if group_size is None:
+        local = _os.environ.get("LOCAL_WORLD_SIZE", "")
+        try:
+            group_size = int(local)
+        except ValueError:
+            raise InvalidArgument(
+                f"new_subgroups: pass group_size; without it the subgroups "
+                f"are the ranks of one host, which LOCAL_WORLD_SIZE gives "
+                f"(commrun and torchrun set it), and it is {local!r}") \
+                from None
+    world = get_world_size()
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or \
+            group_size < 1:
+        raise InvalidArgument(
+            f"new_subgroups: group_size must be a positive integer, not "
+            f"{group_size!r}")
+    if group_size > world:
+        raise InvalidArgument(
+            f"new_subgroups: group_size {group_size} exceeds the world size "
+            f"{world}")
+    if world % group_size != 0:
+        raise InvalidArgument(
+            f"new_subgroups: the world size {world} is not divisible by "
+            f"group_size {group_size}")
+    return new_subgroups_by_enumeration(
+        [list(range(start, start + group_size))
+         for start in range(0, world, group_size)],
+        timeout=timeout, backend=backend, pg_options=pg_options)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None,
+                                 backend=None, pg_options=None):
+    """A subgroup for each list of ranks (of the default group; no rank in
+    two of them), as torch's: every rank calls it with the same lists, and
+    gets the subgroup it is in (None if none) and the list of all of them
+    (GroupMember.NON_GROUP_MEMBER for those it is not in)."""
+    if not isinstance(ranks_per_subgroup_list, (list, tuple)) or \
+            not ranks_per_subgroup_list:
+        raise InvalidArgument(
+            "new_subgroups_by_enumeration: ranks_per_subgroup_list must be "
+            "a non-empty list of lists of ranks")
+    placed = {}
+    for index, ranks in enumerate(ranks_per_subgroup_list):
+        for rank in ranks:
+            if rank in placed:
+                raise InvalidArgument(
+                    f"new_subgroups_by_enumeration: rank {rank} is in "
+                    f"subgroup {placed[rank]} and in subgroup {index}")
+            placed[rank] = index
+    me = get_rank()
+    subgroups, mine = [], None
+    for ranks in ranks_per_subgroup_list:
+        subgroup = new_group(list(ranks), timeout=timeout, backend=backend,
+                             pg_options=pg_options)
+        subgroups.append(subgroup)
+        if me in ranks:
+            mine = subgroup
+    return mine, subgroups
+
+
 def destroy_process_group(group=None):
     """Shuts `group` down (pending operations fail, saying so); without a
     group, the default one, after which init_process_group may run again."""
@@ -607,6 +678,107 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None,
                                       _real(input_tensor), async_op),
         async_op,
         [output_tensor])
+
+
+class _AllOf:
+    """The operations of a coalesced call as one, for Work: complete when
+    every one is, failed with the first failure."""
+
+    __slots__ = ("_works",)
+
+    def __init__(self, works):
+        self._works = works
+
+    def wait(self, timeout=None):
+        if timeout is None:
+            for work in self._works:
+                work.wait(None)
+            return True
+        seconds = (timeout.total_seconds()
+                   if isinstance(timeout, _datetime.timedelta) else timeout)
+        deadline = _time.monotonic() + seconds
+        for work in self._works:
+            work.wait(max(0.0, deadline - _time.monotonic()))
+        return True
+
+    def is_completed(self):
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self):
+        return all(work.is_success() for work in self._works)
+
+    def exception(self):
+        return next((e for e in (work.exception() for work in self._works)
+                     if e is not None), None)
+
+    def source_rank(self):
+        raise InvalidArgument("a coalesced call has no source rank")
+
+    def __repr__(self):
+        return f"<coalesced work of {len(self._works)} operations>"
+
+
+def _coalesced(works, async_op, outputs):
+    """As torch's *_coalesced: waits, or returns a torch.futures.Future of
+    the outputs (a Work where torch is not installed)."""
+    work = Work(_AllOf(works), outputs)
+    if not async_op:
+        work.wait()
+        return None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return work
+    return work.get_future()
+
+
+def _same_dtype(tensors, name):
+    dtypes = {str(t.dtype) for t in tensors}
+    if len(dtypes) > 1:
+        raise InvalidArgument(
+            f"{name}: every tensor must have the same dtype, not "
+            f"{', '.join(sorted(dtypes))}")
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None,
+                         async_op=False):
+    """all_reduce of each tensor of the list (of one dtype), as one call.
+    As torch's, async_op returns a torch.futures.Future rather than a Work
+    (a Work where torch is not installed)."""
+    if _not_member(group):
+        return None
+    tensors = list(tensors)
+    _same_dtype(tensors, "all_reduce_coalesced")
+    op = _complex_op(op, tensors, "all_reduce_coalesced")
+    g = _group(group)
+    works = [g.all_reduce(_real(t), op, True) for t in tensors]
+    return _coalesced(works, async_op, tensors)
+
+
+def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None,
+                         async_op=False):
+    """all_gather of each input (of one dtype) as one call:
+    output_tensor_lists[r][i] receives rank r's input_tensor_list[i]. As
+    torch's, async_op returns a torch.futures.Future rather than a Work (a
+    Work where torch is not installed)."""
+    if _not_member(group):
+        return None
+    inputs = list(input_tensor_list)
+    _same_dtype(inputs, "all_gather_coalesced")
+    g = _group(group)
+    if not isinstance(output_tensor_lists, list) or \
+            len(output_tensor_lists) != g.size() or \
+            any(len(outputs) != len(inputs) for outputs in output_tensor_lists):
+        raise InvalidArgument(
+            f"all_gather_coalesced: output_tensor_lists must hold one list "
+            f"per rank ({g.size()}), each with a tensor per input "
+            f"({len(inputs)})")
+    works = [g.all_gather(_reals([outputs[i] for outputs in
+                                  output_tensor_lists]),
+                          _real(tensor), True)
+             for i, tensor in enumerate(inputs)]
+    return _coalesced(works, async_op,
+                      [t for outputs in output_tensor_lists for t in outputs])
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
