@@ -251,9 +251,10 @@ class NcclWork final : public Work {
   bool wait(Duration timeout) override {
     if (timeout != kNoTimeout || blocks_host_) return Work::wait(timeout);
     if (auto error = exception()) std::rethrow_exception(error);
-    // Order the caller's stream after the operation; the host goes on. An
-    // abort finishes the Work before it destroys the event, so a Work
-    // without an event here has its outcome.
+    // Order the caller's stream after the operation; the host goes on. The
+    // event is destroyed once the operation is over: after it succeeded, or
+    // after an abort has failed the Work, so a Work without an event here
+    // has its outcome.
     std::lock_guard<std::mutex> lock(done_->mutex);
     if (done_->event == nullptr) {
       if (auto error = exception()) std::rethrow_exception(error);
@@ -287,7 +288,7 @@ struct NcclBackend::Pending {
   // its Work, waking its waiters, then drops them. Called without the
   // backend's lock. Returns their staging, for the caller to make spare
   // under the lock, and moves the tensors they kept to `kept`, for the
-  // caller to release where it may block (see released_).
+  // releaser to drop where it may block (see released_).
   static std::vector<StagedBuffer> complete(
       std::vector<std::shared_ptr<Pending>>& finished,
       std::vector<std::vector<Tensor>>& kept) {
@@ -310,7 +311,13 @@ NcclBackend::NcclBackend(std::shared_ptr<Store> store, int rank, int size,
     throw InvalidArgument("NcclBackend: rank " + std::to_string(rank) +
                           " is outside [0, " + std::to_string(size) + ")");
   }
-  watchdog_ = std::thread([this] { watch(); });
+  releaser_ = std::thread([this] { release(); });
+  try {
+    watchdog_ = std::thread([this] { watch(); });
+  } catch (...) {
+    stop_releaser();
+    throw;
+  }
 }
 
 NcclBackend::~NcclBackend() { shutdown(); }
@@ -440,7 +447,6 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
                                          std::vector<Tensor> keep, int device,
                                          OpTimeout timeout, Launch launch,
                                          bool blocks_host) {
-  release_kept();
   std::lock_guard<std::mutex> lock(mutex_);
   check_open_locked();
   const std::uint64_t sequence = next_sequence_++;
@@ -469,6 +475,8 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
     ~RestoreTimeout() { c.timeout = kept; }
   } restore{c, c.timeout};
   c.timeout = op_timeout;
+  // Counted from before the launch, which may itself wait.
+  const auto deadline = detail::deadline_after(op_timeout);
   try {
     launch(c);
   } catch (const StagingFailed& e) {
@@ -497,7 +505,7 @@ std::shared_ptr<Work> NcclBackend::issue(std::string description,
   pending->staged = std::move(c.staged_now);  // empty where there is a pool
   c.staged_now.clear();
   pending->timeout = op_timeout;
-  pending->deadline = detail::deadline_after(pending->timeout);
+  pending->deadline = deadline;
   pending_.push_back(pending);
   watchdog_wake_.notify_one();
   return pending->work;
@@ -550,6 +558,7 @@ void NcclBackend::watch() {
     const std::vector<StagedBuffer> spare = Pending::complete(finished, kept);
     lock.lock();
     std::move(kept.begin(), kept.end(), std::back_inserter(released_));
+    releaser_wake_.notify_one();
     if (communicator_) {
       communicator_->spare.insert(communicator_->spare.end(), spare.begin(),
                                   spare.end());
@@ -570,25 +579,39 @@ void NcclBackend::abort_locked(const std::string& reason, bool timed_out) {
         " failed: the NCCL communicator was aborted: " + reason;
     // Its staging, if cudaMalloc'd, is left allocated: the stream may still
     // be using it, and cudaFree would wait for it. Its tensors go to the
-    // next caller to release (released_).
+    // releaser (released_).
     p->work->finish(timed_out ? std::make_exception_ptr(TimeoutError(message))
                               : std::make_exception_ptr(BackendError(message)));
     p->done->destroy();
     released_.push_back(std::move(p->keep));
   }
   pending_.clear();
+  releaser_wake_.notify_one();
 }
 
-void NcclBackend::release_kept() {
-  std::vector<std::vector<Tensor>> kept;
+void NcclBackend::release() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // Runs until stop_releaser() and nothing is left; sleeps in between.
+  while (true) {
+    releaser_wake_.wait(
+        lock, [&] { return releaser_stopping_ || !released_.empty(); });
+    if (released_.empty()) return;
+    std::vector<std::vector<Tensor>> kept;
+    kept.swap(released_);
+    lock.unlock();
+    // May wait in cudaFree until the device is idle.
+    kept.clear();
+    lock.lock();
+  }
+}
+
+void NcclBackend::stop_releaser() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    kept.swap(released_);
+    releaser_stopping_ = true;
   }
-  // Outside the lock: a last reference to a tensor libcomm allocated frees
-  // it with cudaFree, which waits for the whole device, and the watchdog
-  // must meanwhile be able to abort an operation that hangs.
-  kept.clear();
+  releaser_wake_.notify_all();
+  if (releaser_.joinable()) releaser_.join();
 }
 
 void NcclBackend::abort(const std::string& reason) {
@@ -619,13 +642,23 @@ void NcclBackend::shutdown() {
   }
   std::vector<std::vector<Tensor>> kept;
   const std::vector<StagedBuffer> spare = Pending::complete(finished, kept);
-  // The watchdog is gone: nothing waits on this thread any more.
-  kept.clear();
-  release_kept();
-  std::lock_guard<std::mutex> lock(mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::move(kept.begin(), kept.end(), std::back_inserter(released_));
+    if (communicator_) {
+      communicator_->spare.insert(communicator_->spare.end(), spare.begin(),
+                                  spare.end());
+    }
+    close_communicator_locked();
+  }
+  // Last: the releaser drops what the operations kept, the aborted ones'
+  // included, once no operation of this group can hold up a cudaFree.
+  stop_releaser();
+}
+
+void NcclBackend::close_communicator_locked() {
   if (!communicator_) return;
   Communicator& c = *communicator_;
-  c.spare.insert(c.spare.end(), spare.begin(), spare.end());
   if (!pending_.empty()) {
     // Waiting for work in flight could take forever; abort instead.
     abort_locked("the process group was shut down with operations pending",

@@ -135,9 +135,13 @@ class COMM_API NcclBackend final : public Backend {
                                          const AllReduceOptions& options);
   Communicator& communicator(int device);
   void watch();
-  // Drops the tensors of finished operations (released_), on the calling
-  // thread, without the lock.
-  void release_kept();
+  // The releaser's loop: drops what released_ holds, without the lock.
+  void release();
+  // Stops the releaser once released_ is empty, and joins it.
+  void stop_releaser();
+  // shutdown()'s end, with mutex_ held: finalizes (or, with operations
+  // pending, aborts) the communicator and frees what it owns.
+  void close_communicator_locked();
   // With mutex_ held.
   void abort_locked(const std::string& reason, bool timed_out);
   void check_open_locked() const;
@@ -151,12 +155,16 @@ class COMM_API NcclBackend final : public Backend {
   std::condition_variable watchdog_wake_;
   std::unique_ptr<Communicator> communicator_;
   std::vector<std::shared_ptr<Pending>> pending_;
-  // The tensors finished operations kept, dropped by the next issue() or
-  // by shutdown() rather than by the watchdog: the last reference to a
-  // CUDA tensor libcomm allocated frees it with cudaFree, which waits until
-  // the whole device is idle, and so until an operation that hangs on a
-  // peer ends, which only the watchdog's abort can bring about.
+  // The tensors finished or aborted operations kept, dropped by releaser_,
+  // a thread of their own: the last reference to a CUDA tensor libcomm
+  // allocated frees it with cudaFree, which waits until the whole device
+  // is idle, and so until an operation that hangs on a peer ends, which
+  // only the watchdog's abort brings about. Neither the watchdog nor a
+  // caller issuing its next operation may wait for that.
   std::vector<std::vector<Tensor>> released_;
+  std::condition_variable releaser_wake_;
+  bool releaser_stopping_ = false;
+  std::thread releaser_;
   std::optional<int> device_;
   std::uint64_t next_sequence_ = 0;
   bool stopping_ = false;
