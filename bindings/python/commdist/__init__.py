@@ -518,6 +518,10 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None,
             "a non-empty list of lists of ranks")
     placed = {}
     for index, ranks in enumerate(ranks_per_subgroup_list):
+        if len(set(ranks)) != len(ranks):
+            raise InvalidArgument(
+                f"new_subgroups_by_enumeration: subgroup {index} names a "
+                f"rank twice: {list(ranks)}")
         for rank in ranks:
             if rank in placed:
                 raise InvalidArgument(
@@ -696,6 +700,9 @@ class _AllOf:
             return True
         seconds = (timeout.total_seconds()
                    if isinstance(timeout, _datetime.timedelta) else timeout)
+        if seconds < 0:
+            raise InvalidArgument(
+                f"wait: the timeout must not be negative, not {timeout!r}")
         deadline = _time.monotonic() + seconds
         for work in self._works:
             work.wait(max(0.0, deadline - _time.monotonic()))
@@ -733,6 +740,8 @@ def _coalesced(works, async_op, outputs):
 
 
 def _same_dtype(tensors, name):
+    if not tensors:
+        raise InvalidArgument(f"{name} needs a non-empty list of tensors")
     dtypes = {str(t.dtype) for t in tensors}
     if len(dtypes) > 1:
         raise InvalidArgument(
@@ -777,8 +786,7 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None,
                                   output_tensor_lists]),
                           _real(tensor), True)
              for i, tensor in enumerate(inputs)]
-    return _coalesced(works, async_op,
-                      [t for outputs in output_tensor_lists for t in outputs])
+    return _coalesced(works, async_op, output_tensor_lists)
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
