@@ -75,21 +75,33 @@ std::size_t Ring::write(const iovec* iov, int count,
   // Acquire: the reader has finished copying out the bytes it freed.
   const std::uint64_t head = control_->head.load(std::memory_order_acquire);
   std::size_t at = static_cast<std::size_t>(tail % capacity_);
+  std::size_t total = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
   // A write that finds the ring empty and fits before the current offset
   // starts again at the ring's first byte, so that small messages keep
   // landing on the same cache lines rather than walking the whole ring
   // through cold memory. The skipped bytes count as written until the
   // reader, which finds rewound_at equal to its head, skips them too.
-  if (head == tail && at != 0) {
-    std::size_t total = 0;
-    for (int i = 0; i < count; ++i) total += iov[i].iov_len;
-    if (total > 0 && total + rewind_room() <= at) {
-      control_->rewound_at.store(tail + 1, std::memory_order_relaxed);
-      tail += capacity_ - at;
-      at = 0;
-    }
+  if (head == tail && at != 0 && total > 0 && total + rewind_room() <= at) {
+    control_->rewound_at.store(tail + 1, std::memory_order_relaxed);
+    tail += capacity_ - at;
+    at = 0;
   }
   std::size_t room = capacity_ - static_cast<std::size_t>(tail - head);
+  // The common case, a message that fits whole without wrapping, published
+  // once at its end.
+  if (publish_every == 0 && total <= room && total <= capacity_ - at) {
+    std::uint8_t* to = data_ + at;
+    for (int i = 0; i < count; ++i) {
+      detail::copy_bytes(to, static_cast<const std::uint8_t*>(iov[i].iov_base),
+                         iov[i].iov_len);
+      to += iov[i].iov_len;
+    }
+    if (total > 0) {
+      move_and_wake(control_->tail, tail + total, control_->reader_waiting);
+    }
+    return total;
+  }
   // Without publish_every, one publication at the end: a write reaches
   // `capacity_` bytes only with its last byte.
   const std::size_t every = publish_every > 0 ? publish_every : capacity_;
@@ -135,6 +147,22 @@ std::size_t Ring::read(const iovec* iov, int count) {
       next_to_read(control_->head.load(std::memory_order_relaxed), tail);
   std::size_t there = static_cast<std::size_t>(tail - head);
   std::size_t at = static_cast<std::size_t>(head % capacity_);
+  if (there == 0) return 0;
+  std::size_t wanted = 0;
+  for (int i = 0; i < count; ++i) wanted += iov[i].iov_len;
+  // The common case: everything asked for has arrived, without wrapping.
+  if (wanted <= there && wanted <= capacity_ - at) {
+    const std::uint8_t* from = data_ + at;
+    for (int i = 0; i < count; ++i) {
+      detail::copy_bytes(static_cast<std::uint8_t*>(iov[i].iov_base), from,
+                         iov[i].iov_len);
+      from += iov[i].iov_len;
+    }
+    if (wanted > 0) {
+      move_and_wake(control_->head, head + wanted, control_->writer_waiting);
+    }
+    return wanted;
+  }
   std::size_t moved = 0;
   for (int i = 0; i < count && there > 0; ++i) {
     auto* to = static_cast<std::uint8_t*>(iov[i].iov_base);
