@@ -936,6 +936,15 @@ PYBIND11_MODULE(_C, m) {
   m.attr("ANY_SOURCE") = comm::kAnySource;
   m.def("registered_backends", &comm::registered_backends,
         "The backend names init_process_group accepts in this build.");
+  m.def(
+      "check_tensors",
+      [](const py::sequence& objects, bool writes, const std::string& what) {
+        (void)to_tensors(objects, writes, what);
+      },
+      "Raises what a call taking `objects` would raise for them (a "
+      "non-contiguous or read-only array, an unsupported dtype, ...), "
+      "without a call: for the calls that issue one operation per tensor.",
+      py::arg("objects"), py::arg("writes"), py::arg("what"));
 
   // ---- DDP and the sampler
   py::enum_<comm::CommHook>(m, "CommHook")

@@ -312,6 +312,19 @@ def coalesced(flavour_name):
         raise AssertionError("an empty list was accepted")
     except dist.InvalidArgument as e:
         assert "non-empty" in str(e), e
+    # A bad tensor after a good one fails the call before anything starts:
+    # the ranks stay in step for the next call.
+    try:
+        dist.all_reduce_coalesced([f.make(np.ones(2, np.float32)),
+                                   f.make(np.zeros(8, np.float32))[::2]])
+        raise AssertionError("a strided tensor was accepted")
+    except dist.InvalidArgument as e:
+        assert "tensors[1]" in str(e), e
+    x = f.make(data_of(RANK, 3, np.float32))
+    dist.all_reduce(x)
+    check(f.numpy(x), reduce_reference(
+        dist.ReduceOp.SUM, [data_of(r, 3, np.float32) for r in range(WORLD)]),
+          "all_reduce after a refused all_reduce_coalesced")
 
     inputs = [f.make(data_of(RANK, n, np.int32, salt=n)) for n in sizes]
     outputs = [[f.empty(n, np.int32) for n in sizes] for _ in range(WORLD)]

@@ -760,7 +760,11 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None,
     _same_dtype(tensors, "all_reduce_coalesced")
     op = _complex_op(op, tensors, "all_reduce_coalesced")
     g = _group(group)
-    works = [g.all_reduce(_real(t), op, True) for t in tensors]
+    # Every tensor is checked before the first operation starts, so that a
+    # bad one fails the call without leaving this rank a step ahead.
+    reals = _reals(tensors)
+    _C.check_tensors(reals, True, "tensors")
+    works = [g.all_reduce(t, op, True) for t in reals]
     return _coalesced(works, async_op, tensors)
 
 
@@ -782,6 +786,12 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None,
             f"all_gather_coalesced: output_tensor_lists must hold one list "
             f"per rank ({g.size()}), each with a tensor per input "
             f"({len(inputs)})")
+    # Every tensor is checked before the first operation starts (see
+    # all_reduce_coalesced).
+    _C.check_tensors(_reals(inputs), False, "input_tensor_list")
+    for r, outputs in enumerate(output_tensor_lists):
+        _C.check_tensors(_reals(outputs), True,
+                         f"output_tensor_lists[{r}]")
     works = [g.all_gather(_reals([outputs[i] for outputs in
                                   output_tensor_lists]),
                           _real(tensor), True)
