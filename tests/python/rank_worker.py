@@ -692,6 +692,29 @@ def complex_values(flavour_name):
     print(f"rank {RANK}: complex values ok", flush=True)
 
 
+def future_callback_at_exit(_):
+    """A callback chained on get_future() is still running when the script
+    ends: the process must wait for it and exit cleanly, not abort in the
+    thread that completes the future."""
+    import torch
+    if RANK == 0:
+        got = torch.zeros(4)
+        work = dist.irecv(got, 1)
+        future = work.get_future()
+
+        def slow(_):
+            time.sleep(0.5)
+            return True
+
+        chained = future.then(slow)
+        future.wait()
+        assert got.tolist() == [1.0, 2.0, 3.0, 4.0], got
+        del chained
+    else:
+        time.sleep(0.2)
+        dist.send(torch.tensor([1.0, 2.0, 3.0, 4.0]), 0)
+
+
 SCENARIOS = {
     "torch_names": torch_names,
     "monitored_barrier_names_the_absent": monitored_barrier_names_the_absent,
@@ -702,6 +725,7 @@ SCENARIOS = {
     "point_to_point": point_to_point,
     "subgroups": subgroups,
     "coalesced": coalesced,
+    "future_callback_at_exit": future_callback_at_exit,
     "dead_peer": dead_peer,
 }
 

@@ -310,3 +310,12 @@ def test_sampler_draws_torchs_indices(size, world, shuffle, drop_last):
                 ours.set_epoch(epoch)
                 assert ours.epoch == theirs.epoch
                 assert list(ours) == list(theirs), (seed, rank, epoch)
+
+
+def test_a_future_callback_running_at_exit_does_not_abort_the_process(
+        tmp_path):
+    for attempt in range(3):
+        directory = tmp_path / str(attempt)
+        directory.mkdir()
+        outputs = run_ranks(directory, "future_callback_at_exit", "torch", 2)
+        assert "terminate" not in outputs[0], outputs[0]

@@ -177,7 +177,11 @@ class Work:
     def get_future(self):
         """A torch.futures.Future that completes with result() when the
         operation does (or with its error). A thread of this process waits
-        for the operation without holding the GIL."""
+        for the operation without holding the GIL, and completes the
+        future, running the callbacks chained on it. The interpreter waits
+        for that thread before it exits: the operation's timeout, or
+        destroy_process_group(), ends the wait of an operation that never
+        completes."""
         import torch
 
         future = torch.futures.Future()
@@ -197,7 +201,11 @@ class Work:
         if self._work.is_completed():
             settle()
         else:
-            _threading.Thread(target=settle, daemon=True,
+            # Not a daemon: completing the future runs its callbacks, and
+            # torch releases the GIL meanwhile; a daemon thread that then
+            # takes the GIL back while the interpreter finalizes is ended
+            # inside torch's C++, which aborts the process.
+            _threading.Thread(target=settle, daemon=False,
                               name="commdist-future").start()
         return future
 
