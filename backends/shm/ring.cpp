@@ -19,6 +19,10 @@ long membarrier(int command) {
   return ::syscall(SYS_membarrier, command, 0, 0);
 }
 
+// A write of this many bytes or fewer looks at the reader's head every
+// time, so that it can rewind an empty ring (see ring.h).
+constexpr std::size_t kSmallWrite = 4096;
+
 }  // namespace
 
 bool enable_waiter_barrier() {
@@ -72,11 +76,19 @@ Ring::Ring(void* control, std::size_t capacity, int peer_doorbell,
 std::size_t Ring::write(const iovec* iov, int count,
                         std::size_t publish_every) {
   std::uint64_t tail = control_->tail.load(std::memory_order_relaxed);
-  // Acquire: the reader has finished copying out the bytes it freed.
-  const std::uint64_t head = control_->head.load(std::memory_order_acquire);
   std::size_t at = static_cast<std::size_t>(tail % capacity_);
   std::size_t total = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  // The head last seen (see ring.h), unless the write is small, or it
+  // leaves too little room, or this view has not seen one since the ring
+  // was written through another. So a write of some bytes that returns 0
+  // has seen the reader's true head.
+  const auto seen = static_cast<std::size_t>(tail - known_head_);
+  if (total <= kSmallWrite || seen > capacity_ || total > capacity_ - seen) {
+    // Acquire: the reader has finished copying out the bytes it freed.
+    known_head_ = control_->head.load(std::memory_order_acquire);
+  }
+  const std::uint64_t head = known_head_;
   // A write that finds the ring empty and fits before the current offset
   // starts again at the ring's first byte, so that small messages keep
   // landing on the same cache lines rather than walking the whole ring

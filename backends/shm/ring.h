@@ -6,23 +6,36 @@
 // appends, one reader consumes, in order. Its control block holds two
 // monotonic 64-bit counters, `tail` (bytes ever written; only the writer
 // stores it) and `head` (bytes ever read; only the reader stores it), each
-// on a cache line of its own with the flag its owner raises before it
-// sleeps, and a `closed` flag either end raises when it goes away.
+// on a cache line of its own; the flag each end raises before it sleeps
+// (the writer's beside `tail`, the reader's on a line of its own); and a
+// `closed` flag either end raises when it goes away.
+//
+// The writer's view of the head. The reader stores `head` after every
+// read, so a writer that loaded it before every write would move its line
+// from the reader's core and back once per message. A write of more than
+// 4 KiB uses the head the writer last loaded instead, which is never ahead
+// of the reader's, and loads it again only when that one leaves too little
+// room; a stream of such messages walks through the ring. A smaller write
+// loads the head every time, so that it can rewind an empty ring (below):
+// for small messages, staying on a few lines did better than saving the
+// load. The reader's waiting flag has a line of its own for the same
+// reason: the writer looks at it after every publication, and it changes
+// only when the reader sleeps or wakes.
 //
 // Rewinding. A byte's place in the data is its counter modulo the
-// capacity, so a stream of small messages would walk the whole ring and
-// meet only lines that no cache holds. Instead, a write that finds the ring
-// empty and fits before the offset it would start at skips to the ring's
-// first byte: it records where it skipped (`rewound_at`, beside `tail`) and
-// counts the skipped bytes as written. A reader whose head is that offset
-// skips them too. Small messages so keep landing on the same few lines, as
-// they would in a pool of recycled buffers. Until the reader reaches the
-// skipped bytes the ring holds only as much as lay before that offset, so
-// a write rewinds only where at least rewind_room() bytes stay free after
-// it: messages a reader leaves unread for a while (the confirmations that
-// tcp::Exchange reads up to a window of calls late, a window it sizes to this
-// room) must not fill the ring, or a writer would wait for a reader that waits
-// for it in turn.
+// capacity, so a stream of small messages would walk the whole ring.
+// Instead, a write that loads the head, finds the ring empty and fits
+// before the offset it would start at skips to the ring's first byte: it
+// records where it skipped (`rewound_at`, beside `tail`) and counts the
+// skipped bytes as written. A reader whose head is that offset skips them
+// too. Small messages so keep landing on the same few lines, as they would
+// in a pool of recycled buffers. Until the reader reaches the skipped bytes
+// the ring holds only as much as lay before that offset, so a write
+// rewinds only where at least rewind_room() bytes stay free after it:
+// messages a reader leaves unread for a while (the confirmations that
+// tcp::Exchange reads up to a window of calls late, a window it sizes to
+// this room) must not fill the ring, or a writer would wait for a reader
+// that waits for it in turn.
 //
 // Waking. Each end owns a doorbell (an eventfd, see doorbell.h) that it
 // polls together with its sockets. An end that must wait raises its
@@ -67,7 +80,7 @@ namespace comm::shm {
 // The shared part of one ring; `capacity` data bytes follow it.
 struct RingControl {
   alignas(64) std::atomic<std::uint64_t> head;  // written by the reader
-  std::atomic<std::uint32_t> reader_waiting;
+  alignas(64) std::atomic<std::uint32_t> reader_waiting;
   alignas(64) std::atomic<std::uint64_t> tail;  // written by the writer
   std::atomic<std::uint32_t> writer_waiting;
   // One more than the stream offset at which the writer last rewound an
@@ -77,7 +90,7 @@ struct RingControl {
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "rings across processes need lock-free 64-bit atomics");
-static_assert(sizeof(RingControl) == 192);
+static_assert(sizeof(RingControl) == 256);
 
 // How the two ends of a ring order a publication before their look at the
 // other end's waiting flag (see "Waking" above). Both ends use the same.
@@ -181,6 +194,8 @@ class Ring {
                      const std::atomic<std::uint32_t>& waiting) const;
 
   RingControl* control_ = nullptr;
+  // The writer's last look at `head` (see "The writer's view of the head").
+  std::uint64_t known_head_ = 0;
   std::uint8_t* data_ = nullptr;
   std::size_t capacity_ = 0;
   int peer_doorbell_ = -1;

@@ -183,6 +183,44 @@ TEST_CASE("a small write to an empty ring starts again at its first byte",
   CHECK(ring.writer.write(&all, 1) == 256);
 }
 
+TEST_CASE(
+    "a large write uses the reader's head it last saw, and looks again only "
+    "when that leaves too little room",
+    "[shm][ring]") {
+  constexpr std::size_t kMessage = 8192;  // above the small writes' 4 KiB
+  LocalRing ring(64 * 1024);
+  auto* data =
+      reinterpret_cast<std::uint8_t*>(
+          ring.memory.data() +
+          (64 - reinterpret_cast<std::uintptr_t>(ring.memory.data()) % 64) %
+              64) +
+      sizeof(comm::shm::RingControl);
+  // Where each message lands, by its first byte: message k is k + 1s.
+  std::vector<std::size_t> offsets;
+  std::vector<std::uint8_t> in(kMessage), out(kMessage);
+  const iovec from{in.data(), in.size()}, into{out.data(), out.size()};
+  for (std::uint8_t k = 0; k < 12; ++k) {
+    std::fill(in.begin(), in.end(), static_cast<std::uint8_t>(k + 1));
+    REQUIRE(ring.writer.write(&from, 1) == kMessage);
+    for (std::size_t at = 0; at + kMessage <= 64 * 1024; at += kMessage) {
+      if (data[at] == k + 1 && data[at + kMessage - 1] == k + 1) {
+        offsets.push_back(at);
+      }
+    }
+    REQUIRE(ring.reader.read(&into, 1) == kMessage);
+    CHECK(out == in);
+  }
+  // The ring is empty after every read, but the writer sees that only when
+  // the head it saw last leaves less than 8 KiB. Messages 0 to 7 walk the
+  // ring, where small ones would rewind to its first byte; message 8 finds
+  // no room behind the head it saw (0) and looks: the ring is empty, and
+  // wraps to offset 0 anyway. Then the walk goes on.
+  REQUIRE(offsets.size() == 12);
+  for (std::size_t k = 0; k < 12; ++k) {
+    CHECK(offsets[k] == k % 8 * kMessage);
+  }
+}
+
 TEST_CASE("a rewound write left unread leaves room for more", "[shm][ring]") {
   // A reader may leave small messages unread for a while (the
   // confirmations tcp::Exchange reads a few calls late); the writer must
