@@ -58,8 +58,10 @@ struct LocalRing {
     void* aligned = memory.data() + ((64 - at % 64) % 64);
     writer = Ring(aligned, capacity, reader_bell.fd(), waking);
     reader = Ring(aligned, capacity, writer_bell.fd(), waking);
+    data = static_cast<std::uint8_t*>(aligned) + sizeof(comm::shm::RingControl);
   }
   std::vector<std::uint8_t> memory;
+  std::uint8_t* data;  // the ring's first data byte
   Doorbell reader_bell, writer_bell;
   Ring writer, reader;
 };
@@ -149,12 +151,7 @@ TEST_CASE("a ring keeps bytes in order across wrap-around, full and empty",
 TEST_CASE("a small write to an empty ring starts again at its first byte",
           "[shm][ring]") {
   LocalRing ring(256);
-  auto* data =
-      reinterpret_cast<std::uint8_t*>(
-          ring.memory.data() +
-          (64 - reinterpret_cast<std::uintptr_t>(ring.memory.data()) % 64) %
-              64) +
-      sizeof(comm::shm::RingControl);
+  const std::uint8_t* data = ring.data;
   auto pass = [&](std::size_t bytes, std::uint8_t seed) {
     std::vector<std::uint8_t> in(bytes), out(bytes);
     std::iota(in.begin(), in.end(), seed);
@@ -189,12 +186,7 @@ TEST_CASE(
     "[shm][ring]") {
   constexpr std::size_t kMessage = 8192;  // above the small writes' 4 KiB
   LocalRing ring(64 * 1024);
-  auto* data =
-      reinterpret_cast<std::uint8_t*>(
-          ring.memory.data() +
-          (64 - reinterpret_cast<std::uintptr_t>(ring.memory.data()) % 64) %
-              64) +
-      sizeof(comm::shm::RingControl);
+  const std::uint8_t* data = ring.data;
   // Where each message lands, by its first byte: message k is k + 1s.
   std::vector<std::size_t> offsets;
   std::vector<std::uint8_t> in(kMessage), out(kMessage);
