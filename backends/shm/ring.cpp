@@ -189,7 +189,8 @@ std::size_t Ring::read(const iovec* iov, int count) {
       at = at + piece == capacity_ ? 0 : at + piece;
     }
   }
-  if (moved == 0) return 0;
+  // Some bytes moved: the ring held some, and the call asked for more than
+  // it held, or for bytes that wrap.
   move_and_wake(control_->head, head + moved, control_->writer_waiting);
   return moved;
 }
