@@ -659,8 +659,8 @@ void LocalPeers::agree_on_single_copy(Store& store, int size, bool able,
                                       detail::Clock::time_point deadline) {
   // "0": this rank cannot read its peers' memory (or will not); "1": it
   // can; "2": it can, and its kernel's copy keeps up (kernel_copy.h).
-  const char* word = !able ? "0" : kernel_copy_keeps_up_here() ? "2" : "1";
-  store.set_string("shm/copy/" + std::to_string(rank_), word);
+  const char* mine = !able ? "0" : kernel_copy_keeps_up_here() ? "2" : "1";
+  store.set_string("shm/copy/" + std::to_string(rank_), mine);
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r)
     keys.push_back("shm/copy/" + std::to_string(r));
