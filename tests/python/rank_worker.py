@@ -11,6 +11,7 @@ import datetime
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -283,7 +284,13 @@ def coalesced(flavour_name):
     f = Flavour(flavour_name)
     sizes = (1, 7, 0, 13)
     tensors = [f.make(data_of(RANK, n, np.float32, salt=n)) for n in sizes]
-    assert dist.all_reduce_coalesced(tensors, op=dist.ReduceOp.MAX) is None
+    # torch's warning, in torch's words (a filter for one silences both).
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert dist.all_reduce_coalesced(tensors, op=dist.ReduceOp.MAX) is None
+    assert len(said) == 1 and str(said[0].message).startswith(
+        "torch.distributed.all_reduce_coalesced will be deprecated."), \
+        [str(w.message) for w in said]
     for t, n in zip(tensors, sizes):
         check(f.numpy(t), reduce_reference(
             dist.ReduceOp.MAX, [data_of(r, n, np.float32, salt=n)

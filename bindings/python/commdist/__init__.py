@@ -757,11 +757,22 @@ def _same_dtype(tensors, name):
             f"{', '.join(sorted(dtypes))}")
 
 
+def _warn_coalesced_deprecated(name):
+    # torch's words, so that a script's warning filter for torch's warning
+    # also silences this one.
+    _warnings.warn(
+        f"torch.distributed.{name} will be deprecated. If you must use it, "
+        "please revisit our documentation later at "
+        "https://pytorch.org/docs/master/distributed.html#collective-functions")
+
+
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None,
                          async_op=False):
     """all_reduce of each tensor of the list (of one dtype), as one call.
     As torch's, async_op returns a torch.futures.Future rather than a Work
-    (a Work where torch is not installed)."""
+    (a Work where torch is not installed). Warns, as torch's does, that it
+    will be deprecated."""
+    _warn_coalesced_deprecated("all_reduce_coalesced")
     if _not_member(group):
         return None
     tensors = list(tensors)
@@ -781,7 +792,9 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None,
     """all_gather of each input (of one dtype) as one call:
     output_tensor_lists[r][i] receives rank r's input_tensor_list[i]. As
     torch's, async_op returns a torch.futures.Future rather than a Work (a
-    Work where torch is not installed)."""
+    Work where torch is not installed). Warns, as torch's does, that it
+    will be deprecated."""
+    _warn_coalesced_deprecated("all_gather_coalesced")
     if _not_member(group):
         return None
     inputs = list(input_tensor_list)
