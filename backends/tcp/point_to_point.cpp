@@ -483,10 +483,14 @@ bool PointToPoint::progress_ring(int peer) {
 
 void PointToPoint::ring_peer_exited(int peer) {
   if (broken_[peer]) return;
-  // What the peer wrote before it ended is still in the ring.
+  // What the peer wrote before it ended is still in the ring, and goes to
+  // the receives that want it. What is still pending then never moves: a
+  // send waits for room that nobody makes, a receive for bytes that never
+  // come. They fail now, as a send over TCP fails on a connection reset,
+  // whatever else the ring still holds; left pending, they would keep the
+  // pidfd in the poll and this thread spinning on it until their timeout.
   progress_ring(peer);
   if (broken_[peer] || (sends_[peer].empty() && !wants_input(peer))) return;
-  if (mesh_.ring(peer, Channel::kPointToPoint, false)->readable()) return;
   fail_peer(peer, std::make_exception_ptr(
                       PeerError(peer, mesh_.peer_name(peer) +
                                           " exited (killed, or crashed?)")));

@@ -247,6 +247,49 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a send that waits for room in the ring to a rank killed with a "
+    "message left unread fails naming it within 5 s",
+    "[shm][multiproc][failure][p2p]") {
+  // The victim's message stays in the ring to rank 0, which never posts
+  // its receive; rank 0's send does not fit in the ring the other way.
+  // Once the victim is gone, nobody will make room: the send must fail
+  // then, not at its timeout (60 s), whatever the ring still holds.
+  const int world = 2, victim = 1;
+  const std::string url = comm::testing::loopback_url(world);
+  PipeSignal started;
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", "shm", 1);
+    try {
+      auto group = comm::init_process_group("tcp", url, rank, world, 60s);
+      if (rank == victim) {
+        comm::Tensor small = comm::Tensor::full({4}, 1.0, comm::DType::kF32);
+        group->isend(small, 0)->wait();
+        group->barrier()->wait();
+        started.raise();
+        pause();
+        return 0;
+      }
+      group->barrier()->wait();
+      comm::Tensor big = comm::Tensor::full({1 << 20}, 1.0, comm::DType::kF32);
+      group->isend(big, victim)->wait();
+      return 0;
+    } catch (...) {
+      return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                              victim);
+    }
+  });
+  if (!started.wait(60s)) {
+    comm::testing::check_exit_codes(ranks, -1, 0, 1s);
+    FAIL("the victim never reached its pause");
+  }
+  std::this_thread::sleep_for(200ms);
+  ranks[victim]->kill(SIGKILL);
+  CHECK(comm::testing::check_exit_codes(ranks, victim, kPeerErrorNamingVictim,
+                                        10s) < 5.5);
+  CHECK(ranks[victim]->wait(5s) == 128 + SIGKILL);
+}
+
+TEST_CASE(
     "ranks that cannot read a peer's memory agree to use the rings, with "
     "the same results",
     "[shm][multiproc][single_copy]") {
