@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -35,7 +36,8 @@ const EnumParam kTransport{
     "how CPU ranks on one host talk: shared memory (auto, shm) or TCP"};
 const IntParam kRingBytes{
     "COMM_SHM_RING_BYTES", 256 << 10, 4096, 1 << 30,
-    "bytes of each shared-memory ring between two ranks of one host"};
+    "bytes of each shared-memory ring between two ranks of one host, "
+    "rounded down to a power of two"};
 const IntParam kSingleCopy{
     "COMM_SHM_SINGLE_COPY", 1, 0, 1,
     "1 lets ranks of one host read each other's buffers in large "
@@ -177,7 +179,7 @@ Transport transport_choice() {
 }
 
 std::size_t ring_bytes() {
-  return static_cast<std::size_t>(kRingBytes.get()) / 64 * 64;
+  return std::bit_floor(static_cast<std::size_t>(kRingBytes.get()));
 }
 
 std::string host_identity() {
@@ -546,7 +548,9 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                             std::find(unheard.begin(), unheard.end(),
                                       theirs.rank) != unheard.end() &&
                             sender.pid == peers_[theirs.rank].pid &&
-                            theirs.ring_bytes >= 64;
+                            theirs.ring_bytes >= 64 &&
+                            theirs.ring_bytes <= (1ULL << 30) &&
+                            std::has_single_bit(theirs.ring_bytes);
       if (!expected) {
         COMM_LOG_WARN(
             "shared memory: rank {} dropped a datagram that is not a hello of "

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
+#include <string>
 
 #include "backends/shm/doorbell.h"
 #include "libcomm/detail/copy_bytes.h"
@@ -71,12 +73,19 @@ Ring::Ring(void* control, std::size_t capacity, int peer_doorbell,
       data_(static_cast<std::uint8_t*>(control) + sizeof(RingControl)),
       capacity_(capacity),
       peer_doorbell_(peer_doorbell),
-      waking_(waking) {}
+      waking_(waking) {
+  if (!std::has_single_bit(capacity) || capacity < 64) {
+    throw InvalidArgument("shared memory: a ring of " +
+                          std::to_string(capacity) +
+                          " bytes; rings hold a power of two of bytes, at "
+                          "least 64");
+  }
+}
 
 std::size_t Ring::write(const iovec* iov, int count,
                         std::size_t publish_every) {
   std::uint64_t tail = control_->tail.load(std::memory_order_relaxed);
-  std::size_t at = static_cast<std::size_t>(tail % capacity_);
+  std::size_t at = offset_of(tail);
   std::size_t total = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
   // The head last seen (see ring.h), unless the write is small, or it
@@ -146,7 +155,7 @@ std::size_t Ring::write(const iovec* iov, int count,
 std::uint64_t Ring::next_to_read(std::uint64_t head, std::uint64_t tail) const {
   if (tail != head &&
       control_->rewound_at.load(std::memory_order_relaxed) == head + 1) {
-    return head + (capacity_ - head % capacity_);
+    return head + (capacity_ - offset_of(head));
   }
   return head;
 }
@@ -158,7 +167,7 @@ std::size_t Ring::read(const iovec* iov, int count) {
   const std::uint64_t head =
       next_to_read(control_->head.load(std::memory_order_relaxed), tail);
   std::size_t there = static_cast<std::size_t>(tail - head);
-  std::size_t at = static_cast<std::size_t>(head % capacity_);
+  std::size_t at = offset_of(head);
   if (there == 0) return 0;
   std::size_t wanted = 0;
   for (int i = 0; i < count; ++i) wanted += iov[i].iov_len;
@@ -199,7 +208,7 @@ std::span<const std::uint8_t> Ring::peek() const {
   const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
   const std::uint64_t head =
       next_to_read(control_->head.load(std::memory_order_relaxed), tail);
-  const auto at = static_cast<std::size_t>(head % capacity_);
+  const auto at = offset_of(head);
   return {data_ + at,
           std::min(static_cast<std::size_t>(tail - head), capacity_ - at)};
 }

@@ -114,8 +114,11 @@ class Ring {
  public:
   Ring() = default;
   // `control` points to a RingControl followed by `capacity` bytes, already
-  // zeroed when the ring is new. `peer_doorbell` is the eventfd this end
-  // rings to wake the other end.
+  // zeroed when the ring is new; `capacity` is a power of two, at least 64
+  // (else InvalidArgument), so that a byte's place, its counter modulo the
+  // capacity, stays right when the counters wrap around 2^64 (a rewind
+  // adds up to a whole capacity to them). `peer_doorbell` is the eventfd
+  // this end rings to wake the other end.
   Ring(void* control, std::size_t capacity, int peer_doorbell,
        Waking waking = Waking::kFenced);
 
@@ -187,6 +190,10 @@ class Ring {
   // skipped when it rewound (see "Rewinding" above), given the `tail` it
   // loaded.
   std::uint64_t next_to_read(std::uint64_t head, std::uint64_t tail) const;
+  // Where the byte at stream offset `offset` lies in the data.
+  std::size_t offset_of(std::uint64_t offset) const {
+    return static_cast<std::size_t>(offset & (capacity_ - 1));
+  }
 
   // Stores `value` in this end's `counter`, then wakes the other end if
   // its `waiting` flag is raised.

@@ -107,7 +107,7 @@ std::string this_boot_id() {
 
 TEST_CASE("a ring keeps bytes in order across wrap-around, full and empty",
           "[shm][ring]") {
-  LocalRing ring(64 * 3);  // a capacity that writes do not divide
+  LocalRing ring(256);  // a capacity that writes do not divide
   std::vector<std::uint8_t> sent, got;
   std::uint8_t next = 0;
   // Writes of 50 bytes in two pieces, reads of 37: every offset of the
@@ -139,12 +139,12 @@ TEST_CASE("a ring keeps bytes in order across wrap-around, full and empty",
   // Full: nothing more goes in, and what came out is whole.
   std::vector<std::uint8_t> big(1000, 7);
   const iovec all{big.data(), big.size()};
-  CHECK(ring.writer.write(&all, 1) == 192);
+  CHECK(ring.writer.write(&all, 1) == 256);
   CHECK_FALSE(ring.writer.writable());
   CHECK(ring.writer.write(&all, 1) == 0);
   std::vector<std::uint8_t> out(1000);
   const iovec into{out.data(), out.size()};
-  CHECK(ring.reader.read(&into, 1) == 192);
+  CHECK(ring.reader.read(&into, 1) == 256);
   CHECK(ring.reader.read(&into, 1) == 0);
 }
 
@@ -178,6 +178,50 @@ TEST_CASE("a small write to an empty ring starts again at its first byte",
   std::vector<std::uint8_t> big(1000, 9);
   const iovec all{big.data(), big.size()};
   CHECK(ring.writer.write(&all, 1) == 256);
+}
+
+TEST_CASE("a ring's counters wrap around 2^64 with its bytes in place",
+          "[shm][ring]") {
+  // A rewind adds most of a capacity to the counters, so small messages
+  // bring them to 2^64 far sooner than their bytes would; a byte's place
+  // is its counter modulo the capacity, which stays right across the wrap
+  // only for a power of two.
+  auto at_offset = [](LocalRing& ring, std::uint64_t offset) {
+    auto* control = reinterpret_cast<comm::shm::RingControl*>(
+        ring.data - sizeof(comm::shm::RingControl));
+    control->head.store(offset);
+    control->tail.store(offset);
+  };
+  SECTION("a rewind whose skip crosses 2^64") {
+    LocalRing ring(256);
+    at_offset(ring, ~std::uint64_t{0} - 9);  // at 246 of the ring
+    std::uint8_t in[4] = {1, 2, 3, 4}, out[4] = {};
+    const iovec from{in, 4}, into{out, 4};
+    REQUIRE(ring.writer.write(&from, 1) == 4);  // 4 + 64 fit before 246
+    CHECK(std::memcmp(ring.data, in, 4) == 0);  // rewound to the start
+    REQUIRE(ring.reader.read(&into, 1) == 4);
+    CHECK(std::memcmp(out, in, 4) == 0);
+    CHECK_FALSE(ring.reader.readable());
+  }
+  SECTION("a write across 2^64, read in two parts") {
+    LocalRing ring(256);
+    at_offset(ring, ~std::uint64_t{0} - 7);  // at 248 of the ring
+    std::vector<std::uint8_t> in(200), out(200);
+    std::iota(in.begin(), in.end(), 1);
+    const iovec from{in.data(), in.size()};
+    REQUIRE(ring.writer.write(&from, 1) == 200);  // too large to rewind
+    const iovec first{out.data(), 8}, rest{out.data() + 8, 192};
+    REQUIRE(ring.reader.read(&first, 1) == 8);
+    REQUIRE(ring.reader.read(&rest, 1) == 192);
+    CHECK(out == in);
+  }
+  SECTION("a capacity that is not a power of two is refused") {
+    std::vector<std::uint8_t> memory(comm::shm::ring_footprint(192) + 64);
+    CHECK_THROWS_AS(Ring(memory.data(), 192, -1), comm::InvalidArgument);
+    // COMM_SHM_RING_BYTES is rounded down to one.
+    EnvIs ring_bytes({{"COMM_SHM_RING_BYTES", "300000"}});
+    CHECK(comm::shm::ring_bytes() == 262144);
+  }
 }
 
 TEST_CASE(
@@ -242,14 +286,14 @@ std::uint8_t stream_byte(std::size_t i) {
   return static_cast<std::uint8_t>(i * 131 >> 3);
 }
 
-// Moves 1 MiB of stream_byte()s through a 320-byte ring, each side for at
+// Moves 1 MiB of stream_byte()s through a 512-byte ring, each side for at
 // most 20 s: a reader thread calls take(ring, got), which appends what it
 // takes to `got` and returns how much; this thread calls give(ring, from,
 // sent) with the next bytes, which writes some and returns how many.
 // Every byte must arrive, in order.
 template <typename Take, typename Give>
 void stream_through_ring(Take take, Give give) {
-  LocalRing ring(64 * 5);
+  LocalRing ring(512);
   constexpr std::size_t kBytes = 1 << 20;
   std::vector<std::uint8_t> got;
   got.reserve(kBytes);
