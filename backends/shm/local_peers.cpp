@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -25,6 +26,7 @@
 #include "libcomm/enum_param.h"
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
+#include "libcomm/optional_int_param.h"
 
 namespace comm::shm {
 namespace {
@@ -34,8 +36,11 @@ const EnumParam kTransport{
     {"auto", "tcp", "shm"},
     "auto",
     "how CPU ranks on one host talk: shared memory (auto, shm) or TCP"};
-const IntParam kRingBytes{
-    "COMM_SHM_RING_BYTES", 256 << 10, 4096, 1 << 30,
+const OptionalIntParam kRingBytes{
+    "COMM_SHM_RING_BYTES",
+    "262144, less past 64 local peers: the largest power of two that keeps "
+    "a rank's rings within 32 MiB, at least 16384",
+    4096, 1 << 30,
     "bytes of each shared-memory ring between two ranks of one host, "
     "rounded down to a power of two"};
 const IntParam kSingleCopy{
@@ -178,8 +183,83 @@ Transport transport_choice() {
   return Transport::kAuto;
 }
 
-std::size_t ring_bytes() {
-  return std::bit_floor(static_cast<std::size_t>(kRingBytes.get()));
+std::size_t ring_bytes_asked() {
+  const std::optional<std::int64_t> asked = kRingBytes.get();
+  return asked ? std::bit_floor(static_cast<std::size_t>(*asked)) : 0;
+}
+
+std::size_t ring_bytes(std::size_t asked, int local_peers) {
+  if (asked != 0) return std::bit_floor(asked);
+  constexpr std::size_t kMost = 256 << 10, kLeast = 16 << 10;
+  const std::size_t rings =
+      kLanes * static_cast<std::size_t>(std::max(local_peers, 1));
+  return std::clamp(std::bit_floor(kDefaultRingsBytes / rings), kLeast, kMost);
+}
+
+namespace {
+
+// The number after `key` in /proc/meminfo's form ("MemAvailable:  123 kB"),
+// in bytes; 0 where there is none.
+std::uint64_t meminfo_bytes(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  std::uint64_t value = 0;
+  std::string unit;
+  // Bounded by the file, a few dozen lines.
+  while (in >> name >> value) {
+    std::getline(in, unit);
+    if (name == key) {
+      return unit.find("kB") != std::string::npos ? value << 10 : value;
+    }
+  }
+  return 0;
+}
+
+// What the cgroups (v2) of this process, from its own up to the root, let
+// it take before the lowest of their limits; 0 where none sets one (or
+// cgroup v2 is not mounted where it is looked for).
+std::uint64_t cgroup_room() {
+  std::string path = read_first_line("/proc/self/cgroup");
+  if (!path.starts_with("0::/")) return 0;
+  path = path.substr(3);
+  std::uint64_t room = 0;
+  // Bounded by the path's depth.
+  while (true) {
+    const std::string dir = "/sys/fs/cgroup" + (path == "/" ? "" : path);
+    const std::string max = read_first_line((dir + "/memory.max").c_str());
+    const std::string current =
+        read_first_line((dir + "/memory.current").c_str());
+    if (!max.empty() && max != "max" && !current.empty()) {
+      const std::uint64_t limit = std::stoull(max);
+      const std::uint64_t used = std::stoull(current);
+      const std::uint64_t left = limit > used ? limit - used : 1;
+      room = room == 0 ? left : std::min(room, left);
+    }
+    if (path == "/") break;
+    const auto slash = path.rfind('/');
+    path = slash == 0 ? "/" : path.substr(0, slash);
+  }
+  return room;
+}
+
+}  // namespace
+
+std::uint64_t available_memory() {
+  std::uint64_t available = 0;
+  try {
+    available = meminfo_bytes("MemAvailable:");
+    const std::uint64_t room = cgroup_room();
+    if (room != 0) {
+      available = available == 0 ? room : std::min(available, room);
+    }
+  } catch (const std::exception&) {
+    // A number that does not parse: unknown, as where nothing is readable.
+  }
+  return available;
+}
+
+bool rings_fit(std::uint64_t needed, std::uint64_t available) {
+  return available == 0 || needed <= available / 2;
 }
 
 std::string host_identity() {
@@ -226,13 +306,23 @@ std::vector<LocalPeers::Published> LocalPeers::read_published(
   }
   std::vector<Published> published;
   for (const Bytes& value : values) {
-    // "transport identity pid N cpus MASK"
+    // "transport identity pid N ring R memory M cpus MASK"
     std::string text = to_string(value);
     Published& p = published.emplace_back();
     const auto cpus_at = text.rfind(" cpus ");
     if (cpus_at != std::string::npos) {
       p.cpus = text.substr(cpus_at + 6);
       text.resize(cpus_at);
+    }
+    const auto memory_at = text.rfind(" memory ");
+    if (memory_at != std::string::npos) {
+      p.available = std::stoull(text.substr(memory_at + 8));
+      text.resize(memory_at);
+    }
+    const auto ring_at = text.rfind(" ring ");
+    if (ring_at != std::string::npos) {
+      p.ring_asked = std::stoull(text.substr(ring_at + 6));
+      text.resize(ring_at);
     }
     const auto pid_at = text.rfind(" pid ");
     p.choice = text.substr(0, text.find(' '));
@@ -319,12 +409,13 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       ::close(probe);
     }
   }
-  const std::size_t capacity = ring_bytes();
   const std::string me = host_identity();
-  // "transport identity pid P cpus MASK": a rank that says tcp is local to
-  // nobody.
+  // "transport identity pid P ring R memory M cpus MASK": a rank that says
+  // tcp is local to nobody.
   store.set_string("shm/host/" + std::to_string(rank),
                    word + " " + me + " pid " + std::to_string(::getpid()) +
+                       " ring " + std::to_string(ring_bytes_asked()) +
+                       " memory " + std::to_string(available_memory()) +
                        " cpus " + cpu_mask_hex());
   // A rank that asked for tcp is local to nobody, and needs nobody's
   // identity now; the others read its word and treat it as remote. It
@@ -360,17 +451,20 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       cpus_known = add_cpu_mask(published[r].cpus, kernel_cpus) && cpus_known;
     }
   }
-  if (choice == Transport::kShm && !remote.empty()) {
-    // Every rank that asked for shm finds the same and fails alike; each
-    // waits for the others to have read what they need, so that none loses
-    // the store (which rank 0 may host) to a rank that failed first.
+  // Every rank that asked for shm finds the same and fails alike; each
+  // waits for the others to have read what they need, so that none loses
+  // the store (which rank 0 may host) to a rank that failed first.
+  auto refuse_shm = [&](const std::string& why) {
     store.set_string("shm/read/" + std::to_string(rank), "1");
     try {
       store.wait(strict, std::chrono::milliseconds(remaining_ms(deadline) + 1));
     } catch (const Error&) {
-      // Failing anyway; the message below says why.
+      // Failing anyway; the message says why.
     }
-    throw InvalidArgument(
+    throw InvalidArgument(why);
+  };
+  if (choice == Transport::kShm && !remote.empty()) {
+    refuse_shm(
         "COMM_TRANSPORT=shm needs every rank on this host, but " + remote +
         " of rank " + std::to_string(rank) +
         "'s group run elsewhere (another boot id, or another IPC, network "
@@ -392,6 +486,44 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
 
   // This rank's segment: the rings its local peers write to it.
   const std::size_t writers = local_ranks_.size() - 1;
+  const std::size_t capacity =
+      ring_bytes(ring_bytes_asked(), static_cast<int>(writers));
+  // Every local rank adds up the same: each one's rings as it asked, and
+  // the least memory any of them found available, before any of them took
+  // its share.
+  std::uint64_t needed = 0;
+  std::uint64_t available = 0;
+  for (int r : local_ranks_) {
+    needed += kLanes * writers *
+                  ring_footprint(ring_bytes(published[r].ring_asked,
+                                            static_cast<int>(writers))) +
+              kOfferLine;
+    const std::uint64_t theirs = published[r].available;
+    if (theirs != 0) {
+      available = available == 0 ? theirs : std::min(available, theirs);
+    }
+  }
+  if (!rings_fit(needed, available)) {
+    const std::string what =
+        "the rings of this host's " + std::to_string(local_count_) +
+        " ranks would take " + std::to_string(needed >> 20) + " MiB (" +
+        std::to_string(kLanes * writers) + " rings of " +
+        std::to_string(capacity) + " bytes per rank), more than half of the " +
+        std::to_string(available >> 20) + " MiB of memory available here";
+    if (choice == Transport::kShm) {
+      refuse_shm("COMM_TRANSPORT=shm: " + what +
+                 "; set COMM_SHM_RING_BYTES lower, run fewer ranks on this "
+                 "host, or use COMM_TRANSPORT=auto, which then uses TCP");
+    }
+    COMM_LOG_WARN(
+        "shared memory is off: {}, so they use TCP (COMM_SHM_RING_BYTES lower, "
+        "or fewer ranks on this host, keeps shared memory)",
+        what);
+    for (int r : local_ranks_) peers_[r].local = false;
+    local_ranks_ = {rank};
+    local_count_ = 1;
+    return;
+  }
   // The rings, then a line for the offer word (offer()).
   segment_bytes_ = kLanes * writers * ring_footprint(capacity) + kOfferLine;
   // Closed on every way out: once the peers have it, their mappings and the

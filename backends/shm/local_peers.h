@@ -15,8 +15,15 @@
 //
 // Memory. Each rank makes one memfd (never a file: nothing is left in
 // /dev/shm or elsewhere when a rank dies) holding the rings its local
-// peers write to it: kLanes rings per local peer of COMM_SHM_RING_BYTES
-// each, so a rank's segment is O(ring x local peers). It passes the memfd,
+// peers write to it: kLanes rings per local peer of ring_bytes() each, so
+// a rank's segment is O(ring x local peers), and by default no more than
+// 32 MiB up to 1,024 local peers (the rings shrink past 64). Each rank
+// publishes the ring size it asked for and the memory it found available
+// before any rank of the group makes its segment, so every local rank
+// adds up the same total for the host; where the rings would take more
+// than half of that memory, a rank that asked for shm fails with
+// InvalidArgument saying so, and the others use TCP, with a warning,
+// rather than have the kernel kill processes to find it. It passes the memfd,
 // with an eventfd doorbell per lane, to each local peer in one datagram
 // over an abstract Unix-domain socket (SCM_RIGHTS; the kernel adds the
 // sender's credentials, which must match the published process id). Each
@@ -75,8 +82,24 @@ inline constexpr int kLanes = 2;
 // What COMM_TRANSPORT asks for.
 enum class Transport { kAuto, kTcp, kShm };
 Transport transport_choice();
-// The data bytes of each ring this rank owns: COMM_SHM_RING_BYTES.
-std::size_t ring_bytes();
+// The data bytes of each ring a rank owns that has `local_peers` local
+// peers and asked for `asked` (COMM_SHM_RING_BYTES, or 0 where unset): a
+// power of two, `asked` rounded down, or by default 256 KiB where the
+// rank's 2 x local_peers rings take no more than kDefaultRingsBytes, else
+// the largest power of two that keeps them within it, but at least 16 KiB.
+inline constexpr std::size_t kDefaultRingsBytes = std::size_t{32} << 20;
+std::size_t ring_bytes(std::size_t asked, int local_peers);
+// What this process's COMM_SHM_RING_BYTES asks for, or 0 where it is unset.
+std::size_t ring_bytes_asked();
+
+// The memory this process may still take, in bytes: the kernel's estimate
+// of what it can give without swapping (MemAvailable), or less where a
+// cgroup (v2) of this process limits it; 0 where none can be read.
+std::uint64_t available_memory();
+// Whether rings of `needed` bytes in all fit in `available` bytes of a
+// host's memory (0: unknown, and so they fit): they take at most half,
+// leaving the rest to the ranks' own buffers.
+bool rings_fit(std::uint64_t needed, std::uint64_t available);
 
 // This process's host identity as published (boot id and namespaces; the
 // process id is not part of it).
@@ -198,12 +221,16 @@ class LocalPeers {
     std::array<Ring, kLanes> in;
   };
 
-  // What a rank published: its COMM_TRANSPORT, identity, process id and
-  // CPUs (cpu_mask_hex's form; empty from a rank that did not say).
+  // What a rank published: its COMM_TRANSPORT, identity, process id, the
+  // ring capacity it asked for (ring_bytes_asked), the memory it found
+  // available (available_memory), and its CPUs (cpu_mask_hex's form; empty
+  // from a rank that did not say).
   struct Published {
     std::string choice;
     std::string identity;
     pid_t pid = 0;
+    std::size_t ring_asked = 0;
+    std::uint64_t available = 0;
     std::string cpus;
   };
 

@@ -220,7 +220,7 @@ TEST_CASE("a ring's counters wrap around 2^64 with its bytes in place",
     CHECK_THROWS_AS(Ring(memory.data(), 192, -1), comm::InvalidArgument);
     // COMM_SHM_RING_BYTES is rounded down to one.
     EnvIs ring_bytes({{"COMM_SHM_RING_BYTES", "300000"}});
-    CHECK(comm::shm::ring_bytes() == 262144);
+    CHECK(comm::shm::ring_bytes_asked() == 262144);
   }
 }
 
@@ -535,6 +535,73 @@ TEST_CASE("ranks of one host talk over rings, not sockets, but for control",
   for (std::size_t r = 0; r < errors.size(); ++r) {
     INFO("rank " << r);
     CHECK(errors[r] == "");
+  }
+}
+
+TEST_CASE(
+    "a rank's rings shrink past 64 local peers, and a host's must fit in "
+    "half its available memory",
+    "[shm]") {
+  using comm::shm::ring_bytes;
+  {
+    EnvIs unset({{"COMM_SHM_RING_BYTES", nullptr}});
+    CHECK(comm::shm::ring_bytes_asked() == 0);
+  }
+  // By default 256 KiB, while a rank's 2 x peers rings fit in 32 MiB.
+  CHECK(ring_bytes(0, 1) == 256 << 10);
+  CHECK(ring_bytes(0, 64) == 256 << 10);
+  CHECK(ring_bytes(0, 65) == 128 << 10);
+  CHECK(ring_bytes(0, 128) == 128 << 10);
+  CHECK(ring_bytes(0, 129) == 64 << 10);
+  CHECK(ring_bytes(0, 1000) == 16 << 10);
+  CHECK(ring_bytes(0, 100000) == 16 << 10);  // no smaller than 16 KiB
+  // What a rank asks for, whatever its peers.
+  CHECK(ring_bytes(300000, 1000) == 262144);
+  CHECK(ring_bytes(4096, 1) == 4096);
+  // Half the available memory at most; unknown memory refuses nothing.
+  CHECK(comm::shm::rings_fit(10, 20));
+  CHECK_FALSE(comm::shm::rings_fit(11, 20));
+  CHECK(comm::shm::rings_fit(std::uint64_t{1} << 50, 0));
+  const std::uint64_t available = comm::shm::available_memory();
+  CHECK(available > 0);  // /proc/meminfo has MemAvailable
+}
+
+TEST_CASE(
+    "rings that would take more than half a host's memory: auto uses TCP, "
+    "shm says why it cannot",
+    "[shm][mesh]") {
+  // Four ranks asking for rings of 1 GiB take 24 GiB. Where that fits in
+  // half the memory available, the case would make them: it does not run.
+  const std::uint64_t needed = 4 * 2 * 3 * (std::uint64_t{1} << 30);
+  if (comm::shm::rings_fit(needed, comm::shm::available_memory())) {
+    WARN("skipped: this host has more than 48 GiB of memory available");
+    return;
+  }
+  {
+    EnvIs env(
+        {{"COMM_TRANSPORT", "auto"}, {"COMM_SHM_RING_BYTES", "1073741824"}});
+    auto errors = comm::testing::run_meshes(4, 20s, [](Mesh& mesh) {
+      expect(mesh.local_peers().local_count() == 1, "ranks share memory");
+      for (int peer = 0; peer < 4; ++peer) {
+        if (peer == mesh.rank()) continue;
+        expect(mesh.socket(peer, Channel::kCollective).valid(), "no socket");
+        expect(mesh.ring(peer, Channel::kCollective, true) == nullptr,
+               "a ring");
+      }
+    });
+    for (const std::string& error : errors) CHECK(error == "");
+  }
+  {
+    EnvIs env(
+        {{"COMM_TRANSPORT", "shm"}, {"COMM_SHM_RING_BYTES", "1073741824"}});
+    auto errors = comm::testing::run_meshes(4, 20s, [](Mesh&) {});
+    for (const std::string& error : errors) {
+      CHECK_THAT(error, Catch::Matchers::Contains("COMM_TRANSPORT=shm: the "
+                                                  "rings of this host's 4 "
+                                                  "ranks would take") &&
+                            Catch::Matchers::Contains(
+                                "set COMM_SHM_RING_BYTES lower"));
+    }
   }
 }
 
