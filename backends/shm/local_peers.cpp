@@ -70,7 +70,10 @@ struct Hello {
 };
 // The sender registered for waiter barriers (shm::enable_waiter_barrier).
 constexpr std::uint32_t kHelloWaiterBarrier = 1;
-constexpr int kHelloDescriptors = 1 + kLanes;  // the memfd, then doorbells
+// The memfd, the doorbells, then a pidfd of the sender's own process: the
+// receiver watches that one rather than open a pidfd for the pid in the
+// datagram's credentials, which could by then be another process's.
+constexpr int kHelloDescriptors = 1 + kLanes + 1;
 // The line at the end of a segment that holds its owner's offer word.
 constexpr std::size_t kOfferLine = 64;
 
@@ -389,9 +392,8 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   // Liveness needs pidfds (Linux 5.3; a container's seccomp profile may
   // refuse them). Without them this rank says tcp, so that its peers agree.
   if (choice != Transport::kTcp) {
-    const int probe =
-        static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
-    if (probe < 0) {
+    own_pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, ::getpid(), 0));
+    if (own_pidfd_ < 0) {
       const int error = errno;
       if (choice == Transport::kShm) {
         throw SystemError(error,
@@ -405,8 +407,6 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
           std::strerror(error));
       choice = Transport::kTcp;
       word = "tcp";
-    } else {
-      ::close(probe);
     }
   }
   const std::string me = host_identity();
@@ -601,7 +601,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       !oversubscribed_ && kMembarrier.get() != 0 && enable_waiter_barrier();
   if (waiter_barrier) hello.flags |= kHelloWaiterBarrier;
   int carried[kHelloDescriptors] = {memfd, doorbells_[0]->fd(),
-                                    doorbells_[1]->fd()};
+                                    doorbells_[1]->fd(), own_pidfd_};
   std::vector<int> unsent, unheard;
   std::vector<std::string> inboxes(static_cast<std::size_t>(size));
   for (int r : local_ranks_) {
@@ -657,7 +657,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       message.msg_controllen = sizeof(control);
       const ssize_t n = ::recvmsg(inbox.fd(), &message, MSG_CMSG_CLOEXEC);
       if (n < 0) break;
-      int fds[kHelloDescriptors] = {-1, -1, -1};
+      int fds[kHelloDescriptors] = {-1, -1, -1, -1};
       bool have_fds = false;
       ucred sender{};
       bool have_sender = false;
@@ -711,6 +711,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
         peer.segment = nullptr;
         close_fd(fds[1]);
         close_fd(fds[2]);
+        close_fd(fds[3]);
         throw SystemError(error, "shared memory: mapping rank " +
                                      std::to_string(theirs.rank) +
                                      "'s segment");
@@ -734,14 +735,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                                  ring_offset(rank, theirs.rank, lane, capacity),
                              capacity, peer.doorbells[lane], waking);
       }
-      peer.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, peer.pid, 0));
-      if (peer.pidfd < 0) {
-        const int error = errno;
-        throw SystemError(error, "shared memory: pidfd_open for rank " +
-                                     std::to_string(theirs.rank) +
-                                     " (Linux 5.3 or later is needed; "
-                                     "COMM_TRANSPORT=tcp avoids it)");
-      }
+      peer.pidfd = fds[3];
       if (probing && refusal.empty()) {
         std::uint64_t probe = 0;
         const int error = read_memory(theirs.rank, theirs.probe_address, &probe,
@@ -928,6 +922,7 @@ void LocalPeers::release() {
     for (int& fd : peer.doorbells) close_fd(fd);
     close_fd(peer.pidfd);
   }
+  close_fd(own_pidfd_);
   offer_word_ = &unshared_offer_;
   if (segment_ != nullptr) ::munmap(segment_, segment_bytes_);
   segment_ = nullptr;

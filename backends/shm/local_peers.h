@@ -31,7 +31,10 @@
 // long as a rank has it mapped.
 //
 // Liveness. A pidfd per local peer becomes readable when that process
-// ends, however it ends; a rank that destroys its links while its process
+// ends, however it ends. Each peer sends its own beside its segment, so
+// that it is the peer's, where a pidfd opened for the pid its datagram
+// came from could be that of a process that took the pid since the peer
+// died. A rank that destroys its links while its process
 // lives closes every ring it shares instead. Both are what a closed socket
 // is to the TCP channels.
 //
@@ -264,6 +267,9 @@ class LocalPeers {
   bool hosts_known_ = false;
   std::vector<Peer> peers_;
   std::array<std::unique_ptr<Doorbell>, kLanes> doorbells_;
+  // A pidfd of this process, which its hellos carry (see set_up), until
+  // release().
+  int own_pidfd_ = -1;
   void* segment_ = nullptr;
   std::size_t segment_bytes_ = 0;
   // The word the peers read to learn whether they can read this process's
