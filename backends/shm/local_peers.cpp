@@ -74,8 +74,25 @@ constexpr std::uint32_t kHelloWaiterBarrier = 1;
 // receiver watches that one rather than open a pidfd for the pid in the
 // datagram's credentials, which could by then be another process's.
 constexpr int kHelloDescriptors = 1 + kLanes + 1;
-// The line at the end of a segment that holds its owner's offer word.
-constexpr std::size_t kOfferLine = 64;
+// A segment's layout: its owner's offer word on the first page, then the
+// kLanes rings of each local peer in rank order, together and padded to
+// whole pages. So a peer maps only that first page and the pages of its
+// own rings: each rank maps O(ring x local peers) in all, where mapping
+// whole segments would be O(ring x local peers^2).
+struct SegmentLayout {
+  explicit SegmentLayout(std::size_t capacity)
+      : page(static_cast<std::size_t>(::sysconf(_SC_PAGESIZE))),
+        stride((kLanes * ring_footprint(capacity) + page - 1) / page * page) {}
+  // The bytes of a segment with rings for `writers` peers.
+  std::size_t bytes(std::size_t writers) const {
+    return page + writers * stride;
+  }
+  // Where the rings of the peer in slot `slot` start.
+  std::size_t rings_of(std::size_t slot) const { return page + slot * stride; }
+
+  std::size_t page;
+  std::size_t stride;  // a peer's rings, padded to pages
+};
 
 std::string read_first_line(const char* path) {
   std::ifstream in(path);
@@ -272,18 +289,15 @@ std::string host_identity() {
          " pid:" + namespace_inode("/proc/self/ns/pid");
 }
 
-std::size_t LocalPeers::ring_offset(int owner, int writer, int lane,
-                                    std::size_t capacity) const {
+std::size_t LocalPeers::writer_slot(int owner, int writer) const {
   auto local_index = [&](int r) {
     return static_cast<std::size_t>(
         std::lower_bound(local_ranks_.begin(), local_ranks_.end(), r) -
         local_ranks_.begin());
   };
-  const std::size_t writers = local_ranks_.size() - 1;
   std::size_t slot = local_index(writer);
   if (slot > local_index(owner)) --slot;
-  return (static_cast<std::size_t>(lane) * writers + slot) *
-         ring_footprint(capacity);
+  return slot;
 }
 
 std::vector<LocalPeers::Published> LocalPeers::read_published(
@@ -494,10 +508,9 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
   std::uint64_t needed = 0;
   std::uint64_t available = 0;
   for (int r : local_ranks_) {
-    needed += kLanes * writers *
-                  ring_footprint(ring_bytes(published[r].ring_asked,
-                                            static_cast<int>(writers))) +
-              kOfferLine;
+    needed += SegmentLayout(ring_bytes(published[r].ring_asked,
+                                       static_cast<int>(writers)))
+                  .bytes(writers);
     const std::uint64_t theirs = published[r].available;
     if (theirs != 0) {
       available = available == 0 ? theirs : std::min(available, theirs);
@@ -524,8 +537,8 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     local_count_ = 1;
     return;
   }
-  // The rings, then a line for the offer word (offer()).
-  segment_bytes_ = kLanes * writers * ring_footprint(capacity) + kOfferLine;
+  const SegmentLayout layout(capacity);
+  segment_bytes_ = layout.bytes(writers);
   // Closed on every way out: once the peers have it, their mappings and the
   // datagrams in flight hold the segment.
   struct Descriptor {
@@ -553,9 +566,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     segment_ = nullptr;
     throw SystemError(error, "shared memory: mapping a segment");
   }
-  offer_word_ =
-      new (static_cast<std::uint8_t*>(segment_) + segment_bytes_ - kOfferLine)
-          std::atomic<std::uint64_t>(0);
+  offer_word_ = new (segment_) std::atomic<std::uint64_t>(0);
   for (auto& doorbell : doorbells_) doorbell = std::make_unique<Doorbell>();
   // Single copy is for groups whose every rank is local, so that a group's
   // algorithms never mix reads with sockets; every rank sees the same.
@@ -693,31 +704,39 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       }
       Peer& peer = peers_[theirs.rank];
       struct stat info {};
-      const std::size_t need =
-          kLanes * writers * ring_footprint(theirs.ring_bytes) + kOfferLine;
+      const SegmentLayout theirs_laid(theirs.ring_bytes);
       if (::fstat(fds[0], &info) != 0 ||
-          static_cast<std::size_t>(info.st_size) < need) {
+          static_cast<std::size_t>(info.st_size) < theirs_laid.bytes(writers)) {
         close_carried(message);
         throw BackendError("shared memory: rank " +
                            std::to_string(theirs.rank) +
                            " sent a segment smaller than its rings");
       }
-      peer.segment_bytes = need;
-      peer.segment = ::mmap(nullptr, need, PROT_READ | PROT_WRITE,
-                            MAP_SHARED | MAP_POPULATE, fds[0], 0);
+      // Its first page, with its offer word, and this rank's rings.
+      peer.offer_page =
+          ::mmap(nullptr, theirs_laid.page, PROT_READ, MAP_SHARED, fds[0], 0);
+      if (peer.offer_page != MAP_FAILED) {
+        peer.offer_page_bytes = theirs_laid.page;
+        peer.rings_bytes = theirs_laid.stride;
+        peer.rings = ::mmap(nullptr, theirs_laid.stride, PROT_READ | PROT_WRITE,
+                            MAP_SHARED | MAP_POPULATE, fds[0],
+                            static_cast<off_t>(theirs_laid.rings_of(
+                                writer_slot(theirs.rank, rank))));
+      }
+      const int map_error = errno;
       ::close(fds[0]);
-      if (peer.segment == MAP_FAILED) {
-        const int error = errno;
-        peer.segment = nullptr;
+      if (peer.offer_page == MAP_FAILED || peer.rings == MAP_FAILED) {
+        if (peer.offer_page == MAP_FAILED) peer.offer_page = nullptr;
+        if (peer.rings == MAP_FAILED) peer.rings = nullptr;
         close_fd(fds[1]);
         close_fd(fds[2]);
         close_fd(fds[3]);
-        throw SystemError(error, "shared memory: mapping rank " +
-                                     std::to_string(theirs.rank) +
-                                     "'s segment");
+        throw SystemError(map_error, "shared memory: mapping rank " +
+                                         std::to_string(theirs.rank) +
+                                         "'s segment");
       }
-      peer.offer_word = reinterpret_cast<const std::atomic<std::uint64_t>*>(
-          static_cast<std::uint8_t*>(peer.segment) + need - kOfferLine);
+      peer.offer_word =
+          static_cast<const std::atomic<std::uint64_t>*>(peer.offer_page);
       // The collective lane only: the point-to-point thread sleeps as soon
       // as nothing moves, so each of its sleeps would cost a membarrier.
       const bool both_registered =
@@ -727,13 +746,15 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                                   ? Waking::kWaiterBarrier
                                   : Waking::kFenced;
         peer.doorbells[lane] = fds[1 + lane];
-        peer.out[lane] =
-            Ring(static_cast<std::uint8_t*>(peer.segment) +
-                     ring_offset(theirs.rank, rank, lane, theirs.ring_bytes),
-                 theirs.ring_bytes, peer.doorbells[lane], waking);
-        peer.in[lane] = Ring(static_cast<std::uint8_t*>(segment_) +
-                                 ring_offset(rank, theirs.rank, lane, capacity),
-                             capacity, peer.doorbells[lane], waking);
+        const std::size_t lane_at =
+            static_cast<std::size_t>(lane) * ring_footprint(theirs.ring_bytes);
+        peer.out[lane] = Ring(static_cast<std::uint8_t*>(peer.rings) + lane_at,
+                              theirs.ring_bytes, peer.doorbells[lane], waking);
+        peer.in[lane] =
+            Ring(static_cast<std::uint8_t*>(segment_) +
+                     layout.rings_of(writer_slot(rank, theirs.rank)) +
+                     static_cast<std::size_t>(lane) * ring_footprint(capacity),
+                 capacity, peer.doorbells[lane], waking);
       }
       peer.pidfd = fds[3];
       if (probing && refusal.empty()) {
@@ -918,7 +939,10 @@ LocalPeers::~LocalPeers() { release(); }
 void LocalPeers::release() {
   close_all();
   for (Peer& peer : peers_) {
-    if (peer.segment != nullptr) ::munmap(peer.segment, peer.segment_bytes);
+    if (peer.rings != nullptr) ::munmap(peer.rings, peer.rings_bytes);
+    if (peer.offer_page != nullptr) {
+      ::munmap(peer.offer_page, peer.offer_page_bytes);
+    }
     for (int& fd : peer.doorbells) close_fd(fd);
     close_fd(peer.pidfd);
   }

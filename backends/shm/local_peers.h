@@ -216,9 +216,12 @@ class LocalPeers {
     pid_t pid = 0;
     int pidfd = -1;
     std::array<int, kLanes> doorbells{-1, -1};  // the peer's, duplicated
-    void* segment = nullptr;                    // the peer's, mapped
-    std::size_t segment_bytes = 0;
-    // The peer's offer word, in its segment (see offer()).
+    // Of the peer's segment, this rank maps the first page, which holds
+    // the peer's offer word (see offer()), and its own rings.
+    void* offer_page = nullptr;
+    std::size_t offer_page_bytes = 0;
+    void* rings = nullptr;
+    std::size_t rings_bytes = 0;
     const std::atomic<std::uint64_t>* offer_word = nullptr;
     std::array<Ring, kLanes> out;
     std::array<Ring, kLanes> in;
@@ -254,10 +257,9 @@ class LocalPeers {
   bool exited(int peer) const;
   // Unmaps and closes everything (the destructor, or a failed set-up).
   void release();
-  // Where the ring written by local rank `writer` lies in the segment of
-  // local rank `owner`, on `lane`, for rings of `capacity` bytes.
-  std::size_t ring_offset(int owner, int writer, int lane,
-                          std::size_t capacity) const;
+  // The place of local rank `writer`'s rings in the segment of local rank
+  // `owner`: the peers of `owner` in rank order.
+  std::size_t writer_slot(int owner, int writer) const;
 
   int rank_;
   int local_count_ = 1;
@@ -277,8 +279,8 @@ class LocalPeers {
   std::uint64_t probe_word_ = 0;
   bool single_copy_ = false;
   bool kernel_copy_keeps_up_ = false;
-  // What offer() and withdraw() store: the last line of this rank's
-  // segment, which its peers map, or `unshared_offer_` without one.
+  // What offer() and withdraw() store: the start of this rank's segment,
+  // whose first page its peers map, or `unshared_offer_` without one.
   std::atomic<std::uint64_t> unshared_offer_{0};
   std::atomic<std::uint64_t>* offer_word_ = &unshared_offer_;
   std::vector<std::uint8_t> scratch_;
