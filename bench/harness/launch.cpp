@@ -20,6 +20,7 @@
 #include "libcomm/distributed/rendezvous.h"
 #include "libcomm/error.h"
 #include "libcomm/logging.h"
+#include "libcomm/param.h"
 #include "libcomm/reduce_kernels.h"
 #include "store/hash_store.h"
 #include "store/tcp_store.h"
@@ -337,6 +338,10 @@ int bench_main(const Collective& collective, int argc, char** argv) {
     options =
         parse_options(program, std::vector<std::string>(argv + 1, argv + argc));
     placement = detect_placement(options);
+    // The knobs the ranks read as they start, read here, so that a bad
+    // value fails before any rank does (or goes unnoticed where -np's
+    // ranks make their own rendezvous).
+    read_params("COMM_RDZV_");
     check_case_options(collective, options, placement.world);
     // Rank 0 writes it; -np's ranks run beside the process that starts
     // them.

@@ -14,6 +14,7 @@
 #include "libcomm/error.h"
 #include "libcomm/logging.h"
 #include "libcomm/optional_int_param.h"
+#include "libcomm/param.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
@@ -218,6 +219,9 @@ void join_ranks(Store& store, int rank, int world_size,
 
 RendezvousResult rendezvous(const std::string& init_method, int rank,
                             int world_size, Store::Duration timeout) {
+  // Only env:// uses them, but a bad value fails with any init method
+  // rather than go unnoticed where it is not used.
+  read_params("COMM_RDZV_");
   const ParsedUrl url = parse_url(init_method);
   RendezvousResult result;
   auto from_query = [&](const char* name, int given) {

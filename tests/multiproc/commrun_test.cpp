@@ -836,6 +836,21 @@ TEST_CASE("all_reduce_perf -np places its ranks as --bind-to asks", "[bench]") {
   }
 }
 
+TEST_CASE("all_reduce_perf -np refuses a malformed knob of its rendezvous",
+          "[bench]") {
+  // Its ranks make their own rendezvous, which does not use the knob: a
+  // bad value must still be an error, not go unnoticed.
+  ScratchDir dir;
+  const EnvIs bad({{"COMM_RDZV_TIMEOUT", "5s"}});
+  auto bench = start_program(dir, from_env("ALL_REDUCE_PERF_BIN"),
+                             {"-np", "2", "-b", "1K", "-e", "1K", "-n", "1"});
+  CHECK(bench->wait(60s) == 2);
+  const std::string err = read_file(dir / "stderr");
+  INFO(err);
+  CHECK_THAT(err, Catch::Contains("all_reduce_perf: COMM_RDZV_TIMEOUT='5s' "
+                                  "is not an integer"));
+}
+
 TEST_CASE("all_reduce_perf -np kills a rank left stopped after another failed",
           "[bench]") {
   ScratchDir dir;

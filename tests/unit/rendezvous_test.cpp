@@ -191,6 +191,16 @@ TEST_CASE("ranks join over file://", "[rendezvous]") {
   CHECK(access(path.str().c_str(), F_OK) != 0);  // the last user removed it
 }
 
+TEST_CASE("a malformed COMM_RDZV_TIMEOUT fails every init method",
+          "[rendezvous]") {
+  // env:// is the only one that uses it; the others must not ignore it.
+  comm::testing::TempPath path("rendezvous_knob");
+  const EnvIs bad({{"COMM_RDZV_TIMEOUT", "5s"}});
+  CHECK_THROWS_WITH(
+      comm::rendezvous("file://" + path.str() + "?world_size=1&rank=0"),
+      Catch::Contains("COMM_RDZV_TIMEOUT='5s' is not an integer"));
+}
+
 TEST_CASE("a rank claimed twice fails both claimants", "[rendezvous]") {
   comm::HashStore store;
   // Ranks 0, 1, 1: world size 3, so rank 2 never comes.
