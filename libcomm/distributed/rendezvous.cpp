@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "libcomm/detail/log.h"
+#include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
 #include "libcomm/logging.h"
 #include "libcomm/optional_int_param.h"
@@ -160,13 +161,22 @@ void join_ranks(Store& store, int rank, int world_size,
   const std::string complete_key = prefix + "complete";
   const std::string me = join_identity();
 
-  const Bytes claimed_world = store.compare_set(
-      prefix + "world_size", {}, to_bytes(std::to_string(world_size)));
-  if (to_string(claimed_world) != std::to_string(world_size)) {
+  // "<world size> by rank <r> (<identity>)", from the first rank to join.
+  const std::string claim = std::to_string(world_size) + " by rank " +
+                            std::to_string(rank) + " (" + me + ")";
+  const std::string claimed_world =
+      to_string(store.compare_set(prefix + "world_size", {}, to_bytes(claim)));
+  const std::string claimed_size =
+      claimed_world.substr(0, claimed_world.find(' '));
+  if (claimed_size != std::to_string(world_size)) {
+    const auto by = claimed_world.find(" by ");
     const std::string problem =
         "rank " + std::to_string(rank) + " (" + me +
         ") was started with world_size " + std::to_string(world_size) +
-        " but an earlier rank with world_size " + to_string(claimed_world) +
+        " but " +
+        (by == std::string::npos ? std::string("an earlier rank")
+                                 : claimed_world.substr(by + 4)) +
+        " joined first with world_size " + claimed_size +
         "; start every rank with the same WORLD_SIZE";
     store.set_string(complete_key, std::string(kConflict) + problem);
     throw InvalidArgument("rendezvous failed: " + problem);
@@ -177,7 +187,10 @@ void join_ranks(Store& store, int rank, int world_size,
   if (owner != me) {
     const std::string problem = "rank " + std::to_string(rank) +
                                 " is claimed twice, by " + owner + " and by " +
-                                me + "; give each process its own RANK";
+                                me +
+                                "; give each process its own RANK, and each "
+                                "job its own store (MASTER_ADDR and "
+                                "MASTER_PORT, or init_method)";
     // Wakes every waiting rank, the first claimant included, with the news.
     store.set_string(complete_key, std::string(kConflict) + problem);
     throw InvalidArgument("rendezvous failed: " + problem);
@@ -189,10 +202,8 @@ void join_ranks(Store& store, int rank, int world_size,
   // receives the outcome in the same answer that wakes it, so a failing
   // rank 0 taking the store server down with it cannot cut anyone off
   // between the two.
-  std::string outcome;
-  try {
-    outcome = store.get_string(complete_key, timeout);
-  } catch (const TimeoutError&) {
+  // "3 of 4 ranks arrived; missing rank 1", asked of the store.
+  auto arrivals = [&] {
     std::vector<std::string> missing;
     for (int r = 0; r < world_size; ++r) {
       if (!store.check({prefix + "rank/" + std::to_string(r)})) {
@@ -204,11 +215,38 @@ void join_ranks(Store& store, int rank, int world_size,
       list += (i ? ", " : "") + missing[i];
     }
     if (missing.size() > 32) list += ", ...";
-    throw TimeoutError(
-        "rendezvous timed out after " + format_duration(timeout) + ": " +
-        std::to_string(world_size - static_cast<int>(missing.size())) + " of " +
-        std::to_string(world_size) + " ranks arrived; missing rank" +
-        (missing.size() == 1 ? " " : "s ") + list);
+    return std::to_string(world_size - static_cast<int>(missing.size())) +
+           " of " + std::to_string(world_size) +
+           " ranks arrived; missing rank" + (missing.size() == 1 ? " " : "s ") +
+           list;
+  };
+  // In slices (a tenth of the timeout, from 1 to 30 s), so that a rank
+  // that waits long says for whom (a rank not started, or started with
+  // another MASTER_PORT) after each, rather than stay silent until the
+  // timeout.
+  const Store::Duration kReportEvery = std::clamp<Store::Duration>(
+      timeout / 10, std::chrono::seconds(1), std::chrono::seconds(30));
+  const auto deadline = detail::deadline_after(timeout);
+  std::string outcome;
+  // Bounded by the deadline: each round waits a slice or less.
+  for (Store::Duration waited{0};;) {
+    const auto left = std::chrono::duration_cast<Store::Duration>(
+        deadline - detail::Clock::now());
+    try {
+      outcome = store.get_string(
+          complete_key,
+          std::max(Store::Duration(1), std::min(left, kReportEvery)));
+      break;
+    } catch (const TimeoutError&) {
+      if (left <= kReportEvery) {
+        throw TimeoutError("rendezvous timed out after " +
+                           format_duration(timeout) + ": " + arrivals());
+      }
+      waited += kReportEvery;
+      COMM_LOG_WARN("rendezvous: rank {} has waited {} of its {}: {}", rank,
+                    format_duration(waited), format_duration(timeout),
+                    arrivals());
+    }
   }
   if (outcome != kJoined) {
     throw InvalidArgument("rendezvous failed for rank " + std::to_string(rank) +

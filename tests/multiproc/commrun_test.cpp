@@ -851,6 +851,28 @@ TEST_CASE("all_reduce_perf -np refuses a malformed knob of its rendezvous",
                                   "is not an integer"));
 }
 
+TEST_CASE("a rank waiting for its rendezvous says for whom as it waits",
+          "[bench]") {
+  // Rank 0 of two, alone: it reports the missing rank every tenth of its
+  // 3 s (at least a second), then fails naming it.
+  ScratchDir dir;
+  const EnvIs env({{"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "0"},
+                   {"RANK", "0"},
+                   {"WORLD_SIZE", "2"},
+                   {"COMM_RDZV_TIMEOUT", "3"}});
+  auto bench = start_program(dir, from_env("ALL_REDUCE_PERF_BIN"),
+                             {"-b", "1K", "-e", "1K", "-n", "1"});
+  CHECK(bench->wait(60s) == 1);
+  const std::string err = read_file(dir / "stderr");
+  INFO(err);
+  CHECK_THAT(err,
+             Catch::Contains("rendezvous: rank 0 has waited 1000 ms of its "
+                             "3000 ms: 1 of 2 ranks arrived; missing rank 1") &&
+                 Catch::Contains("rendezvous timed out after 3000 ms: 1 of 2 "
+                                 "ranks arrived; missing rank 1"));
+}
+
 TEST_CASE("all_reduce_perf -np kills a rank left stopped after another failed",
           "[bench]") {
   ScratchDir dir;
