@@ -69,9 +69,20 @@ DType from_dl_dtype(DLDataType dl) {
       break;
     default: break;
   }
-  throw InvalidArgument("from_dlpack: DLPack dtype (" + seen +
-                        ") has no libcomm dtype; supported are float16/32/64, "
-                        "bfloat16, int8/32/64, uint8 and bool");
+  // The name torch and numpy give it, where DLPack's code has one.
+  const char* kind = dl.code == kDLInt       ? "int"
+                     : dl.code == kDLUInt    ? "uint"
+                     : dl.code == kDLFloat   ? "float"
+                     : dl.code == kDLBfloat  ? "bfloat"
+                     : dl.code == kDLComplex ? "complex"
+                                             : nullptr;
+  throw InvalidArgument(
+      "from_dlpack: " +
+      (kind != nullptr ? "a tensor of " + std::string(kind) +
+                             std::to_string(dl.bits) + " (DLPack " + seen + ")"
+                       : "DLPack dtype (" + seen + ")") +
+      " has no libcomm dtype; supported are float16/32/64, bfloat16, "
+      "int8/32/64, uint8 and bool");
 }
 
 Device from_dl_device(DLDevice dl) {

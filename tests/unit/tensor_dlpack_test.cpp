@@ -103,7 +103,13 @@ TEST_CASE("an unsupported DLPack tensor is refused and stays the caller's",
   int calls = 0;
   DLManagedTensor* managed = make_foreign(&calls, 0);
   managed->dl_tensor.dtype = {kDLComplex, 64, 1};
-  CHECK_THROWS_WITH(comm::from_dlpack(managed), Catch::Contains("code 5"));
+  CHECK_THROWS_WITH(comm::from_dlpack(managed),
+                    Catch::Contains("a tensor of complex64 (DLPack code 5"));
+  // torch.int16, by the name torch gives it, and what would do instead.
+  managed->dl_tensor.dtype = {kDLInt, 16, 1};
+  CHECK_THROWS_WITH(comm::from_dlpack(managed),
+                    Catch::Contains("a tensor of int16 (") &&
+                        Catch::Contains("supported are float16/32/64"));
   managed->dl_tensor.dtype = {kDLFloat, 32, 4};
   CHECK_THROWS_WITH(comm::from_dlpack(managed), Catch::Contains("4 lanes"));
   managed->dl_tensor.dtype = {kDLFloat, 32, 1};
