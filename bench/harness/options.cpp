@@ -135,6 +135,11 @@ Options parse_options(const std::string& program,
                ": a libcomm collective's time and bandwidth, "
                "in the style of nccl-tests"};
   app.set_help_flag("-h,--help", "print this help and exit");
+  // As in nccl-tests, an option given twice takes its last value.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  // Words that are not options are collected and refused below, in the
+  // order given (CLI11's own message lists them backwards).
+  app.allow_extras();
   std::string min_bytes = "32M", max_bytes = "32M", step_bytes = "1M";
   std::string step_factor, iterations = "20", warmup = "5", check = "1";
   std::string dtype = "float", op = "sum", root = "0", average = "1";
@@ -206,13 +211,30 @@ Options parse_options(const std::string& program,
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
+  if (std::vector<std::string> extras = app.remaining(); !extras.empty()) {
+    std::string words;
+    for (const std::string& word : extras) {
+      words += (words.empty() ? "" : " ") + word;
+    }
+    throw UsageError("unexpected argument" +
+                     std::string(extras.size() == 1 ? "" : "s") + ": " + words);
+  }
   if (print_config) throw HelpRequested(comm::format_params());
 
   options.min_bytes = parse_size("-b", min_bytes);
   options.max_bytes = parse_size("-e", max_bytes);
   options.step_bytes = parse_size("-i", step_bytes);
   if (options.min_bytes > options.max_bytes) {
-    throw UsageError("-b " + min_bytes + " is larger than -e " + max_bytes);
+    // One of them may be the default, which the user did not type.
+    const bool min_given = app.count("-b") > 0;
+    const bool max_given = app.count("-e") > 0;
+    throw UsageError(
+        "-b " + min_bytes + (min_given ? "" : " (the default)") +
+        " is larger than -e " + max_bytes +
+        (max_given ? "" : " (the default)") +
+        (min_given && max_given
+             ? std::string()
+             : std::string("; give ") + (min_given ? "-e" : "-b") + " too"));
   }
   if (!step_factor.empty()) {
     options.step_factor = parse_int("-f", step_factor, 2, 1 << 20);

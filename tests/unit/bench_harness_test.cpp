@@ -139,6 +139,8 @@ TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
   CHECK(parse({"--backend", "nccl"}).device == "cuda");
   CHECK_FALSE(d.fresh_inputs);
   CHECK(parse({"-z", "1", "--fresh-inputs"}).fresh_inputs);
+  // An option given twice takes its last value, as in nccl-tests.
+  CHECK(parse({"-n", "3", "-n", "5"}).iterations == 5);
 }
 
 TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
@@ -147,6 +149,10 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
       {{"-b", "-5"}, "-b"},
       {{"-e", "two"}, "-e"},
       {{"-b", "2K", "-e", "1K"}, "-b 2K is larger than -e 1K"},
+      // The default that the user did not type is called one.
+      {{"-e", "4K"}, "-b 32M (the default) is larger than -e 4K; give -b too"},
+      // Extra words, in the order typed.
+      {{"-g", "2"}, "unexpected arguments: -g 2"},
       {{"-f", "1"}, "-f"},
       {{"-i", "0"}, "-i"},
       {{"-b", "1", "-e", "1G", "-i", "1"}, "more than 10000 sizes"},
