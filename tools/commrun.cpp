@@ -752,8 +752,13 @@ int parse(int argc, char** argv, Config& config) {
   app.footer("  PROGRAM [ARGS...]            what each worker runs");
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    // In the form of commrun's own argument errors (below).
+    std::fprintf(stderr, "commrun: %s\nRun 'commrun --help' for the options.\n",
+                 e.what());
+    return 2;
   }
   std::vector<std::string> program = app.remaining();
   std::string problem;
