@@ -389,8 +389,9 @@ void DistributedDataParallel::finish() {
         "DistributedDataParallel::finish: " + std::to_string(unused.size()) +
         " parameter(s) never had their gradient marked ready in this step: " +
         names +
-        "; mark them, or construct with find_unused_parameters = true if "
-        "they take no part in some steps");
+        "; mark them, or construct with find_unused_parameters set "
+        "(find_unused_parameters=True in Python) if they take no part in "
+        "some steps");
   }
   launch_ready_buckets();
   std::exception_ptr failure;
