@@ -460,7 +460,8 @@ void ControlChannel::run() {
   }
 }
 
-void report_failure(ControlChannel& control, const CallInfo& call, int rank) {
+void report_failure(ControlChannel& control, const CallInfo& call, int rank,
+                    FailureSeen seen) {
   ControlMessage abort;
   abort.call = call;
   abort.blamed = rank;
@@ -478,7 +479,11 @@ void report_failure(ControlChannel& control, const CallInfo& call, int rank) {
     abort.text = e.what();
   } catch (...) {
   }
-  COMM_LOG_ERROR("{} failed: {}", call.describe(), abort.text);
+  if (seen == FailureSeen::kLogOnly) {
+    COMM_LOG_ERROR("{} failed: {}", call.describe(), abort.text);
+  } else {
+    COMM_LOG_INFO("{} failed: {}", call.describe(), abort.text);
+  }
   control.broadcast(abort, std::chrono::milliseconds(200));
 }
 

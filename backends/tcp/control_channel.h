@@ -181,11 +181,18 @@ class ControlChannel {
   std::uint64_t started_ = 0;  // the number of collectives started
 };
 
+// Whether the caller of the call that failed learns of it from the
+// exception (kToCaller), or only from the log (kLogOnly: a failure found
+// as the group shuts down, when no call is left to fail).
+enum class FailureSeen { kToCaller, kLogOnly };
+
 // Called in a catch block, for this rank's own failure of `call` (not a
-// ReportedFailure): logs it and tells the other ranks why, so that they
-// fail now rather than at their timeouts. Best effort: a dead peer just
-// misses it.
-void report_failure(ControlChannel& control, const CallInfo& call, int rank);
+// ReportedFailure): logs it (as an error where the log is the only place
+// it shows, else at info, the exception carrying the same text) and tells
+// the other ranks why, so that they fail now rather than at their
+// timeouts. Best effort: a dead peer just misses it.
+void report_failure(ControlChannel& control, const CallInfo& call, int rank,
+                    FailureSeen seen = FailureSeen::kToCaller);
 
 // Throws a peer's failure report as the error of `call`, a Reported<E>.
 [[noreturn]] void raise_report(const CallInfo& call,

@@ -481,7 +481,7 @@ void Exchange::finish_confirmations(Mesh& mesh, ControlChannel* control,
     if (control != nullptr) {
       // Still unread, as it failed.
       if (const auto failed = oldest_unread(mesh, every)) {
-        report_failure(*control, *failed, mesh.rank());
+        report_failure(*control, *failed, mesh.rank(), FailureSeen::kLogOnly);
       }
     }
     throw;

@@ -68,6 +68,26 @@ TEST_CASE("different counts are a mismatch on both ranks", "[tcp][mismatch]") {
   }
 }
 
+TEST_CASE("a failure the caller is told of is not also logged as an error",
+          "[tcp][mismatch]") {
+  // The exception carries the text; at the default level the log stays
+  // quiet, where it once repeated each failure as an error.
+  const comm::LogLevel level = comm::log_level();
+  comm::set_log_level(comm::LogLevel::kWarn);
+  std::vector<std::string> thrown;
+  const std::string log = comm::testing::capture_stderr([&] {
+    thrown = outcome([](int rank, ProcessGroup& group) {
+      Tensor t = Tensor::zeros({rank == 0 ? 10 : 20}, DType::kF32);
+      return group.all_reduce(t);
+    });
+  });
+  comm::set_log_level(level);
+  for (const std::string& text : thrown) {
+    CHECK_THAT(text, Catch::StartsWith("MismatchError"));
+  }
+  CHECK_THAT(log, !Catch::Contains("all_reduce #0 (float32 x"));
+}
+
 TEST_CASE("different dtypes, ops and collectives are mismatches",
           "[tcp][mismatch]") {
   SECTION("dtype") {
