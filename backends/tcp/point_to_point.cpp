@@ -308,11 +308,13 @@ void PointToPoint::progress_recv(int peer) {
 }
 
 void PointToPoint::expire(detail::Clock::time_point now) {
-  auto timeout = [&](const Operation& op) {
+  // `note` ends the message: for a receive, what it did not match.
+  auto timeout = [&](const Operation& op, const std::string& note = {}) {
     return std::make_exception_ptr(
         TimeoutError(op.work->description() + " timed out waiting for " +
                      (op.peer == kAnySource ? std::string("any rank")
-                                            : mesh_.peer_name(op.peer))));
+                                            : mesh_.peer_name(op.peer)) +
+                     note));
   };
   for (int peer = 0; peer < mesh_.size(); ++peer) {
     auto& queue = sends_[peer];
@@ -333,9 +335,26 @@ void PointToPoint::expire(detail::Clock::time_point now) {
     if (in.receiver && in.receiver->deadline <= now)
       fail_peer(peer, timeout(*in.receiver));
   }
+  // The messages kept from the peers a receive takes from, which it did
+  // not match: a tag that differs leaves them there.
+  auto unmatched = [&](const Operation& op) {
+    std::string list;
+    int count = 0;
+    for (const Kept& k : kept_) {
+      if (op.peer != kAnySource && k.peer != op.peer) continue;
+      if (++count <= 3) {
+        list += (count > 1 ? ", " : "") + k.header.call.describe() +
+                " from rank " + std::to_string(k.peer);
+      }
+    }
+    if (count == 0) return std::string();
+    return "; " + std::to_string(count) + " message" + (count == 1 ? "" : "s") +
+           " arrived that it does not match: " + list +
+           (count > 3 ? ", ..." : "") + " (a tag differs?)";
+  };
   for (auto it = receives_.begin(); it != receives_.end();) {
     if ((*it)->deadline <= now) {
-      complete(*it, timeout(**it), -1);
+      complete(*it, timeout(**it, unmatched(**it)), -1);
       it = receives_.erase(it);
     } else {
       ++it;

@@ -500,6 +500,32 @@ TEST_CASE("send and recv by tag, from any source, in any order", "[tcp][p2p]") {
   check_all_ok(errors);
 }
 
+TEST_CASE("a receive that times out names the messages it did not match",
+          "[tcp][p2p]") {
+  // Rank 1 sends with tag 1; rank 0 waits for tag 2. The timeout says what
+  // did arrive, so that the tags can be seen to differ.
+  std::string thrown;
+  auto errors = run_ranks(2, [&](ProcessGroup& group) {
+    if (group.rank() == 1) {
+      group.send(Tensor::full({4}, 1.0, DType::kF32), 0, {1});
+    } else {
+      Tensor t = Tensor::zeros({4}, DType::kF32);
+      try {
+        group.recv(t, 1, {2, std::chrono::milliseconds(500)});
+      } catch (const comm::TimeoutError& e) {
+        thrown = e.what();
+      }
+    }
+    group.barrier()->wait();
+  });
+  check_all_ok(errors);
+  CHECK_THAT(thrown, Catch::Contains("tag 2") &&
+                         Catch::Contains("timed out waiting for rank 1") &&
+                         Catch::Contains("1 message arrived that it does not "
+                                         "match: send #0 (float32 x 4, tag 1) "
+                                         "from rank 1 (a tag differs?)"));
+}
+
 TEST_CASE("isend/irecv pairs in both orders, many in flight", "[tcp][p2p]") {
   auto errors = run_ranks(2, [&](ProcessGroup& group) {
     const int peer = 1 - group.rank();
