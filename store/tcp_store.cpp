@@ -69,6 +69,11 @@ proto::Welcome TCPStore::read_welcome(detail::Clock::time_point deadline) {
     throw PeerError(-1, std::string(e.what()) +
                             " during the TCPStore handshake; is something "
                             "other than a libcomm TCPStore listening there?");
+  } catch (const TimeoutError& e) {
+    // Something accepted the connection but never answered the hello.
+    throw TimeoutError(std::string(e.what()) +
+                       " during the TCPStore handshake; is something other "
+                       "than a libcomm TCPStore listening there?");
   }
   proto::Welcome welcome;
   const std::string problem = proto::decode_welcome(

@@ -430,6 +430,29 @@ TEST_CASE("connecting to nothing times out naming host and port",
                         Catch::Contains("attempts"));
 }
 
+TEST_CASE("a listener that never answers the hello is named as a stranger",
+          "[tcp_store][multiproc]") {
+  // The kernel accepts the connection (the backlog) and nothing answers:
+  // another program holds the port.
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&address),
+               sizeof(address)) == 0);
+  REQUIRE(listen(listener, 1) == 0);
+  socklen_t length = sizeof(address);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  auto options = client_options(ntohs(address.sin_port));
+  options.timeout = 500ms;
+  CHECK_THROWS_AS(comm::TCPStore(options), comm::TimeoutError);
+  CHECK_THROWS_WITH(comm::TCPStore(options),
+                    Catch::Contains("during the TCPStore handshake; is "
+                                    "something other than a libcomm "
+                                    "TCPStore listening there?"));
+  close(listener);
+}
+
 TEST_CASE("a 64 MiB hello is refused before anything is allocated for it",
           "[tcp_store][multiproc][limits]") {
   ServerProcess server;
