@@ -131,11 +131,13 @@ void PointToPoint::post_recv(std::shared_ptr<Work> work,
              -1);
     return;
   }
+  // A message kept before the peer failed is still delivered, as bytes a
+  // socket received before its peer reset it are.
+  if (try_match_kept(op)) return;
   if (peer != kAnySource && broken_[peer]) {
     complete(op, broken_[peer], -1);
     return;
   }
-  if (try_match_kept(op)) return;
   receives_.push_back(std::move(op));
   wake();
 }

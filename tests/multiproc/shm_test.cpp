@@ -290,6 +290,56 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a message that arrived before its sender was killed is still received",
+    "[shm][multiproc][failure][p2p]") {
+  // Rank 0 waits for tag 9, so it reads the victim's tag-5 message and
+  // keeps it. The kill fails the tag-9 receive and the channel; a receive
+  // of tag 5 posted after that still gets the message, as bytes a socket
+  // took in before its peer reset it are still read.
+  const int world = 2, victim = 1;
+  const std::string url = comm::testing::loopback_url(world);
+  PipeSignal started;
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", "shm", 1);
+    try {
+      auto group = comm::init_process_group("tcp", url, rank, world, 60s);
+      if (rank == victim) {
+        group->isend(comm::Tensor::full({4}, 5.0, comm::DType::kF32), 0, {5})
+            ->wait();
+        group->barrier()->wait();
+        started.raise();
+        pause();
+        return 0;
+      }
+      group->barrier()->wait();
+      comm::Tensor nine = comm::Tensor::zeros({4}, comm::DType::kF32);
+      try {
+        group->irecv(nine, victim, {9})->wait();
+        return kWrongResult;
+      } catch (...) {
+        const int code = comm::testing::failure_exit_code(
+            std::current_exception(), rank, victim);
+        if (code != kPeerErrorNamingVictim) return code;
+      }
+      comm::Tensor five = comm::Tensor::zeros({4}, comm::DType::kF32);
+      group->recv(five, victim, {5});
+      return five.data<float>()[3] == 5.0f ? 0 : kWrongResult;
+    } catch (...) {
+      return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                              victim);
+    }
+  });
+  if (!started.wait(60s)) {
+    comm::testing::check_exit_codes(ranks, -1, 0, 1s);
+    FAIL("the victim never reached its pause");
+  }
+  std::this_thread::sleep_for(200ms);
+  ranks[victim]->kill(SIGKILL);
+  CHECK(comm::testing::check_exit_codes(ranks, victim, 0, 10s) < 5.5);
+  CHECK(ranks[victim]->wait(5s) == 128 + SIGKILL);
+}
+
+TEST_CASE(
     "ranks that cannot read a peer's memory agree to use the rings, with "
     "the same results",
     "[shm][multiproc][single_copy]") {
