@@ -243,9 +243,16 @@ void join_ranks(Store& store, int rank, int world_size,
                            format_duration(timeout) + ": " + arrivals());
       }
       waited += kReportEvery;
+      // The missing ranks from rank 0 alone, one store request per rank;
+      // the others say how many arrived, in one (every rank asking for
+      // every rank would make N^2 requests of the store per slice).
+      const std::string seen =
+          rank == 0
+              ? arrivals()
+              : std::to_string(store.add(prefix + "arrived", 0)) + " of " +
+                    std::to_string(world_size) + " ranks arrived";
       COMM_LOG_WARN("rendezvous: rank {} has waited {} of its {}: {}", rank,
-                    format_duration(waited), format_duration(timeout),
-                    arrivals());
+                    format_duration(waited), format_duration(timeout), seen);
     }
   }
   if (outcome != kJoined) {
