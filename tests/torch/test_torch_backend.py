@@ -33,10 +33,11 @@ def free_port():
 
 
 def run_ranks(tmp_path, scenario, backend, world=2, init="file", variant="",
-              expect_exit=None):
-    """Runs `scenario` on `world` rank processes; returns the folder they
-    saved to. Each rank must exit 0 (or as `expect_exit` says) within the
-    timeout, or the test fails with every rank's output."""
+              expect_exit=None, extra_env=None):
+    """Runs `scenario` on `world` rank processes, with `extra_env` added to
+    their environment; returns the folder they saved to, where rank r's
+    output is rank<r>.log. Each rank must exit 0 (or as `expect_exit` says)
+    within the timeout, or the test fails with every rank's output."""
     out = tmp_path / f"{scenario}-{backend}-{init}-{variant or 'plain'}"
     out.mkdir()
     port = free_port()
@@ -46,7 +47,8 @@ def run_ranks(tmp_path, scenario, backend, world=2, init="file", variant="",
     processes = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   **(extra_env or {}))
         processes.append(subprocess.Popen(
             [sys.executable, WORKER, scenario, backend, init_method,
              str(out), variant],
@@ -61,6 +63,8 @@ def run_ranks(tmp_path, scenario, backend, world=2, init="file", variant="",
             if process.poll() is None:
                 process.kill()
                 process.communicate()
+    for rank, output in enumerate(outputs):
+        (out / f"rank{rank}.log").write_text(output)
     report = "\n".join(f"--- rank {r} (exit {p.returncode}):\n{o}"
                        for r, (p, o) in enumerate(zip(processes, outputs)))
     for rank, process in enumerate(processes):
@@ -211,6 +215,21 @@ def test_init_methods_and_new_group(tmp_path, init):
             assert torch.equal(saved["evens"], evens), saved
         else:
             assert "evens" not in saved
+
+
+def test_log_lines_carry_the_rank_of_the_default_group(tmp_path):
+    # Rank 2 is rank 1 of the even ranks' subgroup: its lines, those its
+    # subgroups log included, say rank 2.
+    world = 3
+    out = run_ranks(tmp_path, "new_group", "libcomm", world=world,
+                    extra_env={"COMM_LOG_LEVEL": "debug"})
+    for rank in range(world):
+        lines = [line for line in
+                 (out / f"rank{rank}.log").read_text().splitlines()
+                 if "] [debug] [" in line]
+        assert lines, f"rank {rank} logged nothing at debug"
+        wrong = [line for line in lines if f" rank {rank}]" not in line]
+        assert not wrong, f"rank {rank}: {wrong[:3]}"
 
 
 def read_error(out, rank):

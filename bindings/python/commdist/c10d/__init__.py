@@ -20,18 +20,29 @@ import inspect as _inspect
 import torch.distributed as _dist
 
 from ._C import ProcessGroupLibcomm, create_process_group, cuda_support
+from ._C import set_log_rank as _set_log_rank
 
 BACKEND = "libcomm"
+
+
+def _create(store, rank, size, timeout):
+    # Log lines carry the process's rank in the default group, as under
+    # commdist. torch makes that group first, before it counts as
+    # initialized; a later group's rank is its own, and is not logged.
+    if not _dist.is_initialized():
+        _set_log_rank(rank)
+    return create_process_group(store, rank, size, timeout)
+
 
 # torch 2 asks which device types a backend serves (and warns where it is
 # not told); torch 1.13's register_backend has no such parameter.
 if BACKEND.upper() not in _dist.Backend._plugins:
     if "devices" in _inspect.signature(
             _dist.Backend.register_backend).parameters:
-        _dist.Backend.register_backend(BACKEND, create_process_group,
+        _dist.Backend.register_backend(BACKEND, _create,
                                        devices=["cpu", "cuda"])
     else:
-        _dist.Backend.register_backend(BACKEND, create_process_group)
+        _dist.Backend.register_backend(BACKEND, _create)
 
 __all__ = ["BACKEND", "ProcessGroupLibcomm", "create_process_group",
            "cuda_support"]

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <functional>
 
+#include "libcomm/logging.h"
 #include "process_group_libcomm.h"
 #include "torch_cuda.h"
 
@@ -53,6 +54,9 @@ PYBIND11_MODULE(_C, module) {
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::call_guard<py::gil_scoped_release>());
+
+  module.def("set_log_rank", &comm::set_log_rank, py::arg("rank"),
+             "Log lines from now on carry this rank (-1: none).");
 
   module.def("cuda_support", &commdist_c10d::cuda_support,
              "What this build does with CUDA tensors, in one sentence.");

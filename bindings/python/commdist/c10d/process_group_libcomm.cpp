@@ -4,13 +4,11 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "libcomm/error.h"
-#include "libcomm/logging.h"
 #include "torch_cuda.h"
 #include "torch_store.h"
 
@@ -478,10 +476,6 @@ ProcessGroupLibcomm::ProcessGroupLibcomm(
       group_(std::make_shared<comm::ProcessGroup>(store_, rank, size, "tcp",
                                                   timeout, "torch")),
       completion_(CompletionThread::start()) {
-  // Log lines carry the rank, as under commdist: the rank in the first
-  // group made, torch's default group, which comes before any subgroup.
-  static std::once_flag rank_logged;
-  std::call_once(rank_logged, [rank] { comm::set_log_rank(rank); });
   init();
 }
 
