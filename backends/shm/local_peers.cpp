@@ -235,11 +235,32 @@ std::uint64_t meminfo_bytes(const std::string& key) {
   return 0;
 }
 
+// The number after `key` at the start of a line of a cgroup's memory.stat
+// ("file 123"); 0 where there is none.
+std::uint64_t memory_stat(const std::string& dir, const std::string& key) {
+  std::ifstream in(dir + "/memory.stat");
+  std::string name;
+  std::uint64_t value = 0;
+  // Bounded by the file, a few dozen lines.
+  while (in >> name >> value) {
+    if (name == key) return value;
+  }
+  return 0;
+}
+
 // What the cgroups (v2) of this process, from its own up to the root, let
 // it take before the lowest of their limits; 0 where none sets one (or
-// cgroup v2 is not mounted where it is looked for).
+// cgroup v2 is not mounted where it is looked for; cgroup v1 limits are
+// not read). A cgroup's usage counts the page cache of the files its
+// processes read, which the kernel reclaims for new memory, so that part
+// (but not shared memory, which it counts there too) is left out.
 std::uint64_t cgroup_room() {
-  std::string path = read_first_line("/proc/self/cgroup");
+  // The unified hierarchy's line, "0::/path" (the only one under v2).
+  std::ifstream lines("/proc/self/cgroup");
+  std::string path;
+  // Bounded by the file, a line per hierarchy.
+  while (std::getline(lines, path) && !path.starts_with("0::/")) {
+  }
   if (!path.starts_with("0::/")) return 0;
   path = path.substr(3);
   std::uint64_t room = 0;
@@ -251,7 +272,11 @@ std::uint64_t cgroup_room() {
         read_first_line((dir + "/memory.current").c_str());
     if (!max.empty() && max != "max" && !current.empty()) {
       const std::uint64_t limit = std::stoull(max);
-      const std::uint64_t used = std::stoull(current);
+      const std::uint64_t file = memory_stat(dir, "file");
+      const std::uint64_t cache =
+          file - std::min(file, memory_stat(dir, "shmem"));
+      const std::uint64_t charged = std::stoull(current);
+      const std::uint64_t used = charged > cache ? charged - cache : 0;
       const std::uint64_t left = limit > used ? limit - used : 1;
       room = room == 0 ? left : std::min(room, left);
     }

@@ -16,8 +16,9 @@
 // Memory. Each rank makes one memfd (never a file: nothing is left in
 // /dev/shm or elsewhere when a rank dies) holding the rings its local
 // peers write to it: kLanes rings per local peer of ring_bytes() each, so
-// a rank's segment is O(ring x local peers), and by default no more than
-// 32 MiB up to 1,024 local peers (the rings shrink past 64). Each rank
+// a rank's segment is O(ring x local peers), and by default holds no more
+// than 32 MiB of ring data up to 1,024 local peers (the rings shrink past
+// 64). Each rank
 // publishes the ring size it asked for and the memory it found available
 // before any rank of the group makes its segment, so every local rank
 // adds up the same total for the host; where the rings would take more
@@ -143,7 +144,8 @@ class LocalPeers {
   // nothing by `deadline`.
   void read_hosts(Store& store, detail::Clock::time_point deadline);
   // The whole group's hosts, the same on every rank (after read_hosts):
-  // ranks share a host where they are local to each other.
+  // ranks share a host where they published the same identity and neither
+  // asked for tcp, whether or not their rings fit (see "Memory" above).
   const HostPartition& hosts() const { return hosts_; }
   // Whether `peer` runs on this rank's kernel (the same boot id), local
   // or not: in another network namespace of this machine, a container
