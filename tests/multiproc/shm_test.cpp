@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -246,14 +247,17 @@ TEST_CASE(
   kill_during_all_reduce("1", 4 << 20);
 }
 
-TEST_CASE(
-    "a send that waits for room in the ring to a rank killed with a "
-    "message left unread fails naming it within 5 s",
-    "[shm][multiproc][failure][p2p]") {
-  // The victim's message stays in the ring to rank 0, which never posts
-  // its receive; rank 0's send does not fit in the ring the other way.
-  // Once the victim is gone, nobody will make room: the send must fail
-  // then, not at its timeout (60 s), whatever the ring still holds.
+namespace {
+
+// Two ranks over shared memory. Rank 1, the victim, sends rank 0 a float32
+// message of 4 elements, all `value`, with `tag`, then meets it in a
+// barrier and pauses until it is killed with SIGKILL, 200 ms later; rank 0
+// runs `survivor` after the barrier and exits with what it returns (a
+// failure: failure_exit_code's code). Rank 0 must exit with `expected`
+// within 5 s of the kill.
+void kill_after_p2p(int tag, float value,
+                    const std::function<int(comm::ProcessGroup&)>& survivor,
+                    int expected) {
   const int world = 2, victim = 1;
   const std::string url = comm::testing::loopback_url(world);
   PipeSignal started;
@@ -262,17 +266,16 @@ TEST_CASE(
     try {
       auto group = comm::init_process_group("tcp", url, rank, world, 60s);
       if (rank == victim) {
-        comm::Tensor small = comm::Tensor::full({4}, 1.0, comm::DType::kF32);
-        group->isend(small, 0)->wait();
+        group
+            ->isend(comm::Tensor::full({4}, value, comm::DType::kF32), 0, {tag})
+            ->wait();
         group->barrier()->wait();
         started.raise();
         pause();
         return 0;
       }
       group->barrier()->wait();
-      comm::Tensor big = comm::Tensor::full({1 << 20}, 1.0, comm::DType::kF32);
-      group->isend(big, victim)->wait();
-      return 0;
+      return survivor(*group);
     } catch (...) {
       return comm::testing::failure_exit_code(std::current_exception(), rank,
                                               victim);
@@ -284,9 +287,29 @@ TEST_CASE(
   }
   std::this_thread::sleep_for(200ms);
   ranks[victim]->kill(SIGKILL);
-  CHECK(comm::testing::check_exit_codes(ranks, victim, kPeerErrorNamingVictim,
-                                        10s) < 5.5);
+  CHECK(comm::testing::check_exit_codes(ranks, victim, expected, 10s) < 5.5);
   CHECK(ranks[victim]->wait(5s) == 128 + SIGKILL);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a send that waits for room in the ring to a rank killed with a "
+    "message left unread fails naming it within 5 s",
+    "[shm][multiproc][failure][p2p]") {
+  // The victim's message stays in the ring to rank 0, which never posts
+  // its receive; rank 0's send does not fit in the ring the other way.
+  // Once the victim is gone, nobody will make room: the send must fail
+  // then, not at its timeout (60 s), whatever the ring still holds.
+  kill_after_p2p(
+      0, 1.0f,
+      [](comm::ProcessGroup& group) {
+        comm::Tensor big =
+            comm::Tensor::full({1 << 20}, 1.0, comm::DType::kF32);
+        group.isend(big, 1)->wait();
+        return 0;
+      },
+      kPeerErrorNamingVictim);
 }
 
 TEST_CASE(
@@ -296,47 +319,23 @@ TEST_CASE(
   // keeps it. The kill fails the tag-9 receive and the channel; a receive
   // of tag 5 posted after that still gets the message, as bytes a socket
   // took in before its peer reset it are still read.
-  const int world = 2, victim = 1;
-  const std::string url = comm::testing::loopback_url(world);
-  PipeSignal started;
-  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
-    setenv("COMM_TRANSPORT", "shm", 1);
-    try {
-      auto group = comm::init_process_group("tcp", url, rank, world, 60s);
-      if (rank == victim) {
-        group->isend(comm::Tensor::full({4}, 5.0, comm::DType::kF32), 0, {5})
-            ->wait();
-        group->barrier()->wait();
-        started.raise();
-        pause();
-        return 0;
-      }
-      group->barrier()->wait();
-      comm::Tensor nine = comm::Tensor::zeros({4}, comm::DType::kF32);
-      try {
-        group->irecv(nine, victim, {9})->wait();
-        return kWrongResult;
-      } catch (...) {
-        const int code = comm::testing::failure_exit_code(
-            std::current_exception(), rank, victim);
-        if (code != kPeerErrorNamingVictim) return code;
-      }
-      comm::Tensor five = comm::Tensor::zeros({4}, comm::DType::kF32);
-      group->recv(five, victim, {5});
-      return five.data<float>()[3] == 5.0f ? 0 : kWrongResult;
-    } catch (...) {
-      return comm::testing::failure_exit_code(std::current_exception(), rank,
-                                              victim);
-    }
-  });
-  if (!started.wait(60s)) {
-    comm::testing::check_exit_codes(ranks, -1, 0, 1s);
-    FAIL("the victim never reached its pause");
-  }
-  std::this_thread::sleep_for(200ms);
-  ranks[victim]->kill(SIGKILL);
-  CHECK(comm::testing::check_exit_codes(ranks, victim, 0, 10s) < 5.5);
-  CHECK(ranks[victim]->wait(5s) == 128 + SIGKILL);
+  kill_after_p2p(
+      5, 5.0f,
+      [](comm::ProcessGroup& group) {
+        comm::Tensor nine = comm::Tensor::zeros({4}, comm::DType::kF32);
+        try {
+          group.irecv(nine, 1, {9})->wait();
+          return kWrongResult;
+        } catch (...) {
+          const int code =
+              comm::testing::failure_exit_code(std::current_exception(), 0, 1);
+          if (code != kPeerErrorNamingVictim) return code;
+        }
+        comm::Tensor five = comm::Tensor::zeros({4}, comm::DType::kF32);
+        group.recv(five, 1, {5});
+        return five.data<float>()[3] == 5.0f ? 0 : kWrongResult;
+      },
+      0);
 }
 
 TEST_CASE(

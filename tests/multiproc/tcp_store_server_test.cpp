@@ -391,17 +391,9 @@ TEST_CASE("a protocol version mismatch is clear on both sides",
 
   // The client's side: a fake server that answers every hello with a
   // mismatch from version 7.
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&address),
-               sizeof(address)) == 0);
-  REQUIRE(listen(listener, 1) == 0);
-  socklen_t length = sizeof(address);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
+  Listener listener;
   ChildProcess fake([&] {
-    const int client = accept(listener, nullptr, nullptr);
+    const int client = listener.accept_within_10s();
     std::uint8_t hello[256];
     (void)recv(client, hello, sizeof(hello), 0);
     proto::Welcome w;
@@ -413,10 +405,9 @@ TEST_CASE("a protocol version mismatch is clear on both sides",
     return 0;
   });
   CHECK_THROWS_WITH(
-      comm::TCPStore(client_options(ntohs(address.sin_port))),
+      comm::TCPStore(client_options(listener.port())),
       Catch::Contains("version 7") && Catch::Contains("same libcomm"));
   CHECK(fake.wait(10s) == 0);
-  close(listener);
 }
 
 TEST_CASE("connecting to nothing times out naming host and port",
@@ -434,23 +425,14 @@ TEST_CASE("a listener that never answers the hello is named as a stranger",
           "[tcp_store][multiproc]") {
   // The kernel accepts the connection (the backlog) and nothing answers:
   // another program holds the port.
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&address),
-               sizeof(address)) == 0);
-  REQUIRE(listen(listener, 1) == 0);
-  socklen_t length = sizeof(address);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
-  auto options = client_options(ntohs(address.sin_port));
+  const Listener listener;
+  auto options = client_options(listener.port());
   options.timeout = 500ms;
   CHECK_THROWS_AS(comm::TCPStore(options), comm::TimeoutError);
   CHECK_THROWS_WITH(comm::TCPStore(options),
                     Catch::Contains("during the TCPStore handshake; is "
                                     "something other than a libcomm "
                                     "TCPStore listening there?"));
-  close(listener);
 }
 
 TEST_CASE("a 64 MiB hello is refused before anything is allocated for it",
