@@ -248,21 +248,20 @@ std::uint64_t memory_stat(const std::string& dir, const std::string& key) {
   return 0;
 }
 
-// What the cgroups (v2) of this process, from its own up to the root, let
-// it take before the lowest of their limits; 0 where none sets one (or
-// cgroup v2 is not mounted where it is looked for; cgroup v1 limits are
-// not read). A cgroup's usage counts the page cache of the files its
-// processes read, which the kernel reclaims for new memory, so that part
-// (but not shared memory, which it counts there too) is left out.
-std::uint64_t cgroup_room() {
-  // The unified hierarchy's line, "0::/path" (the only one under v2).
-  std::ifstream lines("/proc/self/cgroup");
-  std::string path;
-  // Bounded by the file, a line per hierarchy.
-  while (std::getline(lines, path) && !path.starts_with("0::/")) {
-  }
-  if (!path.starts_with("0::/")) return 0;
-  path = path.substr(3);
+// What `limit` leaves of a cgroup's memory after `charged` bytes, of which
+// `cache` bytes are page cache of files less shared memory: the kernel
+// reclaims that cache for new memory, so it does not count as used. At
+// least 1, so that a cgroup at its limit reads as one with no room.
+std::uint64_t room_under(std::uint64_t limit, std::uint64_t charged,
+                         std::uint64_t cache) {
+  const std::uint64_t used = charged > cache ? charged - cache : 0;
+  return limit > used ? limit - used : 1;
+}
+
+// The room left under the cgroup v2 limits of `path` (from /proc/self/cgroup's
+// "0::/path") and of every cgroup above it, the least of them; 0 where none
+// sets one.
+std::uint64_t cgroup_v2_room(std::string path) {
   std::uint64_t room = 0;
   // Bounded by the path's depth.
   while (true) {
@@ -271,18 +270,64 @@ std::uint64_t cgroup_room() {
     const std::string current =
         read_first_line((dir + "/memory.current").c_str());
     if (!max.empty() && max != "max" && !current.empty()) {
-      const std::uint64_t limit = std::stoull(max);
       const std::uint64_t file = memory_stat(dir, "file");
-      const std::uint64_t cache =
-          file - std::min(file, memory_stat(dir, "shmem"));
-      const std::uint64_t charged = std::stoull(current);
-      const std::uint64_t used = charged > cache ? charged - cache : 0;
-      const std::uint64_t left = limit > used ? limit - used : 1;
+      const std::uint64_t left =
+          room_under(std::stoull(max), std::stoull(current),
+                     file - std::min(file, memory_stat(dir, "shmem")));
       room = room == 0 ? left : std::min(room, left);
     }
     if (path == "/") break;
     const auto slash = path.rfind('/');
     path = slash == 0 ? "/" : path.substr(0, slash);
+  }
+  return room;
+}
+
+// The room left under the cgroup v1 memory controller's limit for `path`
+// (from /proc/self/cgroup's "N:memory:/path"), whose memory.stat gives the
+// least limit of it and the cgroups above it; 0 where none sets one. In a
+// container the controller's root is the container's own cgroup, where
+// `path` does not exist.
+std::uint64_t cgroup_v1_room(const std::string& path) {
+  for (const std::string& dir :
+       {"/sys/fs/cgroup/memory" + path, std::string("/sys/fs/cgroup/memory")}) {
+    const std::string usage =
+        read_first_line((dir + "/memory.usage_in_bytes").c_str());
+    if (usage.empty()) continue;
+    const std::uint64_t limit = memory_stat(dir, "hierarchical_memory_limit");
+    // No limit reads as the page counter's maximum, near 2^63.
+    if (limit == 0 || limit >= (std::uint64_t{1} << 60)) return 0;
+    const std::uint64_t cache = memory_stat(dir, "total_cache");
+    return room_under(limit, std::stoull(usage),
+                      cache - std::min(cache, memory_stat(dir, "total_shmem")));
+  }
+  return 0;
+}
+
+// What the memory cgroups of this process let it take before the lowest of
+// their limits, v1 or v2 (a hybrid host may have both); 0 where none sets
+// one, or none is mounted where it is looked for.
+std::uint64_t cgroup_room() {
+  std::ifstream lines("/proc/self/cgroup");
+  std::string line;
+  std::uint64_t room = 0;
+  auto least = [&room](std::uint64_t left) {
+    if (left != 0) room = room == 0 ? left : std::min(room, left);
+  };
+  // Bounded by the file, a line per hierarchy: "N:controllers:/path".
+  while (std::getline(lines, line)) {
+    const auto first = line.find(':');
+    const auto second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    if (!path.starts_with('/')) continue;
+    if (line.starts_with("0::")) {
+      least(cgroup_v2_room(path));
+    } else if (("," + controllers + ",").find(",memory,") !=
+               std::string::npos) {
+      least(cgroup_v1_room(path));
+    }
   }
   return room;
 }

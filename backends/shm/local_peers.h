@@ -98,7 +98,8 @@ std::size_t ring_bytes_asked();
 
 // The memory this process may still take, in bytes: the kernel's estimate
 // of what it can give without swapping (MemAvailable), or less where a
-// cgroup (v2) of this process limits it; 0 where none can be read.
+// memory cgroup (v1 or v2) of this process limits it, its reclaimable
+// page cache not counted as used; 0 where none can be read.
 std::uint64_t available_memory();
 // Whether rings of `needed` bytes in all fit in `available` bytes of a
 // host's memory (0: unknown, and so they fit): they take at most half,
