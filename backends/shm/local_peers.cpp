@@ -248,6 +248,12 @@ std::uint64_t memory_stat(const std::string& dir, const std::string& key) {
   return 0;
 }
 
+// The lesser of two amounts of memory of which 0 means unknown: the known
+// one where only one is.
+std::uint64_t least_known(std::uint64_t a, std::uint64_t b) {
+  return a == 0 ? b : b == 0 ? a : std::min(a, b);
+}
+
 // What `limit` leaves of a cgroup's memory after `charged` bytes, of which
 // `cache` bytes are page cache of files less shared memory: the kernel
 // reclaims that cache for new memory, so it does not count as used. At
@@ -274,7 +280,7 @@ std::uint64_t cgroup_v2_room(std::string path) {
       const std::uint64_t left =
           room_under(std::stoull(max), std::stoull(current),
                      file - std::min(file, memory_stat(dir, "shmem")));
-      room = room == 0 ? left : std::min(room, left);
+      room = least_known(room, left);
     }
     if (path == "/") break;
     const auto slash = path.rfind('/');
@@ -311,9 +317,6 @@ std::uint64_t cgroup_room() {
   std::ifstream lines("/proc/self/cgroup");
   std::string line;
   std::uint64_t room = 0;
-  auto least = [&room](std::uint64_t left) {
-    if (left != 0) room = room == 0 ? left : std::min(room, left);
-  };
   // Bounded by the file, a line per hierarchy: "N:controllers:/path".
   while (std::getline(lines, line)) {
     const auto first = line.find(':');
@@ -323,10 +326,10 @@ std::uint64_t cgroup_room() {
     const std::string path = line.substr(second + 1);
     if (!path.starts_with('/')) continue;
     if (line.starts_with("0::")) {
-      least(cgroup_v2_room(path));
+      room = least_known(room, cgroup_v2_room(path));
     } else if (("," + controllers + ",").find(",memory,") !=
                std::string::npos) {
-      least(cgroup_v1_room(path));
+      room = least_known(room, cgroup_v1_room(path));
     }
   }
   return room;
@@ -337,11 +340,7 @@ std::uint64_t cgroup_room() {
 std::uint64_t available_memory() {
   std::uint64_t available = 0;
   try {
-    available = meminfo_bytes("MemAvailable:");
-    const std::uint64_t room = cgroup_room();
-    if (room != 0) {
-      available = available == 0 ? room : std::min(available, room);
-    }
+    available = least_known(meminfo_bytes("MemAvailable:"), cgroup_room());
   } catch (const std::exception&) {
     // A number that does not parse: unknown, as where nothing is readable.
   }
@@ -581,10 +580,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     needed += SegmentLayout(ring_bytes(published[r].ring_asked,
                                        static_cast<int>(writers)))
                   .bytes(writers);
-    const std::uint64_t theirs = published[r].available;
-    if (theirs != 0) {
-      available = available == 0 ? theirs : std::min(available, theirs);
-    }
+    available = least_known(available, published[r].available);
   }
   if (!rings_fit(needed, available)) {
     const std::string what =
