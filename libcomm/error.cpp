@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <system_error>
 
+#include "libcomm/detail/descriptors.h"
 #include "libcomm/logging.h"
 
 namespace comm {
@@ -38,7 +39,8 @@ BackendError::BackendError(const std::string& message)
 ErrorKind BackendError::kind() const noexcept { return ErrorKind::kBackend; }
 
 SystemError::SystemError(int error_code, const std::string& what_failed)
-    : Error(what_failed + ": " + std::system_category().message(error_code)),
+    : Error(what_failed + ": " + std::system_category().message(error_code) +
+            detail::descriptor_limit_hint(error_code)),
       error_code_(error_code) {}
 ErrorKind SystemError::kind() const noexcept { return ErrorKind::kSystem; }
 

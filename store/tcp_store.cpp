@@ -67,8 +67,12 @@ proto::Welcome TCPStore::read_welcome(detail::Clock::time_point deadline) {
     read_frame(deadline);
   } catch (const PeerError& e) {
     throw PeerError(-1, std::string(e.what()) +
-                            " during the TCPStore handshake; is something "
-                            "other than a libcomm TCPStore listening there?");
+                            " during the TCPStore handshake; a libcomm "
+                            "TCPStore server closes connections it cannot "
+                            "hold (past COMM_STORE_MAX_CONNECTIONS or its "
+                            "open-file limit; its log says which), or "
+                            "something other than a libcomm TCPStore is "
+                            "listening there");
   } catch (const TimeoutError& e) {
     // Something accepted the connection but never answered the hello.
     throw TimeoutError(std::string(e.what()) +

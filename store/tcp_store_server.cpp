@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "libcomm/detail/crypto.h"
+#include "libcomm/detail/descriptors.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
@@ -51,8 +53,9 @@ const IntParam kRefusalWarnings{
     "warnings about refused clients a TCPStore server logs per 10 seconds"};
 
 // Descriptors kept free for the rest of the process when the connection cap
-// is lowered to fit RLIMIT_NOFILE: the in-process server shares the limit
-// with the rank's backend, files and logs.
+// is lowered to fit the hard RLIMIT_NOFILE, and below the soft limit before
+// accept() raises it: the in-process server shares the limit with the
+// rank's backend, files and logs.
 constexpr std::uint64_t kReservedDescriptors = 64;
 
 std::string address_string(const sockaddr_storage& address) {
@@ -172,6 +175,9 @@ struct TCPStoreServer::Impl {
   std::size_t max_connections = 0;
   // Why max_connections is what it is, for the refusal's log line.
   std::string max_connections_source;
+  // The soft RLIMIT_NOFILE as last seen; accept() raises it before the
+  // clients reach it.
+  std::uint64_t descriptor_limit = 0;
   WarningLimiter refusal_warnings{0};
 
   // Loop-thread state.
@@ -233,19 +239,21 @@ TCPStoreServer::Impl::Impl(const TCPStoreServerOptions& options)
   max_connections_source = "COMM_STORE_MAX_CONNECTIONS";
   refusal_warnings =
       WarningLimiter(static_cast<std::uint64_t>(kRefusalWarnings.get()));
-  // Past the descriptor limit accept() fails anyway; a cap below it refuses
-  // clients cleanly and leaves the rest of the process descriptors to use.
+  // Past the descriptor limit accept() fails anyway; a cap below the hard
+  // limit refuses clients cleanly and leaves the rest of the process
+  // descriptors to use. The soft limit rises as clients come (accept()).
   rlimit files{};
   if (getrlimit(RLIMIT_NOFILE, &files) == 0 &&
-      files.rlim_cur != RLIM_INFINITY &&
-      files.rlim_cur > 2 * kReservedDescriptors &&
-      files.rlim_cur - kReservedDescriptors < max_connections) {
+      files.rlim_max != RLIM_INFINITY &&
+      files.rlim_max > 2 * kReservedDescriptors &&
+      files.rlim_max - kReservedDescriptors < max_connections) {
     max_connections =
-        static_cast<std::size_t>(files.rlim_cur - kReservedDescriptors);
-    max_connections_source = "RLIMIT_NOFILE of " +
-                             std::to_string(files.rlim_cur) +
-                             " less a reserve; raise ulimit -n";
+        static_cast<std::size_t>(files.rlim_max - kReservedDescriptors);
+    max_connections_source = "the hard RLIMIT_NOFILE of " +
+                             std::to_string(files.rlim_max) +
+                             " less a reserve; raise ulimit -Hn";
   }
+  descriptor_limit = detail::raise_descriptor_limit(0);
   int status = uv_loop_init(&loop);
   if (status != 0) throw BackendError("uv_loop_init: " + uv_error(status));
   uv_tcp_init(&loop, &listener);
@@ -381,6 +389,10 @@ void TCPStoreServer::Impl::on_connection(uv_stream_t* listener, int status) {
 }
 
 void TCPStoreServer::Impl::accept() {
+  if (connections.size() + kReservedDescriptors >= descriptor_limit) {
+    descriptor_limit = detail::raise_descriptor_limit(std::max<std::uint64_t>(
+        2 * descriptor_limit, connections.size() + 2 * kReservedDescriptors));
+  }
   auto* c = new Connection;
   c->server = this;
   uv_tcp_init(&loop, &c->handle);

@@ -760,6 +760,18 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                             theirs.ring_bytes >= 64 &&
                             theirs.ring_bytes <= (1ULL << 30) &&
                             std::has_single_bit(theirs.ring_bytes);
+      if ((message.msg_flags & MSG_CTRUNC) != 0 &&
+          n == static_cast<ssize_t>(sizeof(theirs)) &&
+          theirs.magic == kHelloMagic && theirs.job == job && have_sender &&
+          theirs.rank >= 0 && theirs.rank < size &&
+          sender.pid == peers_[theirs.rank].pid) {
+        // The kernel drops the descriptors a receiver has no room for.
+        close_carried(message);
+        throw SystemError(EMFILE, "shared memory: rank " +
+                                      std::to_string(rank) +
+                                      " receiving the segment of rank " +
+                                      std::to_string(theirs.rank));
+      }
       if (!expected) {
         COMM_LOG_WARN(
             "shared memory: rank {} dropped a datagram that is not a hello of "

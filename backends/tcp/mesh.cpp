@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include "backends/tcp/rank_handshake.h"
+#include "libcomm/detail/descriptors.h"
 #include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
@@ -204,6 +206,12 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   group.size = size;
   group.key = store.derive_key("tcp backend rank connections/job " +
                                std::to_string(job));
+  detail::reserve_descriptors(
+      4 * static_cast<std::uint64_t>(size - 1),
+      "TCP backend: rank " + std::to_string(rank) + " of a group of " +
+          std::to_string(size),
+      "3 sockets for each peer on another host; a socket, a pidfd and two "
+      "eventfds for each one on its host");
   local_ = std::make_unique<shm::LocalPeers>(store, rank, size, job, deadline);
   for (int peer = 0; peer < size; ++peer) {
     if (local_->is_local(peer)) {
@@ -307,7 +315,16 @@ void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
     }
     detail::Socket connection(
         accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
-    if (!connection.valid()) continue;
+    if (!connection.valid()) {
+      // Out of descriptors or memory the connection stays in the backlog
+      // and the listener stays readable: waiting would spin to the deadline.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+          errno == ENOMEM) {
+        throw SystemError(errno, "TCP backend: rank " + std::to_string(rank_) +
+                                     " accepting a connection from a peer");
+      }
+      continue;  // the client gave up first, or a signal came
+    }
     // A stranger that connects and says nothing must not stall the set-up
     // for long.
     const auto accepted = accept_handshake(

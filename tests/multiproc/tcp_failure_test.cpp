@@ -2,8 +2,8 @@
 // SIGKILL in the middle of a collective, a rank stopped with SIGSTOP (named
 // by the heartbeats, or by the operation's timeout), a rank that computes
 // longer than the heartbeat timeout, a rank that arrives after the others
-// timed out, a network cut between two network namespaces, and the CPU a
-// rank spends blocked in a barrier.
+// timed out, a network cut between two network namespaces, the CPU a rank
+// spends blocked in a barrier, and open-file limits too low for a group.
 //
 // The heartbeat tests set COMM_HEARTBEAT_TIMEOUT to 2 s in their ranks;
 // LIVENESS_HEARTBEAT_S (a variable of this test only) sets another value,
@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "support/child_process.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
+#include "support/temp_path.h"
 
 using comm::testing::ChildProcess;
 using comm::testing::kFirstTestExitCode;
@@ -260,4 +262,71 @@ TEST_CASE("a rank blocked in a barrier uses almost no CPU",
   });
   CHECK(waiter.wait(30s) == 0);
   CHECK(sleeper.wait(30s) == 0);
+}
+
+namespace {
+
+// Sets this process's open-file limits; throws where the kernel refuses.
+void limit_open_files(rlim_t soft, rlim_t hard) {
+  const rlimit files{soft, hard};
+  if (setrlimit(RLIMIT_NOFILE, &files) != 0) {
+    throw std::runtime_error("setrlimit(RLIMIT_NOFILE) failed");
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "ranks whose hard open-file limit cannot hold their group fail at once "
+    "saying so",
+    "[tcp][multiproc][limits]") {
+  // Each rank of 8 keeps 4 descriptors a peer, 28 beyond those a forked
+  // test process has; 40 is short. Over a FileStore no rank hosts a server
+  // that its failure would take from the others.
+  const int world = 8;
+  const comm::testing::TempPath path("open_file_limit");
+  const std::string url =
+      "file://" + path.str() + "?world_size=" + std::to_string(world);
+  const auto start = std::chrono::steady_clock::now();
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    try {
+      limit_open_files(40, 40);
+      auto group = comm::init_process_group("tcp", url, rank, world, 20s);
+      return 1;
+    } catch (const comm::InvalidArgument& e) {
+      const std::string text = e.what();
+      std::fprintf(stderr, "rank %d: %s\n", rank, text.c_str());
+      return text.find("of a group of 8 needs 28 more open files") !=
+                         std::string::npos &&
+                     text.find("hard limit of 40 (ulimit -Hn)") !=
+                         std::string::npos
+                 ? kFirstTestExitCode
+                 : kOtherError;
+    } catch (...) {
+      return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                              -1);
+    }
+  });
+  CHECK(comm::testing::check_exit_codes(ranks, -1, kFirstTestExitCode, 30s,
+                                        start) < 20.0);
+}
+
+TEST_CASE("a soft open-file limit below a group's needs is raised",
+          "[tcp][multiproc][limits]") {
+  // Each rank of 16 keeps 60 descriptors for its peers.
+  const int world = 16;
+  const std::string url = comm::testing::loopback_url(world);
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    limit_open_files(40, 4096);
+    auto group = comm::init_process_group("tcp", url, rank, world, 60s);
+    comm::Tensor t = comm::Tensor::full({1024}, rank + 1, comm::DType::kF32);
+    group->all_reduce(t, {comm::ReduceOp::kSum, 60s})->wait();
+    rlimit files{};
+    getrlimit(RLIMIT_NOFILE, &files);
+    if (files.rlim_cur <= 40 || files.rlim_max != 4096) {
+      return kFirstTestExitCode;
+    }
+    return t.data<float>()[0] == 136.0f ? 0 : kFirstTestExitCode + 1;
+  });
+  comm::testing::check_exit_codes(ranks, -1, 0, 60s);
 }

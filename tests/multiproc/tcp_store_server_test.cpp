@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -496,6 +497,33 @@ TEST_CASE("connections over the cap are closed at once",
   options.timeout = 1s;
   CHECK_THROWS(comm::TCPStore(options));
   held.pop_back();
+  expect_server_admits(server.port());
+  CHECK(server.stop() == 0);
+}
+
+TEST_CASE("a server raises its soft open-file limit as clients come",
+          "[tcp_store][multiproc][limits]") {
+  // The server's process starts with a soft limit of 100 (its hard limit
+  // stays), and 300 clients connect and stay.
+  rlimit files{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
+  if (files.rlim_max != RLIM_INFINITY && files.rlim_max < 1024) {
+    WARN("SKIPPED: the hard open-file limit, "
+         << files.rlim_max << ", is below this test's 1024");
+    return;
+  }
+  const rlimit low{100, files.rlim_max};
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  ServerProcess server;
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &files) == 0);
+  std::vector<std::unique_ptr<RawClient>> held;
+  for (int i = 0; i < 300; ++i) {
+    held.push_back(std::make_unique<RawClient>(server.port()));
+    held.back()->hello();
+    INFO("client " << i);
+    REQUIRE(held.back()->welcome().status == proto::HelloStatus::kOk);
+  }
+  held.clear();
   expect_server_admits(server.port());
   CHECK(server.stop() == 0);
 }

@@ -1,6 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
 #include <cerrno>
+#include <string>
 
 #include "libcomm/error.h"
 #include "libcomm/logging.h"
@@ -19,6 +22,23 @@ TEST_CASE("each error class reports its kind", "[error]") {
   CHECK(system.error_code() == ECONNREFUSED);
   CHECK_THAT(system.what(),
              Catch::Contains("127.0.0.1:1") && Catch::Contains("refused"));
+}
+
+TEST_CASE("a SystemError for want of descriptors names the limit to raise",
+          "[error]") {
+  rlimit files{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
+  const std::string limit = files.rlim_cur == RLIM_INFINITY
+                                ? "unlimited"
+                                : std::to_string(files.rlim_cur);
+  CHECK_THAT(
+      comm::SystemError(EMFILE, "accept").what(),
+      Catch::StartsWith("accept: Too many open files") &&
+          Catch::Contains("its limit of " + limit + " open files, ulimit -n"));
+  CHECK_THAT(comm::SystemError(ENFILE, "socket").what(),
+             Catch::Contains("fs.file-max"));
+  CHECK_THAT(comm::SystemError(EPIPE, "send").what(),
+             !Catch::Contains("open files"));
 }
 
 TEST_CASE("all of them are caught as comm::Error and std::exception",
