@@ -265,13 +265,13 @@ std::uint64_t room_under(std::uint64_t limit, std::uint64_t charged,
 }
 
 // The room left under the cgroup v2 limits of `path` (from /proc/self/cgroup's
-// "0::/path") and of every cgroup above it, the least of them; 0 where none
-// sets one.
-std::uint64_t cgroup_v2_room(std::string path) {
+// "0::/path") and of every cgroup above it, the least of them, where the
+// unified hierarchy is mounted at `root`; 0 where none sets one.
+std::uint64_t cgroup_v2_room(const std::string& root, std::string path) {
   std::uint64_t room = 0;
   // Bounded by the path's depth.
   while (true) {
-    const std::string dir = "/sys/fs/cgroup" + (path == "/" ? "" : path);
+    const std::string dir = root + (path == "/" ? "" : path);
     const std::string max = read_first_line((dir + "/memory.max").c_str());
     const std::string current =
         read_first_line((dir + "/memory.current").c_str());
@@ -290,13 +290,12 @@ std::uint64_t cgroup_v2_room(std::string path) {
 }
 
 // The room left under the cgroup v1 memory controller's limit for `path`
-// (from /proc/self/cgroup's "N:memory:/path"), whose memory.stat gives the
-// least limit of it and the cgroups above it; 0 where none sets one. In a
-// container the controller's root is the container's own cgroup, where
-// `path` does not exist.
-std::uint64_t cgroup_v1_room(const std::string& path) {
-  for (const std::string& dir :
-       {"/sys/fs/cgroup/memory" + path, std::string("/sys/fs/cgroup/memory")}) {
+// (from /proc/self/cgroup's "N:memory:/path"), where the controller is
+// mounted at `root`, whose memory.stat gives the least limit of it and the
+// cgroups above it; 0 where none sets one. In a container the controller's
+// root is the container's own cgroup, where `path` does not exist.
+std::uint64_t cgroup_v1_room(const std::string& root, const std::string& path) {
+  for (const std::string& dir : {root + path, root}) {
     const std::string usage =
         read_first_line((dir + "/memory.usage_in_bytes").c_str());
     if (usage.empty()) continue;
@@ -310,11 +309,11 @@ std::uint64_t cgroup_v1_room(const std::string& path) {
   return 0;
 }
 
-// What the memory cgroups of this process let it take before the lowest of
-// their limits, v1 or v2 (a hybrid host may have both); 0 where none sets
-// one, or none is mounted where it is looked for.
-std::uint64_t cgroup_room() {
-  std::ifstream lines("/proc/self/cgroup");
+}  // namespace
+
+std::uint64_t cgroup_room(const std::string& membership,
+                          const std::string& root) {
+  std::ifstream lines(membership);
   std::string line;
   std::uint64_t room = 0;
   // Bounded by the file, a line per hierarchy: "N:controllers:/path".
@@ -326,21 +325,20 @@ std::uint64_t cgroup_room() {
     const std::string path = line.substr(second + 1);
     if (!path.starts_with('/')) continue;
     if (line.starts_with("0::")) {
-      room = least_known(room, cgroup_v2_room(path));
+      room = least_known(room, cgroup_v2_room(root, path));
     } else if (("," + controllers + ",").find(",memory,") !=
                std::string::npos) {
-      room = least_known(room, cgroup_v1_room(path));
+      room = least_known(room, cgroup_v1_room(root + "/memory", path));
     }
   }
   return room;
 }
 
-}  // namespace
-
 std::uint64_t available_memory() {
   std::uint64_t available = 0;
   try {
-    available = least_known(meminfo_bytes("MemAvailable:"), cgroup_room());
+    available = least_known(meminfo_bytes("MemAvailable:"),
+                            cgroup_room("/proc/self/cgroup", "/sys/fs/cgroup"));
   } catch (const std::exception&) {
     // A number that does not parse: unknown, as where nothing is readable.
   }

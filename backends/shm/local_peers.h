@@ -101,6 +101,13 @@ std::size_t ring_bytes_asked();
 // memory cgroup (v1 or v2) of this process limits it, its reclaimable
 // page cache not counted as used; 0 where none can be read.
 std::uint64_t available_memory();
+// What the memory cgroups listed in `membership` (/proc/self/cgroup's form)
+// let a process take before the lowest of their limits, v1 or v2 (a hybrid
+// host may have both), with the cgroup file systems under `root`
+// (/sys/fs/cgroup, v1 controllers in directories of their names); 0 where
+// none sets one or none can be read. Unparsable numbers throw.
+std::uint64_t cgroup_room(const std::string& membership,
+                          const std::string& root);
 // Whether rings of `needed` bytes in all fit in `available` bytes of a
 // host's memory (0: unknown, and so they fit): they take at most half,
 // leaving the rest to the ranks' own buffers.

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <span>
@@ -37,6 +38,7 @@
 #include "support/env_is.h"
 #include "support/mesh_ranks.h"
 #include "support/rank_checks.h"
+#include "support/temp_path.h"
 
 using comm::shm::Doorbell;
 using comm::shm::Ring;
@@ -564,6 +566,103 @@ TEST_CASE(
   CHECK(comm::shm::rings_fit(std::uint64_t{1} << 50, 0));
   const std::uint64_t available = comm::shm::available_memory();
   CHECK(available > 0);  // /proc/meminfo has MemAvailable
+}
+
+namespace {
+
+// A directory tree standing for /proc/self/cgroup and /sys/fs/cgroup,
+// removed at the end of the test.
+class FakeCgroups {
+ public:
+  FakeCgroups() : top_(path_.str()) {
+    std::filesystem::create_directories(top_ / "sys");
+  }
+  ~FakeCgroups() { std::filesystem::remove_all(top_); }
+
+  std::string membership() const { return (top_ / "cgroup").string(); }
+  std::string root() const { return (top_ / "sys").string(); }
+  // Writes `text` to `file` under the cgroup root, making its directory.
+  void write(const std::string& file, const std::string& text) const {
+    const auto path = top_ / "sys" / file;
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << text;
+  }
+  void member_of(const std::string& lines) const {
+    std::ofstream(membership()) << lines;
+  }
+
+ private:
+  comm::testing::TempPath path_{"fake_cgroups"};
+  std::filesystem::path top_;
+};
+
+constexpr std::uint64_t kMiB = 1 << 20;
+
+}  // namespace
+
+TEST_CASE("the memory a cgroup leaves: v2, v1, a container's v1, none",
+          "[shm]") {
+  using comm::shm::cgroup_room;
+  const FakeCgroups fake;
+  SECTION("v2: the least room of the cgroup and those above it") {
+    fake.member_of("0::/job/rank\n");
+    fake.write("job/rank/memory.max", "max\n");
+    fake.write("job/rank/memory.current", "1000\n");
+    // 1 GiB, 300 MiB charged of which 200 MiB are file cache and 50 MiB of
+    // that shared memory: 150 MiB are reclaimable, 150 MiB used.
+    fake.write("job/memory.max", std::to_string(1024 * kMiB) + "\n");
+    fake.write("job/memory.current", std::to_string(300 * kMiB) + "\n");
+    fake.write("job/memory.stat", "anon 100\nfile " +
+                                      std::to_string(200 * kMiB) + "\nshmem " +
+                                      std::to_string(50 * kMiB) + "\n");
+    CHECK(cgroup_room(fake.membership(), fake.root()) == 874 * kMiB);
+    // A tighter limit below wins.
+    fake.write("job/rank/memory.max", std::to_string(500 * kMiB) + "\n");
+    fake.write("job/rank/memory.current", std::to_string(400 * kMiB) + "\n");
+    CHECK(cgroup_room(fake.membership(), fake.root()) == 100 * kMiB);
+    // At or over its limit, a cgroup has no room, which is not "unknown".
+    fake.write("job/rank/memory.current", std::to_string(600 * kMiB) + "\n");
+    CHECK(cgroup_room(fake.membership(), fake.root()) == 1);
+  }
+  SECTION("v1: the hierarchical limit, less usage that is not cache") {
+    fake.member_of("12:cpu,cpuacct:/x\n7:memory:/job\n0::/x\n");
+    fake.write("memory/job/memory.usage_in_bytes",
+               std::to_string(600 * kMiB) + "\n");
+    fake.write("memory/job/memory.stat",
+               "cache 1\nhierarchical_memory_limit " +
+                   std::to_string(4096 * kMiB) + "\ntotal_cache " +
+                   std::to_string(300 * kMiB) + "\ntotal_shmem " +
+                   std::to_string(100 * kMiB) + "\n");
+    CHECK(cgroup_room(fake.membership(), fake.root()) == 3696 * kMiB);
+    // No limit reads as the page counter's maximum.
+    fake.write("memory/job/memory.stat",
+               "hierarchical_memory_limit 9223372036854771712\n");
+    CHECK(cgroup_room(fake.membership(), fake.root()) == 0);
+  }
+  SECTION("v1 in a container: the path is not there, the root is its own") {
+    fake.member_of("4:memory:/docker/abc\n");
+    fake.write("memory/memory.usage_in_bytes",
+               std::to_string(100 * kMiB) + "\n");
+    fake.write("memory/memory.stat", "hierarchical_memory_limit " +
+                                         std::to_string(2048 * kMiB) + "\n");
+    CHECK(cgroup_room(fake.membership(), fake.root()) == 1948 * kMiB);
+  }
+  SECTION("both on a hybrid host: the lesser") {
+    fake.member_of("4:memory:/a\n0::/b\n");
+    fake.write("memory/a/memory.usage_in_bytes", "0\n");
+    fake.write("memory/a/memory.stat", "hierarchical_memory_limit " +
+                                           std::to_string(700 * kMiB) + "\n");
+    fake.write("b/memory.max", std::to_string(900 * kMiB) + "\n");
+    fake.write("b/memory.current", "0\n");
+    CHECK(cgroup_room(fake.membership(), fake.root()) == 700 * kMiB);
+  }
+  SECTION("no limit anywhere, or nothing to read") {
+    fake.member_of("0::/free\n");
+    fake.write("free/memory.max", "max\n");
+    fake.write("free/memory.current", "5\n");
+    CHECK(cgroup_room(fake.membership(), fake.root()) == 0);
+    CHECK(cgroup_room(fake.membership() + ".missing", fake.root()) == 0);
+  }
 }
 
 TEST_CASE(
