@@ -5,62 +5,25 @@
 // ranks that do not share the token.
 #pragma once
 
-#include <memory>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include "libcomm/detail/crypto.h"
-#include "store/store.h"
+#include "support/forwarding_store.h"
 
 namespace comm::testing {
 
-class KeyedStore final : public Store {
+class KeyedStore final : public ForwardingStore {
  public:
   KeyedStore(Store& inner, std::string secret)
-      : Store(inner.timeout()), inner_(inner), secret_(std::move(secret)) {}
+      : ForwardingStore(inner), secret_(std::move(secret)) {}
 
  private:
-  void do_set(const std::string& key, const Bytes& value) override {
-    inner_.set(key, value);
-  }
-  Bytes do_get(const std::string& key, Duration timeout) override {
-    return inner_.get(key, timeout);
-  }
-  std::int64_t do_add(const std::string& key, std::int64_t delta) override {
-    return inner_.add(key, delta);
-  }
-  Bytes do_compare_set(const std::string& key, const Bytes& expected,
-                       const Bytes& desired) override {
-    return inner_.compare_set(key, expected, desired);
-  }
-  void do_wait(const std::vector<std::string>& keys,
-               Duration timeout) override {
-    inner_.wait(keys, timeout);
-  }
-  bool do_check(const std::vector<std::string>& keys) override {
-    return inner_.check(keys);
-  }
-  bool do_delete_key(const std::string& key) override {
-    return inner_.delete_key(key);
-  }
-  std::int64_t do_num_keys() override { return inner_.num_keys(); }
-  std::vector<Bytes> do_multi_get(const std::vector<std::string>& keys,
-                                  Duration timeout) override {
-    return inner_.multi_get(keys, timeout);
-  }
-  void do_multi_set(const std::vector<std::string>& keys,
-                    const std::vector<Bytes>& values) override {
-    inner_.multi_set(keys, values);
-  }
-  void do_append(const std::string& key, const Bytes& value) override {
-    inner_.append(key, value);
-  }
   Bytes do_derive_key(const std::string& purpose) override {
     const auto key = detail::derive_key(secret_, purpose);
     return Bytes(key.begin(), key.end());
   }
 
-  Store& inner_;
   std::string secret_;
 };
 

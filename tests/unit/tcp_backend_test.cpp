@@ -16,17 +16,21 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "libcomm/detail/dispatch.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"
+#include "store/hash_store.h"
 #include "support/env_is.h"
+#include "support/forwarding_store.h"
 #include "support/rank_checks.h"
 #include "support/thread_ranks.h"
 
 using comm::DType;
+using comm::HashStore;
 using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::Tensor;
@@ -1113,4 +1117,57 @@ TEST_CASE("every collective x every dtype x every valid op, world sizes 1 to 8",
     INFO("world " << world);
     check_all_ok(errors);
   }
+}
+
+namespace {
+
+// Forwards every call to another store, but answers a get of a key ending
+// in `late_key` `delay` late.
+class LateStore final : public comm::testing::ForwardingStore {
+ public:
+  LateStore(Store& inner, std::string late_key, std::chrono::milliseconds delay)
+      : ForwardingStore(inner), late_key_(std::move(late_key)), delay_(delay) {}
+
+ private:
+  comm::Bytes do_get(const std::string& key, Duration timeout) override {
+    if (key.ends_with(late_key_)) std::this_thread::sleep_for(delay_);
+    return ForwardingStore::do_get(key, timeout);
+  }
+
+  std::string late_key_;
+  std::chrono::milliseconds delay_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "ranks whose set-ups end more than the heartbeat timeout apart are not "
+    "declared silent",
+    "[tcp][liveness]") {
+  // Rank 3 learns rank 2's address 2.5 s late, after connecting to ranks 0
+  // and 1: they end their set-up, and start their heartbeats, that long
+  // before ranks 2 and 3 do, as the lowest ranks of hundreds do.
+  const EnvIs heartbeat({{"COMM_HEARTBEAT_TIMEOUT", "1"}});
+  const int world = 4;
+  auto shared = std::make_shared<HashStore>(60s);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        std::shared_ptr<comm::Store> store = shared;
+        if (rank == 3) {
+          store = std::make_shared<LateStore>(*shared, "tcp/addr/2", 2500ms);
+        }
+        ProcessGroup group(store, rank, world, "tcp", 60s);
+        Tensor t = Tensor::full({16}, rank + 1, DType::kF32);
+        group.all_reduce(t)->wait();
+        expect(t.data<float>()[0] == 10.0f, "all_reduce after a late set-up");
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  check_all_ok(errors);
 }
