@@ -710,7 +710,10 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
         it = unsent.erase(it);
         continue;
       }
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      // ETOOMANYREFS: the descriptors this user has in flight over Unix
+      // sockets passed this process's limit; they leave as peers read.
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+          errno != ETOOMANYREFS) {
         const int error = errno;
         throw SystemError(error, "shared memory: sending rank " +
                                      std::to_string(rank) +

@@ -6,14 +6,17 @@
 // peer's memory agree to use the rings, that COMM_TRANSPORT=shm refuses a
 // group spanning hosts, and that a group spanning two hosts (two network
 // namespaces of two ranks each, made and removed here) uses shared memory
-// inside each and TCP between them with the results of a single host.
+// inside each and TCP between them with the results of a single host; and
+// that 32 ranks of an unprivileged user set up their segments.
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
+#include <grp.h>
 #include <linux/capability.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -438,4 +441,33 @@ TEST_CASE("a group spanning two hosts: shared memory inside, TCP between",
     auto ranks = start("shm");
     comm::testing::check_exit_codes(ranks, -1, kShmRefusedAcrossHosts, 120s);
   }
+}
+
+TEST_CASE(
+    "32 ranks of an unprivileged user pass each other their segments, more "
+    "descriptors than the kernel lets a user have in flight at once",
+    "[shm][multiproc][limits]") {
+  // Each rank sends 4 descriptors to each of 31 peers; the kernel refuses a
+  // send (ETOOMANYREFS) while the user's descriptors in flight over Unix
+  // sockets pass the sender's soft limit of open files, set to 1024 here.
+  // Root is exempt, so the ranks run as nobody where the test is root.
+  if (geteuid() != 0) {
+    WARN("SKIPPED: needs root, to run its ranks as the user nobody");
+    return;
+  }
+  const int world = 32;
+  const std::string url = comm::testing::loopback_url(world);
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    const rlimit files{1024, 4096};
+    if (setrlimit(RLIMIT_NOFILE, &files) != 0 || setgroups(0, nullptr) != 0 ||
+        setgid(65534) != 0 || setuid(65534) != 0) {
+      return kOtherError;
+    }
+    auto group = comm::init_process_group("tcp", url, rank, world, 60s);
+    if (!maps_shared_memory()) return kFirstTestExitCode;
+    comm::Tensor t = comm::Tensor::full({256}, 1.0, comm::DType::kF32);
+    group->all_reduce(t)->wait();
+    return t.data<float>()[0] == 32.0f ? 0 : kFirstTestExitCode + 1;
+  });
+  comm::testing::check_exit_codes(ranks, -1, 0, 90s);
 }
