@@ -40,6 +40,9 @@ class COMM_API PrefixStore final : public Store {
   void do_append(const std::string& key, const Bytes& value) override;
   // The underlying store's key for the purpose scoped by the prefix.
   Bytes do_derive_key(const std::string& purpose) override;
+  bool do_resumes_after_timeout() override {
+    return store_->resumes_after_timeout();
+  }
 
   std::string prefix_;
   std::shared_ptr<Store> store_;

@@ -105,6 +105,12 @@ class COMM_API Store {
     return do_derive_key(purpose);
   }
 
+  // Whether a get or wait that timed out leaves the store usable, so that a
+  // caller may wait in slices and report between them. True but for stores
+  // over PyTorch's: the answer to a timed-out wait of c10d's TCPStore
+  // (1.13) arrives later and is read as the answer to the next request.
+  bool resumes_after_timeout() { return do_resumes_after_timeout(); }
+
  private:
   virtual void do_set(const std::string& key, const Bytes& value) = 0;
   virtual Bytes do_get(const std::string& key, Duration timeout) = 0;
@@ -123,6 +129,7 @@ class COMM_API Store {
   virtual void do_append(const std::string& key, const Bytes& value) = 0;
   // Stores without a secret keep this default, which returns no key.
   virtual Bytes do_derive_key(const std::string& purpose);
+  virtual bool do_resumes_after_timeout() { return true; }
 
   Duration timeout_;
 };

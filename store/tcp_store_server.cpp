@@ -4,7 +4,6 @@
 #include <sys/resource.h>
 #include <uv.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -175,8 +174,8 @@ struct TCPStoreServer::Impl {
   std::size_t max_connections = 0;
   // Why max_connections is what it is, for the refusal's log line.
   std::string max_connections_source;
-  // The soft RLIMIT_NOFILE as last seen; accept() raises it before the
-  // clients reach it.
+  // The soft RLIMIT_NOFILE as last seen; accept() raises it while a
+  // reserve is left.
   std::uint64_t descriptor_limit = 0;
   WarningLimiter refusal_warnings{0};
 
@@ -389,10 +388,6 @@ void TCPStoreServer::Impl::on_connection(uv_stream_t* listener, int status) {
 }
 
 void TCPStoreServer::Impl::accept() {
-  if (connections.size() + kReservedDescriptors >= descriptor_limit) {
-    descriptor_limit = detail::raise_descriptor_limit(std::max<std::uint64_t>(
-        2 * descriptor_limit, connections.size() + 2 * kReservedDescriptors));
-  }
   auto* c = new Connection;
   c->server = this;
   uv_tcp_init(&loop, &c->handle);
@@ -405,6 +400,15 @@ void TCPStoreServer::Impl::accept() {
   }
   connections.insert(c);
   open_connections.store(connections.size(), std::memory_order_relaxed);
+  // Descriptors are numbered lowest free first, so the new one's number is
+  // about the count the process has open, the rank's own included.
+  uv_os_fd_t fd = -1;
+  if (uv_fileno(reinterpret_cast<uv_handle_t*>(&c->handle), &fd) == 0 &&
+      static_cast<std::uint64_t>(fd) + kReservedDescriptors >=
+          descriptor_limit) {
+    descriptor_limit = detail::raise_descriptor_limit(
+        static_cast<std::uint64_t>(fd) + kReservedDescriptors);
+  }
   c->accepted_ms = uv_now(&loop);
   uv_tcp_nodelay(&c->handle, 1);
   sockaddr_storage peer{};

@@ -91,6 +91,7 @@
 #include <CLI/CLI.hpp>
 
 #include "libcomm/cuda.h"
+#include "libcomm/detail/descriptors.h"
 #include "libcomm/detail/socket.h"
 
 namespace {
@@ -289,6 +290,10 @@ class Launcher {
     workers_.clear();
     exits_ = 0;
     workers_.resize(static_cast<std::size_t>(config_.nproc_per_node));
+    // Up to four descriptors a worker: the read ends of its two pipes and
+    // its two log files.
+    comm::detail::raise_descriptor_limit(
+        4 * static_cast<std::uint64_t>(config_.nproc_per_node) + 64);
     for (int local = 0; local < config_.nproc_per_node; ++local) {
       Worker& w = workers_[static_cast<std::size_t>(local)];
       w.local_rank = local;

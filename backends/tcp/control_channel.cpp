@@ -315,7 +315,6 @@ void ControlChannel::read_from(int peer) {
       return;
     }
     p.last_heard = detail::Clock::now();
-    p.heard = true;
     p.input.insert(p.input.end(), buffer, buffer + n);
     std::size_t at = 0;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -384,7 +383,7 @@ void ControlChannel::run() {
       for (int peer = 0; peer < mesh_.size(); ++peer) {
         Peer& p = peers_[static_cast<std::size_t>(peer)];
         if (peer == mesh_.rank() || !p.open) continue;
-        if (silent_peer_ < 0 && p.heard) {
+        if (silent_peer_ < 0) {
           if (now - p.last_heard >= timeout_) {
             overdue.push_back(peer);
           } else {
@@ -407,9 +406,7 @@ void ControlChannel::run() {
       for (int peer : overdue) {
         const Peer& p = peers_[static_cast<std::size_t>(peer)];
         const auto silent = now - p.last_heard;
-        if (silent_peer_ >= 0 || !p.open || !p.heard || silent < timeout_) {
-          continue;
-        }
+        if (silent_peer_ >= 0 || !p.open || silent < timeout_) continue;
         silent_peer_ = peer;
         silent_for_ =
             std::chrono::duration_cast<std::chrono::milliseconds>(silent);

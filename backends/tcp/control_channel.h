@@ -136,10 +136,6 @@ class ControlChannel {
     bool sending = true;   // false once a send failed; reading goes on
     bool closing = false;  // closed, not yet settled (settle_closed)
     bool gone = false;     // closed and settled (peer_closed)
-    // Whether anything came from the peer yet. Its control thread starts
-    // once its own set-up ends, which at hundreds of ranks may be well
-    // after this rank's, so its silence counts from its first message.
-    bool heard = false;
     detail::Clock::time_point last_heard;
     std::vector<std::uint8_t> input;  // bytes of a message not yet whole
     std::deque<std::vector<std::uint8_t>> outbox;

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "backends/tcp/rank_handshake.h"
@@ -23,6 +24,7 @@
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
 #include "libcomm/string_param.h"
+#include "store/store_barrier.h"
 
 namespace comm::tcp {
 namespace {
@@ -39,6 +41,21 @@ const StringParam kListenAddress{
     "COMM_TCP_ADDR",
     "127.0.0.1, or the local address that routes to a remote MASTER_ADDR",
     "the address the TCP backend listens on"};
+
+// What is left of the time until `deadline`, at least a millisecond.
+std::chrono::milliseconds left_until(detail::Clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                      deadline - detail::Clock::now()));
+}
+
+// Throws where a barrier of the set-up ended with another rank's failure.
+void expect_every_rank(const std::string& problem, const std::string& name) {
+  if (!problem.empty()) {
+    throw PeerError(
+        -1, name + " cannot set it up, as another rank failed: " + problem);
+  }
+}
 
 int remaining_ms(detail::Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -206,13 +223,54 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   group.size = size;
   group.key = store.derive_key("tcp backend rank connections/job " +
                                std::to_string(job));
-  detail::reserve_descriptors(
-      4 * static_cast<std::uint64_t>(size - 1),
-      "TCP backend: rank " + std::to_string(rank) + " of a group of " +
-          std::to_string(size),
-      "3 sockets for each peer on another host; a socket, a pidfd and two "
-      "eventfds for each one on its host");
+  // Two barriers through the store: one before any connection, so that a
+  // rank whose descriptor limit cannot hold the group stops every rank at
+  // once with its reason, and one after, so that every rank's control
+  // thread starts with the others' and counts their silence from then
+  // (among hundreds of ranks the lowest finish connecting seconds before
+  // the others); a rank that fails to connect ends it for the others too.
+  const std::string name = "TCP backend: rank " + std::to_string(rank) +
+                           " of a group of " + std::to_string(size);
+  const StoreBarrier started{store, "tcp/started/", rank, size,
+                             "TCP backend set-up"};
+  const StoreBarrier connected{store, "tcp/connected/", rank, size,
+                               "TCP backend set-up"};
+  // Three per peer at least (three sockets, or a socket, a pidfd and two
+  // eventfds), and then exactly what is left once locality is known.
+  const auto peers = static_cast<std::uint64_t>(size - 1);
+  std::optional<detail::DescriptorClaim> claim;
+  try {
+    claim.emplace(3 * peers, name,
+                  "its " + std::to_string(peers) + " peers, 3 each");
+  } catch (const Error& e) {
+    fail_barrier(started, e.what());
+    throw;
+  }
+  expect_every_rank(arrive_and_wait(started, left_until(deadline)), name);
+  try {
+    connect_all(store, group, job, deadline, *claim);
+  } catch (const Error& e) {
+    fail_barrier(connected, e.what());
+    throw;
+  }
+  claim.reset();
+  expect_every_rank(arrive_and_wait(connected, left_until(deadline)), name);
+  COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
+}
+
+void Mesh::connect_all(Store& store, const GroupIdentity& group,
+                       std::uint64_t job, detail::Clock::time_point deadline,
+                       detail::DescriptorClaim& claim) {
+  const int rank = rank_;
+  const int size = size_;
+  const auto peers = static_cast<std::uint64_t>(size - 1);
   local_ = std::make_unique<shm::LocalPeers>(store, rank, size, job, deadline);
+  const auto on_host = static_cast<std::uint64_t>(local_->local_count() - 1);
+  claim.update(1 + on_host + 3 * (peers - on_host),
+               "a listening socket and the sockets to its " +
+                   std::to_string(peers) + " peers (" +
+                   std::to_string(on_host) +
+                   " on this host, 1 each, and 3 for each other one)");
   for (int peer = 0; peer < size; ++peer) {
     if (local_->is_local(peer)) {
       peer_names_[peer] = "rank " + std::to_string(peer) + " (pid " +
@@ -252,8 +310,8 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
                    detail::host_port(host, port));
 
   for (int peer = 0; peer < rank; ++peer) {
-    const std::string address =
-        store.get_string("tcp/addr/" + std::to_string(peer), timeout);
+    const std::string address = store.get_string(
+        "tcp/addr/" + std::to_string(peer), left_until(deadline));
     std::uint16_t peer_port = 0;
     const std::string peer_host = split_host(address, &peer_port);
     if (!local_->is_local(peer)) {
@@ -286,7 +344,6 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
       fix_send_buffer(connection.fd(), route);
     }
   }
-  COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
 }
 
 void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,

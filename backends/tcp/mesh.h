@@ -37,6 +37,7 @@
 
 #include "backends/shm/local_peers.h"
 #include "backends/tcp/message_header.h"
+#include "libcomm/detail/descriptors.h"
 #include "libcomm/detail/socket.h"
 #include "store/store.h"
 
@@ -147,6 +148,11 @@ class Mesh {
   void shutdown_all();
 
  private:
+  // Maps the local peers' rings, connects to every lower rank and accepts
+  // every higher one, updating `claim` once it knows which are local.
+  void connect_all(Store& store, const GroupIdentity& group, std::uint64_t job,
+                   detail::Clock::time_point deadline,
+                   detail::DescriptorClaim& claim);
   void accept_from_higher_ranks(int listener, const GroupIdentity& group,
                                 detail::Clock::time_point deadline);
 

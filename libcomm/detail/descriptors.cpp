@@ -14,9 +14,17 @@
 namespace comm::detail {
 namespace {
 
-// Held while the limit is read and raised, so that two groups set up by two
-// threads at once do not lower each other's raise.
+// Held while the limit is read and raised and while claims change, so that
+// two groups set up by two threads at once do not lower each other's raise
+// nor miss each other's claim.
 std::mutex limit_mutex;
+// The descriptors the live DescriptorClaims of this process hold.
+std::uint64_t claimed = 0;
+
+// Descriptors kept beyond a set-up's count, for what the process opens
+// meanwhile: logs, a store connection, the transient descriptors of a
+// set-up.
+constexpr std::uint64_t kSpare = 32;
 
 std::uint64_t as_count(rlim_t limit) {
   return limit == RLIM_INFINITY ? std::numeric_limits<std::uint64_t>::max()
@@ -41,18 +49,17 @@ std::uint64_t open_descriptors() {
   return count > 0 ? count - 1 : 0;  // less the directory's own
 }
 
-}  // namespace
-
-std::uint64_t raise_descriptor_limit(std::uint64_t wanted) {
-  std::lock_guard<std::mutex> lock(limit_mutex);
+// With limit_mutex held: raises the soft limit for `needed` descriptors.
+std::uint64_t raise_locked(std::uint64_t needed) {
   rlimit files{};
   if (getrlimit(RLIMIT_NOFILE, &files) != 0) {
     return std::numeric_limits<std::uint64_t>::max();
   }
   const std::uint64_t soft = as_count(files.rlim_cur);
   const std::uint64_t hard = as_count(files.rlim_max);
-  const std::uint64_t target = std::min(wanted, hard);
-  if (target <= soft) return soft;
+  if (needed <= soft) return soft;
+  const std::uint64_t target =
+      std::min(hard, needed > hard / 2 ? hard : 2 * needed);
   files.rlim_cur = static_cast<rlim_t>(target);
   if (setrlimit(RLIMIT_NOFILE, &files) != 0) return soft;
   COMM_LOG_INFO(
@@ -62,24 +69,54 @@ std::uint64_t raise_descriptor_limit(std::uint64_t wanted) {
   return target;
 }
 
-void reserve_descriptors(std::uint64_t more, const std::string& who,
-                         const std::string& why_needed) {
-  // Slack for what the process opens meanwhile: logs, a store connection,
-  // the transient descriptors of a set-up.
-  constexpr std::uint64_t kSlack = 32;
+// With limit_mutex held: checks room for `count` more descriptors beyond
+// the open ones and the other claims, raising the soft limit.
+void claim_locked(std::uint64_t count, const std::string& who,
+                  const std::string& what_for) {
   const std::uint64_t open = open_descriptors();
-  const std::uint64_t wanted = open + more + kSlack;
-  if (raise_descriptor_limit(wanted) >= wanted) return;
+  const std::uint64_t needed = open + claimed + count + kSpare;
+  if (raise_locked(needed) >= needed) return;
   rlimit files{};
   getrlimit(RLIMIT_NOFILE, &files);
   throw InvalidArgument(
-      who + " needs " + std::to_string(more) + " more open files (" +
-      why_needed + "), and with " + std::to_string(open) +
-      " open, this process's hard limit of " +
+      who + " needs a limit of at least " + std::to_string(needed) +
+      " open files (" + std::to_string(open) + " open, " +
+      std::to_string(count) + " for " + what_for +
+      (claimed > 0 ? ", " + std::to_string(claimed) +
+                         " for other groups being set up in this process"
+                   : "") +
+      ", " + std::to_string(kSpare) +
+      " spare), and this process's hard limit is " +
       limit_text(as_count(files.rlim_max)) +
-      " (ulimit -Hn) leaves too few; raise the hard limit (ulimit -Hn as "
-      "root, limits.conf, or LimitNOFILE= of a systemd unit) or run fewer "
-      "ranks");
+      " (ulimit -Hn); raise it (as root with ulimit -Hn, in limits.conf, or "
+      "with LimitNOFILE= of a systemd unit) or run fewer ranks");
+}
+
+}  // namespace
+
+std::uint64_t raise_descriptor_limit(std::uint64_t needed) {
+  std::lock_guard<std::mutex> lock(limit_mutex);
+  return raise_locked(needed);
+}
+
+DescriptorClaim::DescriptorClaim(std::uint64_t count, const std::string& who,
+                                 const std::string& what_for)
+    : who_(who) {
+  update(count, what_for);
+}
+
+DescriptorClaim::~DescriptorClaim() {
+  std::lock_guard<std::mutex> lock(limit_mutex);
+  claimed -= count_;
+}
+
+void DescriptorClaim::update(std::uint64_t count, const std::string& what_for) {
+  std::lock_guard<std::mutex> lock(limit_mutex);
+  claimed -= count_;
+  count_ = 0;
+  claim_locked(count, who_, what_for);
+  claimed += count;
+  count_ = count;
 }
 
 std::string descriptor_limit_hint(int error) {
@@ -89,9 +126,16 @@ std::string descriptor_limit_hint(int error) {
   if (error != EMFILE) return "";
   rlimit files{};
   if (getrlimit(RLIMIT_NOFILE, &files) != 0) return "";
-  return " (this process has reached its limit of " +
-         limit_text(as_count(files.rlim_cur)) +
-         " open files, ulimit -n; raise it or run fewer ranks)";
+  const std::string soft = limit_text(as_count(files.rlim_cur));
+  if (files.rlim_cur < files.rlim_max) {
+    return " (this process has reached its limit of " + soft +
+           " open files, ulimit -n; raise it, up to the hard limit of " +
+           limit_text(as_count(files.rlim_max)) +
+           " (ulimit -Hn), or run fewer ranks)";
+  }
+  return " (this process has reached its limit of " + soft +
+         " open files, which is also its hard limit, ulimit -Hn; raise that "
+         "as root, or run fewer ranks)";
 }
 
 }  // namespace comm::detail

@@ -17,6 +17,7 @@
 #include "libcomm/optional_int_param.h"
 #include "libcomm/param.h"
 #include "store/file_store.h"
+#include "store/store_barrier.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 
@@ -24,9 +25,6 @@ namespace comm {
 namespace {
 
 constexpr const char* kJoinPrefix = "rendezvous/";
-// The value of rendezvous/complete: kJoined, or kConflict and what it was.
-constexpr std::string_view kJoined = "ok";
-constexpr std::string_view kConflict = "conflict: ";
 
 const OptionalIntParam kRdzvTimeout{
     "COMM_RDZV_TIMEOUT", "the caller's timeout", 1, 1 << 30,
@@ -158,7 +156,7 @@ void join_ranks(Store& store, int rank, int world_size,
                 Store::Duration timeout) {
   check_rank(rank, world_size);
   const std::string prefix = kJoinPrefix;
-  const std::string complete_key = prefix + "complete";
+  const StoreBarrier joined{store, prefix, rank, world_size, "rendezvous"};
   const std::string me = join_identity();
 
   // "<world size> by rank <r> (<identity>)", from the first rank to join.
@@ -178,7 +176,7 @@ void join_ranks(Store& store, int rank, int world_size,
                                  : claimed_world.substr(by + 4)) +
         " joined first with world_size " + claimed_size +
         "; start every rank with the same WORLD_SIZE";
-    store.set_string(complete_key, std::string(kConflict) + problem);
+    fail_barrier(joined, problem);
     throw InvalidArgument("rendezvous failed: " + problem);
   }
   const std::string rank_key = prefix + "rank/" + std::to_string(rank);
@@ -192,72 +190,14 @@ void join_ranks(Store& store, int rank, int world_size,
                                 "job its own store (MASTER_ADDR and "
                                 "MASTER_PORT, or init_method)";
     // Wakes every waiting rank, the first claimant included, with the news.
-    store.set_string(complete_key, std::string(kConflict) + problem);
+    fail_barrier(joined, problem);
     throw InvalidArgument("rendezvous failed: " + problem);
   }
-  if (store.add(prefix + "arrived", 1) == world_size) {
-    store.set_string(complete_key, kJoined);
-  }
-  // One blocking get rather than a wait and then a get: every waiting rank
-  // receives the outcome in the same answer that wakes it, so a failing
-  // rank 0 taking the store server down with it cannot cut anyone off
-  // between the two.
-  // "3 of 4 ranks arrived; missing rank 1", asked of the store.
-  auto arrivals = [&] {
-    std::vector<std::string> missing;
-    for (int r = 0; r < world_size; ++r) {
-      if (!store.check({prefix + "rank/" + std::to_string(r)})) {
-        missing.push_back(std::to_string(r));
-      }
-    }
-    std::string list;
-    for (std::size_t i = 0; i < missing.size() && i < 32; ++i) {
-      list += (i ? ", " : "") + missing[i];
-    }
-    if (missing.size() > 32) list += ", ...";
-    return std::to_string(world_size - static_cast<int>(missing.size())) +
-           " of " + std::to_string(world_size) +
-           " ranks arrived; missing rank" + (missing.size() == 1 ? " " : "s ") +
-           list;
-  };
-  // In slices (a tenth of the timeout, from 1 to 30 s), so that a rank
-  // that waits long says for whom (a rank not started, or started with
-  // another MASTER_PORT) after each, rather than stay silent until the
-  // timeout.
-  const Store::Duration kReportEvery = std::clamp<Store::Duration>(
-      timeout / 10, std::chrono::seconds(1), std::chrono::seconds(30));
-  const auto deadline = detail::deadline_after(timeout);
-  std::string outcome;
-  // Bounded by the deadline: each round waits a slice or less.
-  for (Store::Duration waited{0};;) {
-    const auto left = std::chrono::duration_cast<Store::Duration>(
-        deadline - detail::Clock::now());
-    try {
-      outcome = store.get_string(
-          complete_key,
-          std::max(Store::Duration(1), std::min(left, kReportEvery)));
-      break;
-    } catch (const TimeoutError&) {
-      if (left <= kReportEvery) {
-        throw TimeoutError("rendezvous timed out after " +
-                           format_duration(timeout) + ": " + arrivals());
-      }
-      waited += kReportEvery;
-      // The missing ranks from rank 0 alone, one store request per rank;
-      // the others say how many arrived, in one (every rank asking for
-      // every rank would make N^2 requests of the store per slice).
-      const std::string seen =
-          rank == 0
-              ? arrivals()
-              : std::to_string(store.add(prefix + "arrived", 0)) + " of " +
-                    std::to_string(world_size) + " ranks arrived";
-      COMM_LOG_WARN("rendezvous: rank {} has waited {} of its {}: {}", rank,
-                    format_duration(waited), format_duration(timeout), seen);
-    }
-  }
-  if (outcome != kJoined) {
+  // The claim of rank/R above marks this rank arrived.
+  const std::string problem = arrive_and_wait(joined, timeout, /*marked=*/true);
+  if (!problem.empty()) {
     throw InvalidArgument("rendezvous failed for rank " + std::to_string(rank) +
-                          " (" + me + "): " + outcome.substr(kConflict.size()));
+                          " (" + me + "): " + problem);
   }
   COMM_LOG_INFO("rendezvous: rank {} of {} joined", rank, world_size);
 }

@@ -54,6 +54,9 @@ class ForwardingStore : public Store {
   Bytes do_derive_key(const std::string& purpose) override {
     return inner_.derive_key(purpose);
   }
+  bool do_resumes_after_timeout() override {
+    return inner_.resumes_after_timeout();
+  }
 
   Store& inner_;
 };

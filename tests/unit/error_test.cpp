@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <string>
@@ -26,15 +28,29 @@ TEST_CASE("each error class reports its kind", "[error]") {
 
 TEST_CASE("a SystemError for want of descriptors names the limit to raise",
           "[error]") {
-  rlimit files{};
-  REQUIRE(getrlimit(RLIMIT_NOFILE, &files) == 0);
-  const std::string limit = files.rlim_cur == RLIM_INFINITY
-                                ? "unlimited"
-                                : std::to_string(files.rlim_cur);
-  CHECK_THAT(
-      comm::SystemError(EMFILE, "accept").what(),
-      Catch::StartsWith("accept: Too many open files") &&
-          Catch::Contains("its limit of " + limit + " open files, ulimit -n"));
+  // In a child, whose limits the test may lower for good.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const rlimit soft_below{50, 60};
+    setrlimit(RLIMIT_NOFILE, &soft_below);
+    const std::string below = comm::SystemError(EMFILE, "accept").what();
+    const rlimit at_hard{60, 60};
+    setrlimit(RLIMIT_NOFILE, &at_hard);
+    const std::string at = comm::SystemError(EMFILE, "accept").what();
+    const bool right =
+        below.starts_with("accept: Too many open files") &&
+        below.find(
+            "its limit of 50 open files, ulimit -n; raise it, up to "
+            "the hard limit of 60") != std::string::npos &&
+        at.find("its limit of 60 open files, which is also its hard limit") !=
+            std::string::npos;
+    _exit(right ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
   CHECK_THAT(comm::SystemError(ENFILE, "socket").what(),
              Catch::Contains("fs.file-max"));
   CHECK_THAT(comm::SystemError(EPIPE, "send").what(),

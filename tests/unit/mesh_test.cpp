@@ -21,6 +21,7 @@
 #include "libcomm/error.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
+#include "store/store_barrier.h"
 #include "store/tcp_store.h"
 #include "support/keyed_store.h"
 #include "support/mesh_ranks.h"
@@ -65,6 +66,14 @@ struct OldHello {
   std::int32_t size = 0;
 };
 static_assert(sizeof(OldHello) == 24);
+
+// Arrives at the set-up's first barrier as rank 1 of 2, as a stranger who
+// reads the store must before rank 0 listens.
+void arrive_as_rank1(comm::Store& store) {
+  const comm::StoreBarrier started{store, "tcp/started/", 1, 2,
+                                   "the test's rank 1"};
+  REQUIRE(comm::arrive_and_wait(started, 10s) == "");
+}
 
 comm::detail::Socket connect_to_rank0(
     comm::Store& store, comm::detail::Clock::time_point deadline) {
@@ -158,6 +167,7 @@ TEST_CASE("a connection whose handshake does not fit the group is refused",
   std::thread rank0(
       [&] { rank0_errors = run_meshes(store, 2, {0}, 20s, [](Mesh&) {}); });
   const std::uint64_t job = std::stoull(store.get_string("tcp/job", 10s));
+  arrive_as_rank1(store);
   // Rank 1's own handshake, but for one field.
   auto but = [job](auto change) {
     Hello hello;
@@ -196,16 +206,16 @@ TEST_CASE("a connection whose handshake does not fit the group is refused",
 
 TEST_CASE("a rank that never comes is named in a TimeoutError", "[tcp][mesh]") {
   HashStore store(10s);
-  // Rank 2 never starts: ranks 0 and 1 connect to each other and then wait
-  // for it until their timeout.
+  // Rank 2 never starts: ranks 0 and 1 wait for it at the set-up's first
+  // barrier until their timeout.
   auto errors = run_meshes(store, 3, {0, 1}, 1s, [](Mesh&) {
     throw std::runtime_error("a mesh without rank 2 was built");
   });
   for (int rank : {0, 1}) {
     INFO("rank " << rank);
     CHECK_THAT(errors[static_cast<std::size_t>(rank)],
-               Catch::Contains("timed out waiting for connections") &&
-                   Catch::Contains("rank(s) 2"));
+               Catch::Contains("TCP backend set-up timed out after") &&
+                   Catch::Contains("2 of 3 ranks arrived; missing rank 2"));
   }
 }
 
@@ -277,6 +287,7 @@ TEST_CASE("with a token, a connection without the job's key is refused",
   // A stranger who read the job id (from a store without a token, or off
   // the network) but does not hold the key.
   const std::uint64_t job = std::stoull(store.get_string("tcp/job", 10s));
+  arrive_as_rank1(store);
   OldHello old;
   old.job = job;
   old.rank = 1;

@@ -1145,8 +1145,9 @@ TEST_CASE(
     "declared silent",
     "[tcp][liveness]") {
   // Rank 3 learns rank 2's address 2.5 s late, after connecting to ranks 0
-  // and 1: they end their set-up, and start their heartbeats, that long
-  // before ranks 2 and 3 do, as the lowest ranks of hundreds do.
+  // and 1: they finish connecting that long before ranks 2 and 3 do, as the
+  // lowest ranks of hundreds do, and must not count the others' silence
+  // from then.
   const EnvIs heartbeat({{"COMM_HEARTBEAT_TIMEOUT", "1"}});
   const int world = 4;
   auto shared = std::make_shared<HashStore>(60s);

@@ -30,6 +30,7 @@ class TorchStore final : public comm::Store {
  private:
   void do_set(const std::string& key, const comm::Bytes& value) override;
   comm::Bytes do_get(const std::string& key, Duration timeout) override;
+  bool do_resumes_after_timeout() override { return false; }
   std::int64_t do_add(const std::string& key, std::int64_t delta) override;
   comm::Bytes do_compare_set(const std::string& key,
                              const comm::Bytes& expected,

@@ -1,0 +1,126 @@
+#include "store/store_barrier.h"
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
+#include "libcomm/detail/log.h"
+#include "libcomm/detail/socket.h"
+#include "libcomm/error.h"
+
+namespace comm {
+namespace {
+
+// The value of "complete": kJoined, or kFailed and the reason.
+constexpr std::string_view kJoined = "ok";
+constexpr std::string_view kFailed = "failed: ";
+
+// "3 of 4 ranks arrived; missing rank 1", asked of the store, one request
+// per rank.
+std::string arrivals(const StoreBarrier& barrier) {
+  std::vector<std::string> missing;
+  for (int r = 0; r < barrier.size; ++r) {
+    if (!barrier.store.check({barrier.prefix + "rank/" + std::to_string(r)})) {
+      missing.push_back(std::to_string(r));
+    }
+  }
+  std::string list;
+  for (std::size_t i = 0; i < missing.size() && i < 32; ++i) {
+    list += (i ? ", " : "") + missing[i];
+  }
+  if (missing.size() > 32) list += ", ...";
+  return std::to_string(barrier.size - static_cast<int>(missing.size())) +
+         " of " + std::to_string(barrier.size) +
+         " ranks arrived; missing rank" + (missing.size() == 1 ? " " : "s ") +
+         list;
+}
+
+// Counts this rank out of a barrier that failed; the last rank out says
+// so, for the lingering ones.
+void leave_failed(const StoreBarrier& barrier) {
+  if (barrier.store.add(barrier.prefix + "left", 1) == barrier.size) {
+    barrier.store.set_string(barrier.prefix + "all_left", "yes");
+  }
+}
+
+}  // namespace
+
+std::string arrive_and_wait(const StoreBarrier& barrier,
+                            std::chrono::milliseconds timeout, bool marked) {
+  Store& store = barrier.store;
+  const std::string complete_key = barrier.prefix + "complete";
+  if (!marked) {
+    store.set_string(barrier.prefix + "rank/" + std::to_string(barrier.rank),
+                     "arrived");
+  }
+  // A set, not a compare-and-set, which c10d's TCPStore (1.13) does not
+  // wake waiters for; the count says which rank is last, once.
+  if (store.add(barrier.prefix + "arrived", 1) == barrier.size) {
+    store.set_string(complete_key, std::string(kJoined));
+  }
+  // One blocking get rather than a wait and then a get: every waiting rank
+  // receives the outcome in the same answer that wakes it, so that a rank
+  // that fails and takes a store server down with it cannot cut anyone off
+  // between the two. In slices (a tenth of the timeout, from 1 to 30 s),
+  // so that a rank that waits long says for whom after each, rather than
+  // stay silent until the timeout.
+  const Store::Duration report_every =
+      store.resumes_after_timeout()
+          ? std::clamp<Store::Duration>(timeout / 10, std::chrono::seconds(1),
+                                        std::chrono::seconds(30))
+          : timeout;
+  const auto deadline = detail::deadline_after(timeout);
+  std::string outcome;
+  // Bounded by the deadline: each round waits a slice or less.
+  for (Store::Duration waited{0};;) {
+    const auto left = std::chrono::duration_cast<Store::Duration>(
+        deadline - detail::Clock::now());
+    try {
+      outcome = store.get_string(
+          complete_key,
+          std::max(Store::Duration(1), std::min(left, report_every)));
+      break;
+    } catch (const TimeoutError&) {
+      if (left <= report_every) {
+        throw TimeoutError(barrier.what + " timed out after " +
+                           format_duration(timeout) + ": " + arrivals(barrier));
+      }
+      waited += report_every;
+      // The missing ranks from rank 0 alone; the others say how many
+      // arrived, in one request (every rank asking for every rank would
+      // make N^2 requests of the store per slice).
+      const std::string seen =
+          barrier.rank == 0
+              ? arrivals(barrier)
+              : std::to_string(store.add(barrier.prefix + "arrived", 0)) +
+                    " of " + std::to_string(barrier.size) + " ranks arrived";
+      COMM_LOG_WARN("{}: rank {} has waited {} of its {}: {}", barrier.what,
+                    barrier.rank, format_duration(waited),
+                    format_duration(timeout), seen);
+    }
+  }
+  if (outcome == kJoined) return "";
+  leave_failed(barrier);
+  return outcome.starts_with(kFailed) ? outcome.substr(kFailed.size())
+                                      : outcome;
+}
+
+void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
+                  std::chrono::milliseconds linger) {
+  try {
+    const std::string complete_key = barrier.prefix + "complete";
+    if (!barrier.store.check({complete_key})) {
+      barrier.store.set_string(complete_key, std::string(kFailed) + problem);
+    }
+    leave_failed(barrier);
+    // A store that a timed-out wait leaves unusable is not waited on: the
+    // failing rank has no more use for it, but a caller might.
+    if (barrier.store.resumes_after_timeout()) {
+      barrier.store.wait({barrier.prefix + "all_left"}, linger);
+    }
+  } catch (const Error&) {
+    // The store is gone, or some rank is not coming to read the news.
+  }
+}
+
+}  // namespace comm

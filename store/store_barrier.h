@@ -1,0 +1,44 @@
+// A barrier of a group's ranks through their store: it says whom it waits
+// for while it waits, and a rank that cannot go on ends it for every rank
+// with its reason, so that no rank waits out its timeout for one that has
+// already failed. Under `prefix` it keeps "rank/R" for each rank that
+// arrived, "arrived" counting them, and "complete" with the outcome.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "store/store.h"
+
+namespace comm {
+
+struct StoreBarrier {
+  Store& store;
+  std::string prefix;  // keys of this barrier alone, ending in '/'
+  int rank = 0;
+  int size = 1;
+  std::string what;  // "rendezvous": how log lines and errors name it
+};
+
+// Marks `barrier.rank` arrived (its "rank/R" key too, unless `marked`: the
+// caller set it itself) and waits until every rank has, or one failed the
+// barrier. Returns "" when all arrived, or the failing rank's reason. Logs a
+// warning after each tenth of `timeout` (1 to 30 s) that it waits, rank 0
+// naming the missing ranks and the others counting them (where the store
+// resumes after a timeout), and throws TimeoutError naming them at
+// `timeout`.
+std::string arrive_and_wait(const StoreBarrier& barrier,
+                            std::chrono::milliseconds timeout,
+                            bool marked = false);
+
+// Ends `barrier` for every rank waiting at it or still to come, which
+// returns `problem` from arrive_and_wait (an outcome already set stays), and
+// then waits, up to `linger`, until every rank has left it (returned the
+// failure from arrive_and_wait, or failed it too): a rank that hosts the
+// store takes it down as it exits, and the others should have read why
+// first (where the store resumes after a timeout). Never throws for a store
+// that is gone already.
+void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
+                  std::chrono::milliseconds linger = std::chrono::seconds(2));
+
+}  // namespace comm
