@@ -82,8 +82,13 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
       break;
     } catch (const TimeoutError&) {
       if (left <= report_every) {
+        // A store that a timed-out wait leaves out of step cannot be asked
+        // whom it waited for.
         throw TimeoutError(barrier.what + " timed out after " +
-                           format_duration(timeout) + ": " + arrivals(barrier));
+                           format_duration(timeout) + ": " +
+                           (store.resumes_after_timeout()
+                                ? arrivals(barrier)
+                                : std::string("some ranks did not arrive")));
       }
       waited += report_every;
       // The missing ranks from rank 0 alone; the others say how many

@@ -600,8 +600,9 @@ constexpr std::uint64_t kMiB = 1 << 20;
 
 }  // namespace
 
-TEST_CASE("the memory a cgroup leaves: v2, v1, a container's v1, none",
-          "[shm]") {
+TEST_CASE(
+    "the memory left under cgroup v1 and v2 limits on a host or in a container",
+    "[shm]") {
   using comm::shm::cgroup_room;
   const FakeCgroups fake;
   SECTION("v2: the least room of the cgroup and those above it") {
