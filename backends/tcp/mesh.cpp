@@ -42,11 +42,17 @@ const StringParam kListenAddress{
     "127.0.0.1, or the local address that routes to a remote MASTER_ADDR",
     "the address the TCP backend listens on"};
 
-// What is left of the time until `deadline`, at least a millisecond.
+// What is left of the time until `deadline`, in milliseconds, for poll:
+// 0 once it has passed.
+int remaining_ms(detail::Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - detail::Clock::now());
+  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1 << 30));
+}
+
+// The same as a timeout for the store, which takes at least a millisecond.
 std::chrono::milliseconds left_until(detail::Clock::time_point deadline) {
-  return std::max(std::chrono::milliseconds(1),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(
-                      deadline - detail::Clock::now()));
+  return std::chrono::milliseconds(std::max(1, remaining_ms(deadline)));
 }
 
 // Throws where a barrier of the set-up ended with another rank's failure.
@@ -55,12 +61,6 @@ void expect_every_rank(const std::string& problem, const std::string& name) {
     throw PeerError(
         -1, name + " cannot set it up, as another rank failed: " + problem);
   }
-}
-
-int remaining_ms(detail::Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - detail::Clock::now());
-  return static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1 << 30));
 }
 
 void set_nonblocking(int fd) {
