@@ -698,9 +698,11 @@ comm_result_t comm_reduce(const void* sendbuf, void* recvbuf, size_t count,
     Placement at(device, stream);
     const Tensor send = at.view(sendbuf, count, type, "sendbuf");
     // The tree reduces into each rank's buffer on its way to the root, so
-    // it works on recvbuf, or on a scratch copy where there is none.
+    // the root works on its recvbuf and every other rank on a scratch copy:
+    // as in NCCL and MPI, a rank's buffers other than the root's recvbuf
+    // are left as they were.
     Tensor target;
-    if (recvbuf != nullptr || g.rank() == root) {
+    if (g.rank() == root) {
       target = at.view(recvbuf, count, type, "recvbuf");
       copy_unless_same(target, send, at);
     } else {

@@ -319,6 +319,28 @@ static void test_collectives(comm_group_t group, int rank, int size) {
   }
   for (int i = 0; i < kCount; ++i) CHECK(send[i] == value_of(rank, i));
 
+  /* As in NCCL and MPI, only the root's recvbuf changes: the others'
+   * recvbuf and every sendbuf, in place or not, keep what they held. */
+  for (int i = 0; i < kCount; ++i) recv[i] = -1.0f;
+  OK(comm_reduce(send, recv, kCount, COMM_FLOAT32, COMM_SUM, 0, group, COMM_CPU,
+                 NULL, NULL));
+  for (int i = 0; i < kCount; ++i) {
+    float sum = 0;
+    for (int r = 0; r < size; ++r) sum += value_of(r, i);
+    CHECK(recv[i] == (rank == 0 ? sum : -1.0f));
+    CHECK(send[i] == value_of(rank, i));
+  }
+  for (int i = 0; i < kCount; ++i) recv[i] = value_of(rank, i);
+  OK(comm_reduce(recv, recv, kCount, COMM_FLOAT32, COMM_MAX, 0, group, COMM_CPU,
+                 NULL, NULL));
+  for (int i = 0; i < kCount; ++i) {
+    float max = value_of(0, i);
+    for (int r = 1; r < size; ++r) {
+      if (value_of(r, i) > max) max = value_of(r, i);
+    }
+    CHECK(recv[i] == (rank == 0 ? max : value_of(rank, i)));
+  }
+
   /* all_gather, out of place and in place (sendbuf is this rank's block). */
   OK(comm_all_gather(send, recv, kCount, COMM_FLOAT32, group, COMM_CPU, NULL,
                      NULL));

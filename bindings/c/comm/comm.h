@@ -249,8 +249,9 @@ COMM_C_API comm_result_t comm_broadcast(const void* sendbuf, void* recvbuf,
                                         int root, comm_group_t group,
                                         int device, void* stream,
                                         comm_work_t* work);
-/* The reduction arrives in the root's recvbuf; recvbuf may be NULL on the
- * other ranks. */
+/* The reduction arrives in the root's recvbuf. The other ranks' recvbuf is
+ * neither read nor written and may be NULL, and no rank's sendbuf is
+ * written (unless it is the root's recvbuf: in place). */
 COMM_C_API comm_result_t comm_reduce(const void* sendbuf, void* recvbuf,
                                      size_t count, comm_dtype_t dtype,
                                      comm_reduce_op_t op, int root,
