@@ -61,11 +61,13 @@ Bytes Store::compare_set(const std::string& key, const Bytes& expected,
 
 void Store::wait(const std::vector<std::string>& keys, Duration timeout) {
   check_keys(keys);
+  if (keys.empty()) return;
   do_wait(keys, timeout);
 }
 
 bool Store::check(const std::vector<std::string>& keys) {
   check_keys(keys);
+  if (keys.empty()) return true;
   return do_check(keys);
 }
 
@@ -79,6 +81,7 @@ std::int64_t Store::num_keys() { return do_num_keys(); }
 std::vector<Bytes> Store::multi_get(const std::vector<std::string>& keys,
                                     Duration timeout) {
   check_keys(keys);
+  if (keys.empty()) return {};
   return do_multi_get(keys, timeout);
 }
 
@@ -93,6 +96,7 @@ void Store::multi_set(const std::vector<std::string>& keys,
     check_key(keys[i]);
     check_value(keys[i], values[i].size());
   }
+  if (keys.empty()) return;
   do_multi_set(keys, values);
 }
 

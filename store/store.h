@@ -56,7 +56,9 @@ class COMM_API Store {
   Bytes compare_set(const std::string& key, const Bytes& expected,
                     const Bytes& desired);
 
-  // Waits until every key in `keys` is set.
+  // Waits until every key in `keys` is set. An empty list of keys (here and
+  // in check, multi_get and multi_set) returns at once, on every store,
+  // without reaching a server.
   void wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, Duration timeout);
 
