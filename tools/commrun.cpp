@@ -50,17 +50,21 @@
 // copies them to the console with torchrun's "[<role><local rank>]:"
 // prefix.
 //
-// SIGINT and SIGTERM are forwarded to every worker; commrun then exits with
-// 128 + the signal. When a worker fails (a non-zero status or a signal),
-// commrun stops the others (SIGTERM, then SIGKILL after --term-grace),
-// names the failed rank, and exits with its status (128 + signal for a
-// signal), or, with --max-restarts K, starts the whole group again, at most
-// K times. A worker that exits with 0 while others still run is not a
-// failure, but its peers may then fail waiting for it: the summary names it
-// first. Workers die with commrun even when it is SIGKILLed
+// SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to every worker; commrun
+// then exits with 128 + the signal. When a worker fails (a non-zero status
+// or a signal), commrun stops the others (SIGTERM, then SIGKILL after
+// --term-grace), names the failed rank, and exits with its status (128 +
+// signal for a signal), or, with --max-restarts K, starts the whole group
+// again, at most K times. A worker that exits with 0 while others still run
+// is not a failure, but its peers may then fail waiting for it: the summary
+// names it first. Workers die with commrun even when it is SIGKILLed
 // (PR_SET_PDEATHSIG). Each worker runs in its own process group, and
-// signals go to the whole group, so what a worker started stops with it.
-// Bad arguments exit 2.
+// signals go to the whole group, so what a worker started stops with it
+// when the job is stopped, the failed worker's included; what is still in
+// a group when the grace ends is killed. Being outside the terminal's
+// foreground, a worker cannot read the terminal: one that tries stops on
+// SIGTTIN, which fails the job with that explanation rather than hanging
+// it. Bad arguments exit 2.
 //
 // With --nnodes > 1, run one commrun per node; each restarts its own
 // workers, and a failure anywhere takes every rank down (the backends report
@@ -86,6 +90,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -99,6 +104,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxLine = 64 << 10;
+
+// The signals commrun passes on to every worker before it exits with 128 +
+// the signal.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 struct Config {
   int nproc_per_node = 1;
@@ -148,8 +157,14 @@ struct Worker {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = -1;
+  // Whether it has exited (waitid saw it), and whether it was reaped: until
+  // then its zombie keeps its pid, the id of its process group, from being
+  // taken by another process.
   bool exited = false;
-  int status = 0;
+  bool reaped = false;
+  int status = 0;  // as waitpid gives it, once exited
+  // SIGTTIN or SIGTTOU where it stopped on the terminal, which fails it.
+  int stopped_by = 0;
   // The order in which workers exited, from 1.
   int exit_order = 0;
   Stream out;
@@ -158,7 +173,7 @@ struct Worker {
 
 // How a generation of workers ended.
 struct Outcome {
-  int signal = 0;                  // SIGINT or SIGTERM received by commrun
+  int signal = 0;                  // one of kStopSignals, received by commrun
   const Worker* failed = nullptr;  // the first worker that failed
   // The first worker that exited with 0 while others still ran, before
   // `failed` failed: its peers may have failed for want of it.
@@ -185,34 +200,72 @@ void say(const std::string& message) {
 }
 
 // Emits the complete lines of `stream` with the rank prefix; at EOF also the
-// unfinished last line.
+// unfinished last line. A line ends at a newline, or at a carriage return
+// that no newline follows, which it keeps, so that a progress bar redrawn
+// with carriage returns (tqdm's) moves as it is drawn, one prefix per
+// drawing.
 void emit_lines(Stream& stream, bool at_eof) {
   const std::string& prefix = stream.prefix;
+  const std::string& pending = stream.pending;
   std::string lines;
   std::size_t start = 0;
   while (true) {
-    const std::size_t newline = stream.pending.find('\n', start);
-    std::size_t end = newline;
-    if (newline == std::string::npos) {
-      const std::size_t rest = stream.pending.size() - start;
+    std::size_t end = pending.find_first_of("\r\n", start);
+    std::string_view ending = "\n";
+    std::size_t next = end + 1;
+    if (end != std::string::npos && pending[end] == '\r') {
+      if (end + 1 == pending.size()) {
+        if (!at_eof) break;  // whether a newline follows is still unknown
+        ending = "\n";
+      } else if (pending[end + 1] == '\n') {
+        ending = "\r\n";
+        next = end + 2;
+      } else {
+        ending = "\r";
+      }
+    }
+    if (end == std::string::npos) {
+      const std::size_t rest = pending.size() - start;
       if (rest >= kMaxLine) {
         end = start + kMaxLine;
       } else if (at_eof && rest > 0) {
-        end = stream.pending.size();
+        end = pending.size();
       } else {
         break;
       }
+      next = end;
     }
-    lines += prefix;
-    lines.append(stream.pending, start, end - start);
-    lines += '\n';
-    start = newline == end ? end + 1 : end;
+    // A drawing that starts with its carriage return ends the one before.
+    if (!(ending == "\r" && end == start)) {
+      lines += prefix;
+      lines.append(pending, start, end - start);
+      lines += ending;
+    }
+    start = next;
   }
   stream.pending.erase(0, start);
   if (!lines.empty()) write_all(stream.target, lines);
 }
 
-std::string describe_status(int status) {
+// A child's end as waitid reports it, in waitpid's form.
+int wait_status_of(const siginfo_t& info) {
+  switch (info.si_code) {
+    case CLD_EXITED: return (info.si_status & 0xff) << 8;
+    case CLD_DUMPED: return (info.si_status & 0x7f) | 0x80;
+    default: return info.si_status & 0x7f;  // CLD_KILLED
+  }
+}
+
+std::string describe_status(const Worker& w) {
+  if (w.stopped_by != 0) {
+    return std::string(w.stopped_by == SIGTTIN
+                           ? "stopped on SIGTTIN, reading"
+                           : "stopped on SIGTTOU, writing to") +
+           " the terminal: workers run in process groups of their own, "
+           "outside the terminal's foreground, so give the program its input "
+           "from a file or a pipe (< FILE)";
+  }
+  const int status = w.status;
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     return "was killed by signal " + std::to_string(sig) + " (" +
@@ -221,8 +274,10 @@ std::string describe_status(int status) {
   return "exited with status " + std::to_string(WEXITSTATUS(status));
 }
 
-int exit_code_of(int status) {
-  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+int exit_code_of(const Worker& w) {
+  if (w.stopped_by != 0) return 128 + w.stopped_by;
+  return WIFSIGNALED(w.status) ? 128 + WTERMSIG(w.status)
+                               : WEXITSTATUS(w.status);
 }
 
 bool failed(int status) {
@@ -394,11 +449,49 @@ class Launcher {
     return false;
   }
 
-  // Signals every worker still running, with whatever it started.
+  // Signals every worker's process group, that is the worker with
+  // whatever it started, including the group of a worker that has exited
+  // (its zombie holds the group's id until wait_out reaps it), and
+  // continues the group: a stopped process acts on a signal only once it
+  // runs.
   void stop_all(int sig) {
     for (Worker& w : workers_) {
-      if (w.pid > 0 && !w.exited) kill(-w.pid, sig);
+      if (w.pid <= 0 || w.reaped) continue;
+      kill(-w.pid, sig);
+      if (sig != SIGKILL) kill(-w.pid, SIGCONT);
     }
+  }
+
+  // Whether a process other than a zombie is left in the process group of
+  // a worker of this generation, found in /proc.
+  bool groups_left() const {
+    std::error_code error;
+    for (const auto& entry :
+         std::filesystem::directory_iterator("/proc", error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.empty() || name.find_first_not_of("0123456789") != name.npos) {
+        continue;
+      }
+      std::FILE* file = std::fopen((entry.path() / "stat").c_str(), "r");
+      if (file == nullptr) continue;
+      char line[1024];
+      const bool read = std::fgets(line, sizeof(line), file) != nullptr;
+      std::fclose(file);
+      // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+      const char* after = read ? std::strrchr(line, ')') : nullptr;
+      char state = 0;
+      long ppid = 0;
+      long group = 0;
+      if (after == nullptr ||
+          std::sscanf(after + 1, " %c %ld %ld", &state, &ppid, &group) != 3 ||
+          state == 'Z') {
+        continue;
+      }
+      for (const Worker& w : workers_) {
+        if (w.pid > 0 && !w.reaped && group == w.pid) return true;
+      }
+    }
+    return false;
   }
 
   bool all_exited() const {
@@ -406,27 +499,68 @@ class Launcher {
                        [](const Worker& w) { return w.pid <= 0 || w.exited; });
   }
 
+  // Learns which workers exited, leaving them unreaped (stop_all), and
+  // which stopped on the terminal.
   void reap(Outcome& outcome, std::optional<Clock::time_point>& kill_at) {
-    while (true) {
-      int status = 0;
-      const pid_t pid = waitpid(-1, &status, WNOHANG);
-      if (pid <= 0) return;
-      for (Worker& w : workers_) {
-        if (w.pid != pid) continue;
+    for (Worker& w : workers_) {
+      if (w.pid <= 0 || w.exited) continue;
+      siginfo_t info{};
+      if (waitid(P_PID, static_cast<id_t>(w.pid), &info,
+                 WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == w.pid) {
         w.exited = true;
-        w.status = status;
+        w.status = wait_status_of(info);
         w.exit_order = ++exits_;
-        if (!failed(status) && !outcome.failed && !outcome.left_early &&
+        if (!failed(w.status) && !outcome.failed && !outcome.left_early &&
             !all_exited()) {
           outcome.left_early = &w;
         }
-        if (failed(status) && !outcome.failed && outcome.signal == 0) {
-          outcome.failed = &w;
-          // The others would only wait for this one until their timeouts.
-          stop_all(SIGTERM);
-          kill_at = Clock::now() + std::chrono::seconds(config_.term_grace);
-        }
+        if (failed(w.status)) fail(w, outcome, kill_at);
+        continue;
       }
+      // A worker outside the terminal's foreground that reads it (or writes
+      // to it under `stty tostop`) stops, and would wait forever. Another
+      // stop (SIGSTOP, a debugger) is the user's.
+      info = {};
+      if (w.stopped_by == 0 &&
+          waitid(P_PID, static_cast<id_t>(w.pid), &info, WSTOPPED | WNOHANG) ==
+              0 &&
+          info.si_pid == w.pid &&
+          (info.si_status == SIGTTIN || info.si_status == SIGTTOU)) {
+        w.stopped_by = info.si_status;
+        fail(w, outcome, kill_at);
+      }
+    }
+  }
+
+  // The first failure stops the others, which would only wait for it
+  // until their timeouts.
+  void fail(Worker& w, Outcome& outcome,
+            std::optional<Clock::time_point>& kill_at) {
+    if (outcome.failed != nullptr || outcome.signal != 0) return;
+    outcome.failed = &w;
+    stop_all(SIGTERM);
+    kill_at = Clock::now() + std::chrono::seconds(config_.term_grace);
+  }
+
+  // Once every worker has exited: where the generation was stopped, waits
+  // until what the workers started has left their process groups, until
+  // the grace ends and then kills it; then reaps the workers. Bounded by
+  // kill_at, at most --term-grace seconds away.
+  void finish(const Outcome& outcome,
+              std::optional<Clock::time_point> kill_at) {
+    if (outcome.failed != nullptr || outcome.signal != 0) {
+      while (kill_at && Clock::now() < *kill_at && groups_left()) {
+        poll(nullptr, 0, 20);
+      }
+      if (groups_left()) stop_all(SIGKILL);
+    }
+    for (Worker& w : workers_) {
+      if (w.pid <= 0 || w.reaped) continue;
+      int status = 0;
+      while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      w.reaped = true;
     }
   }
 
@@ -499,6 +633,7 @@ class Launcher {
         close_stream(*s);
       }
     }
+    finish(outcome, kill_at);
   }
 
   void handle_signal(Outcome& outcome,
@@ -815,10 +950,23 @@ int parse(int argc, char** argv, Config& config) {
   config.set_rdzv_timeout =
       given_rdzv_timeout || inherited == nullptr || *inherited == '\0';
   if (!rdzv_endpoint.empty()) {
-    const auto colon = rdzv_endpoint.rfind(':');
-    std::string host = rdzv_endpoint.substr(0, colon);
-    std::string port =
-        colon == std::string::npos ? "29400" : rdzv_endpoint.substr(colon + 1);
+    // HOST[:PORT], where an IPv6 HOST is in brackets when a port follows
+    // ([::1]:29400), as torchrun reads it.
+    std::string host = rdzv_endpoint;
+    std::string port = "29400";
+    if (rdzv_endpoint.front() == '[') {
+      const auto close = rdzv_endpoint.find(']');
+      host =
+          close == std::string::npos ? "" : rdzv_endpoint.substr(1, close - 1);
+      if (close != std::string::npos && close + 1 < rdzv_endpoint.size()) {
+        port = rdzv_endpoint[close + 1] == ':' ? rdzv_endpoint.substr(close + 2)
+                                               : "";
+      }
+    } else if (const auto colon = rdzv_endpoint.rfind(':');
+               colon != std::string::npos) {
+      host = rdzv_endpoint.substr(0, colon);
+      port = rdzv_endpoint.substr(colon + 1);
+    }
     char* end = nullptr;
     const long p = std::strtol(port.c_str(), &end, 10);
     if (master_addr->count() > 0 || master_port->count() > 0) {
@@ -829,11 +977,23 @@ int parse(int argc, char** argv, Config& config) {
     } else if (host.empty() || port.empty() || *end != '\0' || p < 0 ||
                p > 65535) {
       if (problem.empty())
-        problem = "--rdzv-endpoint " + rdzv_endpoint + ": give HOST[:PORT]";
+        problem = "--rdzv-endpoint " + rdzv_endpoint +
+                  ": give HOST[:PORT], with an IPv6 HOST in brackets "
+                  "([::1]:29400)";
     } else {
       config.master_addr = host;
       config.master_port = static_cast<int>(p);
     }
+  }
+  // MASTER_ADDR is a host name or an address, without an IPv6 address's
+  // brackets.
+  if (config.master_addr.size() > 2 && config.master_addr.front() == '[' &&
+      config.master_addr.back() == ']') {
+    config.master_addr =
+        config.master_addr.substr(1, config.master_addr.size() - 2);
+  }
+  if (config.master_addr.empty() && problem.empty()) {
+    problem = "--master-addr is empty: give the host of rank 0";
   }
   if (standalone) {
     if (config.nnodes != 1 || node_rank->count() > 0 ||
@@ -931,8 +1091,10 @@ int main(int argc, char** argv) {
   // them before exec.
   sigset_t blocked;
   sigemptyset(&blocked);
-  sigaddset(&blocked, SIGINT);
-  sigaddset(&blocked, SIGTERM);
+  // SIGHUP (the terminal or the ssh session went away) and SIGQUIT stop the
+  // workers as SIGINT and SIGTERM do, as under torchrun, rather than kill
+  // commrun alone and leave the workers to PR_SET_PDEATHSIG's SIGKILL.
+  for (const int sig : kStopSignals) sigaddset(&blocked, sig);
   sigaddset(&blocked, SIGCHLD);
   sigprocmask(SIG_BLOCK, &blocked, nullptr);
   const int signal_fd = signalfd(-1, &blocked, SFD_NONBLOCK | SFD_CLOEXEC);
@@ -966,7 +1128,7 @@ int main(int argc, char** argv) {
     }
     say("rank " + std::to_string(w.rank) + " (local rank " +
         std::to_string(w.local_rank) + ", pid " + std::to_string(w.pid) + ") " +
-        describe_status(w.status) +
+        describe_status(w) +
         (outcome.left_early != nullptr
              ? ", after rank " + std::to_string(outcome.left_early->rank) +
                    " had exited"
@@ -976,7 +1138,7 @@ int main(int argc, char** argv) {
         say("giving up after " + std::to_string(config.max_restarts) +
             " restart" + (config.max_restarts == 1 ? "" : "s"));
       }
-      return exit_code_of(w.status);
+      return exit_code_of(w);
     }
     say("restarting the group (restart " + std::to_string(restart + 1) +
         " of " + std::to_string(config.max_restarts) + ")");

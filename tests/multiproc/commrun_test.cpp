@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -108,6 +109,15 @@ std::vector<pid_t> wait_for_pids(const ScratchDir& dir, int count) {
 
 bool alive(pid_t pid) { return kill(pid, 0) == 0 || errno != ESRCH; }
 
+// Whether `pid` runs, not counting a zombie: an orphan's zombie waits for
+// an init that may never reap it (a container's).
+bool running(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() &&
+         stat[close + 2] != 'Z';
+}
+
 // A worker that records its pid and then sleeps (exec, so the pid is the
 // sleeping process's).
 std::string sleeper(const ScratchDir& dir) {
@@ -117,6 +127,20 @@ std::string sleeper(const ScratchDir& dir) {
 }
 
 }  // namespace
+
+TEST_CASE("a carriage return ends a drawing of a progress bar", "[commrun]") {
+  // tqdm starts each drawing with a carriage return; a Windows line ends
+  // with one before its newline; the last drawing may end the output.
+  ScratchDir dir;
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "1", "--master-port", "0", "sh", "-c",
+            "printf 'start\\n'; printf '\\rstep 1'; sleep 0.2; "
+            "printf '\\rstep 2'; sleep 0.2; printf '\\n'; "
+            "printf 'dos\\r\\n'; printf 'last\\r'"});
+  REQUIRE(commrun->wait(20s) == 0);
+  CHECK(read_file(dir / "stdout") ==
+        "[0]: start\n[0]: step 1\r[0]: step 2\n[0]: dos\r\n[0]: last\n");
+}
 
 TEST_CASE("commrun exports torchrun's variables to each worker", "[commrun]") {
   ScratchDir dir;
@@ -207,6 +231,97 @@ TEST_CASE("a failing worker's status ends the job and stops the others",
                  Catch::Contains("killed by signal 9"));
 }
 
+TEST_CASE(
+    "what every worker started is stopped with the job (the failed one's too)",
+    "[commrun]") {
+  // Every rank starts a helper in the background (as a data loader
+  // would), which records its pid; once all have, rank 1 fails. With
+  // `trap`, the helpers ignore SIGTERM, so only the SIGKILL at the end of
+  // the grace stops them.
+  for (const bool ignores_term : {false, true}) {
+    INFO("helpers ignore SIGTERM: " << ignores_term);
+    ScratchDir dir;
+    const std::string helper =
+        std::string("sh -c '") + (ignores_term ? "trap \"\" TERM; " : "") +
+        "echo $$ > " + dir.path.str() + "/pid.$RANK.tmp && mv " +
+        dir.path.str() + "/pid.$RANK.tmp " + dir.path.str() +
+        "/pid.$RANK; sleep 60 & wait' &";
+    const std::string script =
+        helper +
+        " if [ \"$RANK\" = 1 ]; then i=0; while [ $i -lt 500 ] && ! [ -e " +
+        dir.path.str() + "/pid.0 -a -e " + dir.path.str() +
+        "/pid.1 ]; do sleep 0.02; i=$((i+1)); done; exit 3; fi; exec sleep 60";
+    const auto start = std::chrono::steady_clock::now();
+    auto commrun =
+        start_commrun(dir, {"--nproc-per-node", "2", "--master-port", "0",
+                            "--term-grace", "1", "sh", "-c", script});
+    const auto helpers = wait_for_pids(dir, 2);
+    CHECK(commrun->wait(20s) == 3);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    for (pid_t pid : helpers) CHECK_FALSE(running(pid));
+  }
+}
+
+TEST_CASE("a worker that reads the terminal fails the job saying why",
+          "[commrun]") {
+  // commrun in the foreground of a terminal of its own; its worker, in a
+  // process group of its own, reads it and stops on SIGTTIN.
+  ScratchDir dir;
+  const int terminal = posix_openpt(O_RDWR | O_NOCTTY);
+  REQUIRE(terminal >= 0);
+  REQUIRE(grantpt(terminal) == 0);
+  REQUIRE(unlockpt(terminal) == 0);
+  const std::string side = ptsname(terminal);
+  const std::string binary = from_env("COMMRUN_BIN");
+  const std::string err = dir / "stderr";
+  ChildProcess commrun([&]() {
+    setsid();
+    const int tty = open(side.c_str(), O_RDWR);  // the controlling terminal
+    const int err_fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (tty < 0 || err_fd < 0) return 97;
+    dup2(tty, STDIN_FILENO);
+    dup2(tty, STDOUT_FILENO);
+    dup2(err_fd, STDERR_FILENO);
+    execl(binary.c_str(), binary.c_str(), "--nproc-per-node", "1",
+          "--master-port", "0", "sh", "-c", "read answer; echo got $answer",
+          nullptr);
+    return 98;
+  });
+  CHECK(commrun.wait(20s) == 128 + SIGTTIN);
+  close(terminal);
+  CHECK_THAT(read_file(err),
+             Catch::Contains("rank 0 (local rank 0") &&
+                 Catch::Contains("stopped on SIGTTIN, reading the terminal") &&
+                 Catch::Contains("from a file or a pipe"));
+}
+
+TEST_CASE("--rdzv-endpoint takes an IPv6 host in brackets", "[commrun]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[::1]:29611", "[0]: ::1 29611"},
+      {"[::1]", "[0]: ::1 29400"},
+      {"node7:1234", "[0]: node7 1234"},
+      {"node7", "[0]: node7 29400"}};
+  for (const auto& [endpoint, expected] : cases) {
+    INFO(endpoint);
+    ScratchDir dir;
+    auto commrun = start_commrun(
+        dir, {"--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "sh", "-c",
+              "echo $MASTER_ADDR $MASTER_PORT"});
+    REQUIRE(commrun->wait(20s) == 0);
+    CHECK(lines_of(read_file(dir / "stdout")) ==
+          std::vector<std::string>{expected});
+  }
+  for (const std::string bad : {"[::1", "[::1]29611", "[]:1"}) {
+    INFO(bad);
+    ScratchDir dir;
+    auto commrun = start_commrun(
+        dir, {"--nproc-per-node", "1", "--rdzv-endpoint", bad, "true"});
+    CHECK(commrun->wait(20s) == 2);
+    CHECK_THAT(read_file(dir / "stderr"),
+               Catch::Contains("with an IPv6 HOST in brackets"));
+  }
+}
+
 TEST_CASE("--max-restarts K restarts the group exactly K times", "[commrun]") {
   ScratchDir dir;
   // Rank 0 always fails; rank 1 waits to be stopped. Each start of rank 0
@@ -239,8 +354,11 @@ TEST_CASE("--max-restarts K restarts the group exactly K times", "[commrun]") {
   CHECK(lines_of(read_file(dir2 / "starts.0")).size() == 2);
 }
 
-TEST_CASE("SIGTERM and SIGINT to commrun leave no worker alive", "[commrun]") {
-  for (int sig : {SIGTERM, SIGINT}) {
+TEST_CASE(
+    "SIGTERM SIGINT SIGHUP and SIGQUIT to commrun each leave no worker alive",
+    "[commrun]") {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) {
+    INFO(strsignal(sig));
     ScratchDir dir;
     auto commrun = start_commrun(dir, {"--nproc-per-node", "3", "--master-port",
                                        "0", "sh", "-c", sleeper(dir)});
