@@ -392,7 +392,23 @@ class PyWork {
     release_deferred();
     return true;
   }
-  bool is_completed() const { return work_->is_completed(); }
+  // Complete once the operation is and what follows it has run: the first
+  // look that finds the operation done runs it, so that a caller polling
+  // is_completed() finds the outputs in place, as torch's CPU work does.
+  bool is_completed() {
+    if (!work_->is_completed()) return false;
+    if (work_->is_success()) {
+      OnTorchStream on_torch_stream(torch_cuda_device_);
+      py::gil_scoped_release no_gil;
+      std::lock_guard<std::mutex> then_lock(then_mutex_);
+      if (then_) {
+        then_();
+        then_ = nullptr;
+      }
+    }
+    return true;
+  }
+  bool operation_completed() const { return work_->is_completed(); }
   bool is_success() const { return work_->is_success(); }
   std::exception_ptr exception() const { return work_->exception(); }
   int source_rank() const { return work_->source_rank(); }
@@ -771,7 +787,7 @@ PYBIND11_MODULE(_C, m) {
       .def("source_rank", &PyWork::source_rank)
       .def("__repr__", [](const PyWork& w) {
         return "<commdist.Work " + w.description() +
-               (w.is_completed() ? " completed>" : " pending>");
+               (w.operation_completed() ? " completed>" : " pending>");
       });
 
   // ---- Groups

@@ -3,6 +3,7 @@ the API (a group of one rank over a HashStore)."""
 
 import datetime
 import os
+import time
 
 import numpy as np
 import pytest
@@ -66,6 +67,39 @@ def test_other_bad_arguments(world_of_one):
     with pytest.raises(dist.InvalidArgument, match="exists already"):
         dist.init_process_group("tcp", store=dist.HashStore(), rank=0,
                                 world_size=1)
+
+
+def test_a_polled_work_has_its_outputs_in_place(world_of_one):
+    # all_to_all of lists stages its outputs; a caller that polls
+    # is_completed() and never waits finds them written, as with torch.
+    out = [np.zeros(3, dtype=np.float32)]
+    work = dist.all_to_all(out, [np.arange(3, dtype=np.float32)],
+                           async_op=True)
+    for _ in range(1000):  # at most 10 s
+        if work.is_completed():
+            break
+        time.sleep(0.01)
+    assert work.is_completed()
+    assert np.array_equal(out[0], np.arange(3))
+    work.wait()
+
+
+def test_destroy_process_group_ends_every_group():
+    dist.init_process_group("tcp", store=dist.HashStore(), rank=0,
+                            world_size=1, timeout=30)
+    sub = dist.new_group([0])
+    # As in torch, a group of no rank has no member.
+    assert dist.new_group([]) is dist.GroupMember.NON_GROUP_MEMBER
+    dist.destroy_process_group()
+    with pytest.raises(dist.BackendError, match="shut down"):
+        dist.all_reduce(np.ones(2, dtype=np.float32), group=sub)
+
+
+def test_reduce_scatter_tensor_names_a_non_contiguous_input(world_of_one):
+    spaced = np.zeros(8, dtype=np.float32)[::2]
+    with pytest.raises(dist.InvalidArgument,
+                       match="reduce_scatter_tensor: input is not contiguous"):
+        dist.reduce_scatter_tensor(np.zeros(4, dtype=np.float32), spaced)
 
 
 def test_unknown_backend_is_named():

@@ -29,6 +29,7 @@ import pickle as _pickle
 import threading as _threading
 import time as _time
 import warnings as _warnings
+import weakref as _weakref
 
 from . import _C
 from ._errors import (BackendError, Error, InvalidArgument, MismatchError,
@@ -273,6 +274,10 @@ def PrefixStore(prefix, store):
 
 _default_group = None
 
+# The subgroups new_group made and the user still holds, which
+# destroy_process_group() shuts down with the default group.
+_subgroups = _weakref.WeakSet()
+
 
 class _WorldMeta(type):
     """group.WORLD and GroupMember.WORLD: the default group once
@@ -466,11 +471,15 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
         raise UnsupportedError("new_group: pg_options are not supported")
     del timeout
     members = list(range(world.size())) if ranks is None else list(ranks)
+    if not members:
+        # As in torch: a group of no rank, which no rank is a member of.
+        return GroupMember.NON_GROUP_MEMBER
     made = world.new_group(members)
     if made is None:
         return GroupMember.NON_GROUP_MEMBER
     made._global_ranks = sorted(members)
     made._backend_asked = asked
+    _subgroups.add(made)
     return made
 
 
@@ -549,13 +558,19 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None,
 
 def destroy_process_group(group=None):
     """Shuts `group` down (pending operations fail, saying so); without a
-    group, the default one, after which init_process_group may run again."""
+    group (or with group.WORLD), every group, as in torch: the default one
+    and the subgroups new_group made, after which init_process_group may run
+    again."""
     global _default_group
     if group is None or group is _default_group:
+        for subgroup in list(_subgroups):
+            subgroup.shutdown()
+        _subgroups.clear()
         if _default_group is not None:
             _default_group.shutdown()
         _default_group = None
     elif not _not_member(group):
+        _subgroups.discard(group)
         group.shutdown()
 
 
@@ -567,6 +582,14 @@ def _is_complex(x):
     if callable(is_complex):
         return is_complex()  # torch
     return getattr(getattr(x, "dtype", None), "kind", None) == "c"  # numpy
+
+
+def _is_contiguous(x):
+    is_contiguous = getattr(x, "is_contiguous", None)
+    if callable(is_contiguous):
+        return is_contiguous()  # torch
+    flags = getattr(x, "flags", None)
+    return flags is None or flags.c_contiguous  # numpy
 
 
 def _real(x):
@@ -877,6 +900,11 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None,
             f"reduce_scatter_tensor: input has {_numel(input)} elements; it "
             f"must have world_size ({world}) times output's {count}")
     flat = input.reshape(-1)
+    if not _is_contiguous(flat):
+        raise InvalidArgument(
+            "reduce_scatter_tensor: input is not contiguous, and collectives "
+            "work on contiguous memory; pass np.ascontiguousarray(input) or "
+            "input.contiguous()")
     blocks = [flat[r * count:(r + 1) * count].reshape(output.shape)
               for r in range(world)]
     return _complete(g.reduce_scatter(output, blocks, op, async_op),
