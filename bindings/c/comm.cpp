@@ -627,8 +627,10 @@ comm_result_t comm_group_new(comm_group_t group, const int* ranks, int count,
   return guarded(__func__, [&] {
     require_out(subgroup, "subgroup");
     comm::ProcessGroup& parent = group_of(group);
-    if (count < 0 || (ranks == nullptr && count > 0)) {
-      throw InvalidArgument("`ranks` must hold `count` >= 0 ranks");
+    if (count < 1 || ranks == nullptr) {
+      throw InvalidArgument("`ranks` must hold `count` >= 1 ranks (got " +
+                            std::to_string(count) +
+                            (ranks == nullptr ? ", and NULL" : "") + ")");
     }
     auto created = parent.new_group(std::vector<int>(ranks, ranks + count));
     *subgroup = created == nullptr ? nullptr

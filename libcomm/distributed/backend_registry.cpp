@@ -9,6 +9,7 @@
 
 #if COMM_WITH_NCCL
 #include "backends/nccl/nccl_backend.h"
+#include "libcomm/cuda.h"
 #endif
 
 namespace comm {
@@ -25,6 +26,15 @@ struct Registry {
     };
 #if COMM_WITH_NCCL
     factories["nccl"] = [](const BackendContext& context) {
+      // Refused at its creation, as c10d's NCCL group refuses, rather than
+      // at the first call, where the group is NCCL's alone.
+      if (!context.host_memory_elsewhere && cuda_device_count() == 0) {
+        throw InvalidArgument(
+            "the nccl backend needs a CUDA device, and this process sees "
+            "none (check CUDA_VISIBLE_DEVICES and the driver); host tensors "
+            "go over \"tcp\" (\"gloo\"), or a group of both "
+            "(\"cpu:tcp,cuda:nccl\")");
+      }
       return std::make_shared<NcclBackend>(context.store, context.rank,
                                            context.size, context.timeout);
     };

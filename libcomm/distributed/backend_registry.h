@@ -23,6 +23,11 @@ struct BackendContext {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // Whether the group sends host tensors over another backend (it is routed
+  // by device, "cpu:tcp,cuda:nccl"). A backend that could run no call on
+  // this machine refuses to be made unless the group has another to run
+  // the calls it can.
+  bool host_memory_elsewhere = false;
 };
 
 using BackendFactory =

@@ -39,8 +39,14 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size,
     return;
   }
   // One backend per kind of device, each in a scope of the store of its own.
-  for (const auto& [type, backend_name] : parse_backend_spec(backend)) {
+  const auto routes = parse_backend_spec(backend);
+  for (const auto& [type, backend_name] : routes) {
     BackendContext scoped = context;
+    scoped.host_memory_elsewhere =
+        type != DeviceType::kCPU &&
+        std::any_of(routes.begin(), routes.end(), [](const auto& route) {
+          return route.first == DeviceType::kCPU;
+        });
     const std::string scope = type == DeviceType::kCPU ? "cpu/" : "cuda/";
     scoped.store = std::make_shared<PrefixStore>(scope, context.store);
     backends_[index_of(type)] = create_backend(backend_name, scoped);
@@ -158,8 +164,13 @@ int ProcessGroup::recv(Tensor& tensor, int src, const RecvOptions& options) {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
-  if (ranks.empty() ||
-      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
+  if (ranks.empty()) {
+    throw InvalidArgument(
+        "new_group: the list of ranks is empty; a group needs at least one "
+        "rank of the group of " +
+        std::to_string(size_));
+  }
+  if (std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
       ranks.front() < 0 || ranks.back() >= size_) {
     throw InvalidArgument(
         "new_group: ranks must be distinct members of the group of " +

@@ -163,6 +163,10 @@ static void test_bad_handles_and_enums(void) {
                 comm_broadcast(data, data, 4, COMM_FLOAT32, 5, group, COMM_CPU,
                                NULL, NULL));
   CHECK(data[0] == 1 && data[3] == 4); /* nothing was touched */
+  comm_group_t none = NULL;
+  EXPECT_RESULT(COMM_INVALID_ARGUMENT,
+                comm_group_new(group, &(int){0}, 0, &none));
+  CHECK(contains(comm_last_error(), "`count` >= 1 ranks (got 0)"));
   /* A backend that does not exist, and NCCL where it is not built or host
    * memory is all there is. */
   comm_group_t other = NULL;
@@ -170,6 +174,14 @@ static void test_bad_handles_and_enums(void) {
       comm_group_create(store, 0, 1, "carrier-pigeon", 1000, &other);
   CHECK(missing == COMM_INVALID_ARGUMENT &&
         contains(comm_last_error(), "carrier-pigeon"));
+  if (comm_group_create(store, 0, 1, "nccl", 1000, &other) == COMM_SUCCESS) {
+    OK(comm_group_free(other)); /* built with NCCL, and a GPU is here */
+  } else {
+    CHECK(contains(comm_last_error(), "built without the NCCL backend") ||
+          contains(comm_last_error(),
+                   "needs a CUDA device, and this "
+                   "process sees none"));
+  }
 
   /* Freed handles are refused. */
   comm_work_t work = NULL;

@@ -208,9 +208,10 @@ COMM_C_API comm_result_t comm_group_create(comm_store_t store, int rank,
                                            comm_group_t* group);
 COMM_C_API comm_result_t comm_group_rank(comm_group_t group, int* rank);
 COMM_C_API comm_result_t comm_group_size(comm_group_t group, int* size);
-/* A subgroup of the `count` ranks listed (numbered in `group`). Every rank
- * of `group` calls it, in the same order as its other comm_group_new calls.
- * A rank outside the list gets *subgroup = NULL and COMM_SUCCESS. */
+/* A subgroup of the `count` (at least 1) ranks listed (numbered in
+ * `group`). Every rank of `group` calls it, in the same order as its other
+ * comm_group_new calls. A rank outside the list gets *subgroup = NULL and
+ * COMM_SUCCESS. */
 COMM_C_API comm_result_t comm_group_new(comm_group_t group, const int* ranks,
                                         int count, comm_group_t* subgroup);
 /* Shuts the group down (pending operations fail with an error saying so,
