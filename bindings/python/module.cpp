@@ -591,9 +591,9 @@ class Reducer {
         options);
   }
 
-  void before_forward() {
+  void before_forward(bool backward_follows) {
     py::gil_scoped_release no_gil;
-    ddp_->before_forward();
+    ddp_->before_forward(backward_follows);
   }
   void mark_grad_ready(std::size_t index) {
     py::gil_scoped_release no_gil;
@@ -991,7 +991,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("bucket_cap_mb"), py::arg("gradient_as_bucket_view"),
           py::arg("find_unused_parameters"), py::arg("broadcast_buffers"),
           py::arg("comm_hook"))
-      .def("before_forward", &Reducer::before_forward)
+      .def("before_forward", &Reducer::before_forward,
+           py::arg("backward_follows"))
       .def("mark_grad_ready", &Reducer::mark_grad_ready)
       .def("finish", &Reducer::finish)
       .def("enter_no_sync", &Reducer::enter_no_sync)

@@ -460,3 +460,133 @@ TEST_CASE("buffers follow rank 0's each step", "[ddp][multiproc]") {
   });
   CHECK(codes == std::vector<int>{0, 0, 0});
 }
+
+namespace {
+
+// Whether `t` holds the same values on every rank of `group`.
+bool same_on_every_rank(ProcessGroup& group, const Tensor& t) {
+  Tensor most = t.clone();
+  Tensor least = t.clone();
+  group.all_reduce(most, {.op = comm::ReduceOp::kMax})->wait();
+  group.all_reduce(least, {.op = comm::ReduceOp::kMin})->wait();
+  return std::memcmp(most.data_ptr(), least.data_ptr(), most.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("a step belongs to the no_sync its forward ran in (as in torch)",
+          "[ddp][multiproc]") {
+  auto codes = run_world(2, [&](ProcessGroup& group) {
+    Mlp model(kShape, 1);
+    auto g = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    DistributedDataParallel ddp(g, parameters_of(model));
+    auto backward = [&](int step) {
+      model.forward_backward(batch_of(step, group.rank(), 2), 1.0,
+                             [&](std::size_t p) { ddp.mark_grad_ready(p); });
+    };
+    // The forward outside, the backward inside: it communicates.
+    ddp.before_forward();
+    {
+      auto guard = ddp.no_sync();
+      backward(0);
+      ddp.finish();
+    }
+    if (!same_on_every_rank(group, model.grads()[0]))
+      throw std::runtime_error("a step forwarded outside no_sync was local");
+    model.zero_grads();
+    // The forward inside, the backward outside: it stays local (the
+    // ranks' batches differ, and so do their gradients).
+    {
+      auto guard = ddp.no_sync();
+      ddp.before_forward();
+    }
+    backward(1);
+    ddp.finish();
+    if (same_on_every_rank(group, model.grads()[0]))
+      throw std::runtime_error("a step forwarded inside no_sync communicated");
+    model.zero_grads();
+    // Without before_forward(), the NoSync around the backward decides.
+    {
+      auto guard = ddp.no_sync();
+      backward(2);
+      ddp.finish();
+    }
+    if (same_on_every_rank(group, model.grads()[0]))
+      throw std::runtime_error("a step inside no_sync communicated");
+  });
+  CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("buffers are broadcast at the forwards torch's DDP broadcasts at",
+          "[ddp][multiproc]") {
+  auto codes = run_world(2, [&](ProcessGroup& group) {
+    Mlp model(kShape, 1);
+    Tensor running = Tensor::full({3}, group.rank(), comm::DType::kF32);
+    auto g = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    DistributedDataParallel ddp(g, parameters_of(model),
+                                {{"running", running}});
+    int step = 0;
+    // Drifts the ranks' buffers apart, runs a forward, and says whether
+    // the buffer came back as rank 0's.
+    auto forward = [&](bool backward_follows) {
+      running.data<float>()[0] = 100.0f + static_cast<float>(group.rank());
+      ddp.before_forward(backward_follows);
+      return running.data<float>()[0] == 100.0f;
+    };
+    auto backward = [&] {
+      model.forward_backward(batch_of(step++, group.rank(), 2), 1.0,
+                             [&](std::size_t p) { ddp.mark_grad_ready(p); });
+      ddp.finish();
+      model.zero_grads();
+    };
+    std::vector<bool> broadcast;
+    broadcast.push_back(forward(true));  // the first forward
+    backward();
+    {
+      auto guard = ddp.no_sync();
+      broadcast.push_back(forward(true));  // after a synchronised one
+      backward();
+      broadcast.push_back(forward(true));  // after one inside no_sync
+      backward();
+    }
+    broadcast.push_back(forward(true));  // still after one inside no_sync
+    backward();
+    broadcast.push_back(forward(false));  // after a synchronised one
+    broadcast.push_back(forward(false));  // after one without backward
+    broadcast.push_back(forward(true));   // the same
+    backward();
+    broadcast.push_back(forward(true));  // after a synchronised one
+    backward();
+    const std::vector<bool> expected{true, true,  false, false,
+                                     true, false, false, true};
+    // Rank 0's own buffer is rank 0's either way.
+    if (group.rank() == 1 && broadcast != expected)
+      throw std::runtime_error("buffers broadcast at the wrong forwards");
+  });
+  CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("ranks with different buffers fail at construction naming them",
+          "[ddp][multiproc]") {
+  TempPath messages("ddp_buffers");
+  auto codes = run_world(
+      2,
+      [&](ProcessGroup& group) {
+        Mlp model(kShape, 1);
+        Tensor running =
+            Tensor::zeros({group.rank() == 1 ? 6 : 5}, comm::DType::kF32);
+        auto g = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+        DistributedDataParallel ddp(g, parameters_of(model),
+                                    {{"running", running}});
+      },
+      messages.str());
+  CHECK(codes == std::vector<int>{10, 10});
+  for (int r = 0; r < 2; ++r) {
+    const std::string path = messages.str() + "." + std::to_string(r);
+    CHECK_THAT(read_text(path),
+               Catch::Contains("buffer 0 differs") &&
+                   Catch::Contains("rank 0 has buffer 'running' float32 [5]") &&
+                   Catch::Contains("rank 1 has buffer 'running' float32 [6]"));
+    std::remove(path.c_str());
+  }
+}

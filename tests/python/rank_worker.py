@@ -465,6 +465,37 @@ def ddp_features(_):
         assert torch.allclose(model.spare.weight.grad,
                               reference.spare.weight.grad, rtol=1e-5,
                               atol=1e-7), f"static={static}"
+
+    def same_everywhere(t):
+        gathered = [torch.zeros_like(t) for _ in range(WORLD)]
+        dist.all_gather(gathered, t)
+        return all(torch.equal(g, t) for g in gathered)
+
+    # As in torch, the forward's no_sync decides whether its backward
+    # communicates (the ranks' batches differ, so local gradients do too).
+    model = nn.Linear(6, 3)
+    ddp = dist.DistributedDataParallel(model)
+    x, y = batch(RANK, 2)
+    out = ddp(x)
+    with ddp.no_sync():
+        nn.functional.mse_loss(out, y).backward()
+    assert same_everywhere(model.weight.grad), "forwarded outside: local"
+    model.zero_grad()
+    with ddp.no_sync():
+        out = ddp(x)
+    nn.functional.mse_loss(out, y).backward()
+    assert WORLD == 1 or not same_everywhere(model.weight.grad), \
+        "forwarded inside no_sync: communicated"
+
+    # A forward without autograd after a training one still broadcasts
+    # rank 0's buffers, as in torch: evaluation sees one set of statistics.
+    normed = nn.Sequential(nn.Linear(6, 3), nn.BatchNorm1d(3))
+    ddp = dist.DistributedDataParallel(normed)
+    nn.functional.mse_loss(ddp(x), y).backward()  # statistics drift apart
+    ddp.eval()
+    with torch.no_grad():
+        ddp(x)
+    assert same_everywhere(normed[1].running_mean), "evaluated unsynced"
     dist.barrier()
 
 

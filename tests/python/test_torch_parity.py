@@ -227,6 +227,13 @@ def test_ddp_to_another_dtype_is_registered_again(world_of_one):
     assert model.weight.grad.dtype == torch.float64
 
 
+def test_ddp_refuses_a_channels_last_module_saying_what_to_do(world_of_one):
+    model = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    with pytest.raises(dist.InvalidArgument,
+                       match="not contiguous.*contiguous_format"):
+        dist.DistributedDataParallel(model)
+
+
 def test_ddp_constructor_arguments(world_of_one):
     cpu = torch.device("cpu")
     for kwargs in [dict(device_ids=None), dict(device_ids=[cpu]),

@@ -105,6 +105,8 @@ class DistributedDataParallel(nn.Module):
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
         self.require_backward_grad_sync = True
+        # Whether the step under way communicates, as its forward decided.
+        self._sync_step = True
         self._bucket_cap_mb = float(bucket_cap_mb)
         self._hook = _HOOKS[comm_hook]
         self._hook_registered = False
@@ -184,6 +186,22 @@ class DistributedDataParallel(nn.Module):
                 raise InvalidArgument(
                     f"DistributedDataParallel: parameter {name} is {p.layout};"
                     f" libcomm's reducer takes dense parameters only")
+            if not p.is_contiguous():
+                raise InvalidArgument(
+                    f"DistributedDataParallel: parameter {name} "
+                    f"({tuple(p.shape)}, strides {p.stride()}) is not "
+                    f"contiguous (a channels_last module's, or a transposed "
+                    f"view), and libcomm's reducer works on parameters in "
+                    f"place; wrap the module after "
+                    f"module.to(memory_format=torch.contiguous_format), or "
+                    f"make the parameter contiguous")
+        for name, b in self.module.named_buffers():
+            if not b.is_contiguous():
+                raise InvalidArgument(
+                    f"DistributedDataParallel: buffer {name} is not "
+                    f"contiguous, and libcomm broadcasts buffers in place; "
+                    f"wrap the module after "
+                    f"module.to(memory_format=torch.contiguous_format)")
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
         # The reducer's own gradient tensors; .grad aliases them once a
@@ -240,7 +258,7 @@ class DistributedDataParallel(nn.Module):
                 # move it where the reducer reads it.
                 mine.copy_(p.grad)
                 p.grad = mine
-            if not self.require_backward_grad_sync:
+            if not self._sync_step:
                 return
             self._marked.add(index)
             self.reducer.mark_grad_ready(index)
@@ -304,8 +322,14 @@ class DistributedDataParallel(nn.Module):
             device = torch.device("cuda", self.device_ids[0])
             inputs = _to_device(inputs, device)
             kwargs = _to_device(kwargs, device)
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
-            self.reducer.before_forward()
+        # As in torch: whether the backward communicates is decided here,
+        # by the no_sync() this forward runs in, and the buffers are
+        # broadcast on the first forward and after one whose backward
+        # communicated (the reducer keeps both).
+        training = torch.is_grad_enabled()
+        if training:
+            self._sync_step = self.require_backward_grad_sync
+        self.reducer.before_forward(training)
         return self.module(*inputs, **kwargs)
 
     @contextlib.contextmanager

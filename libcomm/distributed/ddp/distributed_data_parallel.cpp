@@ -140,13 +140,19 @@ DistributedDataParallel::~DistributedDataParallel() {
 }
 
 void DistributedDataParallel::check_same_parameters() {
-  // Each rank describes its parameters, one line each; the descriptions
-  // are gathered through the group (on the parameters' device, so that an
-  // NCCL-only group can carry them).
+  // Each rank describes its parameters, then its buffers, one line each;
+  // the descriptions are gathered through the group (on the parameters'
+  // device, so that an NCCL-only group can carry them). Buffers are
+  // broadcast from rank 0 at every synchronised forward, so ranks that
+  // disagree on them would fail later in a collective that names none.
   std::string mine;
   for (const Parameter& p : parameters_) {
     mine += "'" + p.name + "' " + dtype_name(p.data.dtype()) + " " +
             shape_text(p.data.shape()) + "\n";
+  }
+  for (const Buffer& b : buffers_) {
+    mine += "buffer '" + b.name + "' " + dtype_name(b.data.dtype()) + " " +
+            shape_text(b.data.shape()) + "\n";
   }
   const Device device =
       parameters_.empty() ? Device::cpu() : parameters_.front().data.device();
@@ -189,12 +195,16 @@ void DistributedDataParallel::check_same_parameters() {
       }
     }
     if (!differing.empty()) {
+      const std::string what =
+          i < parameters_.size()
+              ? "parameter " + std::to_string(i)
+              : "buffer " + std::to_string(i - parameters_.size());
       throw InvalidArgument(
-          "DistributedDataParallel: parameter " + std::to_string(i) +
+          "DistributedDataParallel: " + what +
           " differs across ranks: rank 0 has " + entry(described[0], i) +
           differing +
-          "; every rank must register the same parameters (names, dtypes, "
-          "shapes) in the same order");
+          "; every rank must register the same parameters and buffers "
+          "(names, dtypes, shapes) in the same order");
     }
   }
 }
@@ -284,12 +294,20 @@ std::vector<std::pair<std::string, Tensor>> DistributedDataParallel::state()
   return named;
 }
 
-void DistributedDataParallel::before_forward() {
-  if (!options_.broadcast_buffers || buffers_.empty()) return;
-  std::vector<std::shared_ptr<Work>> works;
-  for (Buffer& b : buffers_)
-    works.push_back(group_->broadcast(b.data, {.root = 0}));
-  for (auto& w : works) w->wait();
+void DistributedDataParallel::before_forward(bool backward_follows) {
+  if (buffers_due_ && options_.broadcast_buffers && !buffers_.empty()) {
+    std::vector<std::shared_ptr<Work>> works;
+    for (Buffer& b : buffers_)
+      works.push_back(group_->broadcast(b.data, {.root = 0}));
+    for (auto& w : works) w->wait();
+  }
+  if (backward_follows) sync_step_ = !no_sync_;
+  buffers_due_ = backward_follows && !no_sync_;
+}
+
+bool DistributedDataParallel::syncs_this_step() {
+  if (!sync_step_) sync_step_ = !no_sync_;
+  return *sync_step_;
 }
 
 void DistributedDataParallel::reset_step() {
@@ -308,7 +326,7 @@ void DistributedDataParallel::mark_grad_ready(std::size_t index) {
                           std::to_string(index) + " is outside [0, " +
                           std::to_string(parameters_.size()) + ")");
   }
-  if (no_sync_) return;  // accumulating locally
+  if (!syncs_this_step()) return;  // accumulating locally
   if (marked_[index]) {
     throw InvalidArgument("mark_grad_ready: parameter '" +
                           parameters_[index].name +
@@ -351,7 +369,9 @@ void DistributedDataParallel::launch(Bucket& bucket) {
 }
 
 void DistributedDataParallel::finish() {
-  if (no_sync_) return;
+  const bool sync = syncs_this_step();
+  sync_step_.reset();  // the next step decides afresh
+  if (!sync) return;
   std::vector<std::string> unused;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     if (marked_[i]) continue;

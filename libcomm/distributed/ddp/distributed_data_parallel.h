@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -90,9 +91,15 @@ class COMM_API DistributedDataParallel {
   Tensor& grad(std::size_t index);
   Tensor& grad(const std::string& name) { return grad(index_of(name)); }
 
-  // Starts a step: broadcasts rank 0's buffers when broadcast_buffers is
-  // on (outside no_sync).
-  void before_forward();
+  // Starts a forward, as torch's DDP does at the start of its forward:
+  // - broadcasts rank 0's buffers (with broadcast_buffers) on the first
+  //   forward, and after a forward whose backward communicated, not after
+  //   one inside a NoSync or one that no backward followed;
+  // - where `backward_follows` (a training forward, with autograd on),
+  //   decides whether this step's backward communicates: not inside a
+  //   NoSync. A step without before_forward() is decided at its first
+  //   mark_grad_ready() or finish().
+  void before_forward(bool backward_follows = true);
   // Parameter i's gradient for this step is final.
   void mark_grad_ready(std::size_t index);
   void mark_grad_ready(const std::string& name) {
@@ -105,7 +112,8 @@ class COMM_API DistributedDataParallel {
 
   // While a NoSync lives, steps communicate nothing: the trainer's
   // gradients accumulate locally, and the first step after it reduces the
-  // accumulated sum (gradient accumulation).
+  // accumulated sum (gradient accumulation). A step belongs to the NoSync
+  // its before_forward() ran in (see there).
   class COMM_API NoSync {
    public:
     explicit NoSync(DistributedDataParallel& ddp);
@@ -153,7 +161,13 @@ class COMM_API DistributedDataParallel {
   std::size_t marked_count_ = 0;
   std::size_t next_launch_ = 0;
   bool no_sync_ = false;
+  // Whether this step's backward communicates, once decided; reset by
+  // finish().
+  std::optional<bool> sync_step_;
+  // Whether the next forward broadcasts the buffers.
+  bool buffers_due_ = true;
   std::vector<std::size_t> marked_at_launch_;
+  bool syncs_this_step();
 };
 
 }  // namespace comm
