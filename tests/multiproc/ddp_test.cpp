@@ -20,6 +20,7 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/distributed/rendezvous.h"
 #include "libcomm/error.h"
+#include "libcomm/half.h"
 #include "support/child_process.h"
 #include "support/temp_path.h"
 
@@ -589,4 +590,23 @@ TEST_CASE("ranks with different buffers fail at construction naming them",
                    Catch::Contains("rank 1 has buffer 'running' float32 [6]"));
     std::remove(path.c_str());
   }
+}
+
+TEST_CASE("float16 gradients are averaged without overflowing their sum",
+          "[ddp][multiproc]") {
+  // Each rank's gradient is 40,000, which float16 holds; their sum, 80,000,
+  // it does not. torch's DDP divides before it sums, and so does libcomm's.
+  auto codes = run_world(2, [&](ProcessGroup& group) {
+    Tensor weight = Tensor::zeros({4}, comm::DType::kF16);
+    Tensor grad = Tensor::full({4}, 40000.0, comm::DType::kF16);
+    auto g = std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    DistributedDataParallel ddp(g, {{"w", weight, grad}});
+    ddp.before_forward();
+    ddp.mark_grad_ready(0);
+    ddp.finish();
+    const float averaged = static_cast<float>(grad.data<comm::Float16>()[3]);
+    if (averaged != 40000.0)
+      throw std::runtime_error("averaged to " + std::to_string(averaged));
+  });
+  CHECK(codes == std::vector<int>{0, 0});
 }

@@ -6,6 +6,7 @@
 
 #include "libcomm/detail/dispatch.h"
 #include "libcomm/error.h"
+#include "libcomm/reduce_kernels.h"
 
 namespace comm {
 namespace {
@@ -360,7 +361,16 @@ void DistributedDataParallel::launch(Bucket& bucket) {
   if (next_launch_ == 0) marked_at_launch_.clear();  // a new step
   marked_at_launch_.push_back(marked_count_);
   if (options_.comm_hook == CommHook::kAllReduce) {
-    bucket.work = group_->all_reduce(bucket.flat, {.op = ReduceOp::kAvg});
+    if (bucket.flat.device().is_cpu()) {
+      // Divided first, then summed, as torch's DDP does: a sum of float16
+      // gradients could overflow where their average fits.
+      divide_by(bucket.flat.dtype(), bucket.flat.data_ptr(),
+                static_cast<std::size_t>(bucket.flat.numel()), group_->size());
+      bucket.work = group_->all_reduce(bucket.flat);
+    } else {
+      // NCCL's average, which scales each operand before it sums.
+      bucket.work = group_->all_reduce(bucket.flat, {.op = ReduceOp::kAvg});
+    }
     return;
   }
   // Divide first, so that the half-precision sum cannot overflow.
