@@ -151,6 +151,8 @@ struct Stream {
   std::string pending;
   std::string prefix;
   int log_fd = -1;
+  // Whether the last line emitted ended with a carriage return alone.
+  bool drawing = false;
 };
 
 struct Worker {
@@ -200,10 +202,11 @@ void say(const std::string& message) {
 }
 
 // Emits the complete lines of `stream` with the rank prefix; at EOF also the
-// unfinished last line. A line ends at a newline, or at a carriage return
-// that no newline follows, which it keeps, so that a progress bar redrawn
-// with carriage returns (tqdm's) moves as it is drawn, one prefix per
-// drawing.
+// unfinished last line. A line ends at a newline, or at a carriage return,
+// which it keeps, so that a progress bar redrawn with carriage returns
+// moves as it is drawn, one prefix per drawing. A drawing left open (its
+// carriage return was the last byte emitted) is closed, without a prefix
+// of its own, by a newline that follows, and by the end of the stream.
 void emit_lines(Stream& stream, bool at_eof) {
   const std::string& prefix = stream.prefix;
   const std::string& pending = stream.pending;
@@ -214,14 +217,10 @@ void emit_lines(Stream& stream, bool at_eof) {
     std::string_view ending = "\n";
     std::size_t next = end + 1;
     if (end != std::string::npos && pending[end] == '\r') {
-      if (end + 1 == pending.size()) {
-        if (!at_eof) break;  // whether a newline follows is still unknown
-        ending = "\n";
-      } else if (pending[end + 1] == '\n') {
+      ending = "\r";
+      if (end + 1 < pending.size() && pending[end + 1] == '\n') {
         ending = "\r\n";
         next = end + 2;
-      } else {
-        ending = "\r";
       }
     }
     if (end == std::string::npos) {
@@ -235,13 +234,24 @@ void emit_lines(Stream& stream, bool at_eof) {
       }
       next = end;
     }
-    // A drawing that starts with its carriage return ends the one before.
-    if (!(ending == "\r" && end == start)) {
+    if (end == start && stream.drawing) {
+      // Nothing to draw: a newline closes the open drawing, and another
+      // carriage return leaves it open.
+      if (ending != "\r") {
+        lines += '\n';
+        stream.drawing = false;
+      }
+    } else if (!(end == start && ending == "\r")) {
       lines += prefix;
       lines.append(pending, start, end - start);
       lines += ending;
+      stream.drawing = ending == "\r";
     }
     start = next;
+  }
+  if (at_eof && stream.drawing) {
+    lines += '\n';
+    stream.drawing = false;
   }
   stream.pending.erase(0, start);
   if (!lines.empty()) write_all(stream.target, lines);
@@ -546,12 +556,18 @@ class Launcher {
   // Once every worker has exited: where the generation was stopped, waits
   // until what the workers started has left their process groups, until
   // the grace ends and then kills it; then reaps the workers. Bounded by
-  // kill_at, at most --term-grace seconds away.
-  void finish(const Outcome& outcome,
-              std::optional<Clock::time_point> kill_at) {
+  // kill_at, at most --term-grace seconds away. A stop signal received
+  // meanwhile ends the grace at once (and, being recorded, any restart).
+  void finish(Outcome& outcome, std::optional<Clock::time_point> kill_at) {
     if (outcome.failed != nullptr || outcome.signal != 0) {
+      // What ignores the signal that stopped the job (a shell's background
+      // jobs ignore SIGINT and SIGQUIT) gets SIGTERM's chance too.
+      if (outcome.signal != 0 && outcome.signal != SIGTERM && groups_left()) {
+        stop_all(SIGTERM);
+      }
       while (kill_at && Clock::now() < *kill_at && groups_left()) {
-        poll(nullptr, 0, 20);
+        pollfd signals{signal_fd_, POLLIN, 0};
+        if (poll(&signals, 1, 20) == 1 && stop_signal_arrived(outcome)) break;
       }
       if (groups_left()) stop_all(SIGKILL);
     }
@@ -634,6 +650,25 @@ class Launcher {
       }
     }
     finish(outcome, kill_at);
+  }
+
+  // Reads the signals that arrived; true when one was a stop signal, which
+  // it records as the generation's unless one was already.
+  bool stop_signal_arrived(Outcome& outcome) {
+    bool stop = false;
+    signalfd_siginfo info{};
+    while (read(signal_fd_, &info, sizeof(info)) ==
+           static_cast<ssize_t>(sizeof(info))) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) continue;
+      stop = true;
+      if (outcome.signal == 0) {
+        say(std::string(strsignal(sig)) +
+            " received; killing what is left of the workers");
+        outcome.signal = sig;
+      }
+    }
+    return stop;
   }
 
   void handle_signal(Outcome& outcome,
@@ -1111,7 +1146,11 @@ int main(int argc, char** argv) {
                          ? config.master_port
                          : comm::detail::free_loopback_port();
     const Outcome outcome = launcher.run_generation(port, restart);
-    if (outcome.signal != 0) return 128 + outcome.signal;
+    // A signal that came after a failure stops the job too, once the
+    // failure is named.
+    if (outcome.signal != 0 && outcome.failed == nullptr) {
+      return 128 + outcome.signal;
+    }
     if (outcome.not_started) return 1;
     if (!outcome.failed) return 0;
     const Worker& w = *outcome.failed;
@@ -1133,6 +1172,7 @@ int main(int argc, char** argv) {
              ? ", after rank " + std::to_string(outcome.left_early->rank) +
                    " had exited"
              : ""));
+    if (outcome.signal != 0) return 128 + outcome.signal;
     if (restart >= config.max_restarts) {
       if (config.max_restarts > 0) {
         say("giving up after " + std::to_string(config.max_restarts) +

@@ -139,7 +139,23 @@ TEST_CASE("a carriage return ends a drawing of a progress bar", "[commrun]") {
             "printf 'dos\\r\\n'; printf 'last\\r'"});
   REQUIRE(commrun->wait(20s) == 0);
   CHECK(read_file(dir / "stdout") ==
-        "[0]: start\n[0]: step 1\r[0]: step 2\n[0]: dos\r\n[0]: last\n");
+        "[0]: start\n[0]: step 1\r[0]: step 2\n[0]: dos\r\n[0]: last\r\n");
+
+  // A drawing that ends with its carriage return shows at once, not when
+  // the next one comes.
+  ScratchDir later;
+  auto drawing =
+      start_commrun(later, {"--nproc-per-node", "1", "--master-port", "0", "sh",
+                            "-c", "printf '10%%\\r'; exec sleep 60"});
+  bool shown = false;
+  for (int round = 0; round < 1000 && !shown; ++round) {  // at most 10 s
+    shown = read_file(later / "stdout") == "[0]: 10%\r";
+    if (!shown) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(shown);
+  drawing->kill(SIGTERM);
+  CHECK(drawing->wait(20s) == 128 + SIGTERM);
+  CHECK(read_file(later / "stdout") == "[0]: 10%\r\n");
 }
 
 TEST_CASE("commrun exports torchrun's variables to each worker", "[commrun]") {
@@ -260,6 +276,41 @@ TEST_CASE(
     CHECK(std::chrono::steady_clock::now() - start < 10s);
     for (pid_t pid : helpers) CHECK_FALSE(running(pid));
   }
+}
+
+TEST_CASE("a signal while the grace runs ends it and any restart",
+          "[commrun]") {
+  // Rank 0 leaves a helper that ignores SIGTERM and SIGINT behind and
+  // fails; commrun would give the helper 60 s and then restart. SIGINT
+  // ends that at once: the failure is named, nothing restarts, and the
+  // helper is killed.
+  ScratchDir dir;
+  const std::string script =
+      "if [ \"$RANK\" = 0 ]; then sh -c 'trap \"\" TERM INT; echo $$ > " +
+      dir.path.str() + "/pid.tmp && mv " + dir.path.str() + "/pid.tmp " +
+      dir.path.str() +
+      "/pid.0; sleep 60 & wait' >/dev/null 2>&1 & i=0; while [ $i -lt 500 ] "
+      "&& ! [ -e " +
+      dir.path.str() + "/pid.0 ]; do sleep 0.02; i=$((i+1)); done; echo $$ > " +
+      dir.path.str() + "/pid.tmp && mv " + dir.path.str() + "/pid.tmp " +
+      dir.path.str() + "/pid.1; exit 1; fi; exec sleep 60";
+  const auto start = std::chrono::steady_clock::now();
+  auto commrun = start_commrun(
+      dir, {"--nproc-per-node", "2", "--master-port", "0", "--term-grace", "60",
+            "--max-restarts", "3", "sh", "-c", script});
+  // pid.0 is the helper's, pid.1 rank 0's, written as it fails.
+  const auto pids = wait_for_pids(dir, 2);
+  for (int round = 0; round < 1000 && running(pids[1]); ++round) {
+    std::this_thread::sleep_for(10ms);  // at most 10 s
+  }
+  std::this_thread::sleep_for(200ms);  // for commrun to see it
+  commrun->kill(SIGINT);
+  CHECK(commrun->wait(30s) == 128 + SIGINT);
+  CHECK(std::chrono::steady_clock::now() - start < 30s);
+  CHECK_FALSE(running(pids[0]));
+  const std::string err = read_file(dir / "stderr");
+  CHECK_THAT(err, Catch::Contains("exited with status 1"));
+  CHECK_THAT(err, !Catch::Contains("restarting the group"));
 }
 
 TEST_CASE("a worker that reads the terminal fails the job saying why",

@@ -88,8 +88,9 @@ def test_destroy_process_group_ends_every_group():
     dist.init_process_group("tcp", store=dist.HashStore(), rank=0,
                             world_size=1, timeout=30)
     sub = dist.new_group([0])
-    # As in torch, a group of no rank has no member.
-    assert dist.new_group([]) is dist.GroupMember.NON_GROUP_MEMBER
+    # torch 1.13 fails with a TypeError from deep inside; commdist says why.
+    with pytest.raises(dist.InvalidArgument, match="list of ranks is empty"):
+        dist.new_group([])
     dist.destroy_process_group()
     with pytest.raises(dist.BackendError, match="shut down"):
         dist.all_reduce(np.ones(2, dtype=np.float32), group=sub)

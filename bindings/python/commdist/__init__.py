@@ -471,9 +471,6 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None):
         raise UnsupportedError("new_group: pg_options are not supported")
     del timeout
     members = list(range(world.size())) if ranks is None else list(ranks)
-    if not members:
-        # As in torch: a group of no rank, which no rank is a member of.
-        return GroupMember.NON_GROUP_MEMBER
     made = world.new_group(members)
     if made is None:
         return GroupMember.NON_GROUP_MEMBER
