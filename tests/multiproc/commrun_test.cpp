@@ -437,6 +437,7 @@ TEST_CASE("commrun rejects bad arguments with a usage message and 2",
       {"--rdzv-endpoint", "127.0.0.1:1", "--master-port", "2", "true"},
       {"--rdzv-conf", "read_timeout=5", "true"},
       {"--pass-local-rank", "--use-env", "true"},
+      {"--master-addr", "", "true"},
   };
   for (const auto& args : bad) {
     ScratchDir dir;
