@@ -98,7 +98,8 @@ def assert_bitwise_equal(a, b, where=""):
 
 
 DDP_VARIANTS = ["plain", "find_unused", "no_sync", "bucket_view",
-                "static_graph", "allreduce_hook", "fp16_hook"]
+                "static_graph", "allreduce_hook", "fp16_hook",
+                "powersgd_hook"]
 
 
 @pytest.mark.parametrize("variant", DDP_VARIANTS)
@@ -236,6 +237,16 @@ def read_error(out, rank):
     seconds, kind, message = (out / f"rank{rank}.error").read_text() \
         .split("\n", 2)
     return float(seconds), kind, message
+
+
+def test_futures_complete_out_of_order_and_inside_callbacks(tmp_path):
+    # gloo 1.13 has no Future for a receive, so libcomm runs alone here.
+    out = run_ranks(tmp_path, "futures", "libcomm")
+    for rank, received in [(0, 3.0), (1, 7.0)]:
+        results = load(out, rank)
+        assert results["nested"].tolist() == [20.0] * 4
+        assert results["received"].tolist() == [received] * 2
+    assert load(out, 0)["behind_a_receive"].tolist() == [2.0, 2.0]
 
 
 def test_killed_rank_fails_the_others_within_5s_naming_it(tmp_path):

@@ -100,6 +100,14 @@ def scenario_ddp(out_dir, variant):
     if variant == "fp16_hook":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    if variant == "powersgd_hook":
+        # Its callbacks wait for the group's other Futures.
+        from torch.distributed.algorithms.ddp_comm_hooks import \
+            powerSGD_hook as powersgd
+        state = powersgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1,
+            start_powerSGD_iter=2, random_seed=0)
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
     optimizer = optim.SGD(ddp.parameters(), lr=0.01)
     train(ddp, optimizer, 6, 0, variant, device)
 
@@ -113,6 +121,12 @@ def scenario_ddp(out_dir, variant):
     state = {name: p.detach().cpu().clone()
              for name, p in ddp.named_parameters()}
     torch.save(state, os.path.join(out_dir, f"rank{RANK}.pt"))
+    if variant == "powersgd_hook" and dist.get_backend() == "gloo":
+        # torch 1.13's gloo group aborts ("terminate called without an
+        # active exception") as the process ends after PowerSGD; its
+        # results are saved, and libcomm's run ends normally.
+        sys.stdout.flush()
+        os._exit(0)
 
 
 # ---- Every collective on the same inputs --------------------------------
@@ -390,6 +404,36 @@ def scenario_kill(out_dir, _variant):
         save_error(out_dir, error, started or time.monotonic())
         os._exit(0)
     raise AssertionError("training went on without the killed rank")
+
+
+def scenario_futures(out_dir, _variant):
+    """A Future waited for inside another Future's callback, as PowerSGD's
+    hook waits; and a collective's Future, set while a receive issued
+    before it still waits for its message."""
+    import faulthandler
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang fails in 60 s
+    results = {}
+    first = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+    inner = torch.full((4,), 10.0)
+    results["nested"] = first.then(
+        lambda _: dist.all_reduce(inner, async_op=True).get_future().wait()[0]
+    ).wait()
+    if RANK == 0:
+        got = torch.zeros(2)
+        pending = dist.irecv(got, src=1).get_future()
+        results["behind_a_receive"] = dist.all_reduce(
+            torch.ones(2), async_op=True).get_future().wait()[0]
+        dist.send(torch.full((2,), 7.0), dst=1)
+        pending.wait()
+        results["received"] = got
+    else:
+        dist.all_reduce(torch.ones(2))
+        got = torch.zeros(2)
+        dist.recv(got, src=0)
+        dist.send(torch.full((2,), 3.0), dst=0)
+        results["received"] = got
+    faulthandler.cancel_dump_traceback_later()
+    torch.save(results, os.path.join(out_dir, f"rank{RANK}.pt"))
 
 
 def scenario_mismatch(out_dir, _variant):

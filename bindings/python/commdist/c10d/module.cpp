@@ -21,7 +21,7 @@ PYBIND11_MODULE(_C, module) {
   // Registers torch's ProcessGroup and Store classes with pybind11.
   py::module_::import("torch.distributed");
   // Python drops a group with the GIL held; its destructor waits for the
-  // completion thread, which may need the GIL to finish a Future callback.
+  // completion threads, which may need the GIL to finish a Future callback.
   commdist_c10d::ProcessGroupLibcomm::release_gil_while =
       [](const std::function<void()>& wait) {
         if (Py_IsInitialized() && PyGILState_Check()) {

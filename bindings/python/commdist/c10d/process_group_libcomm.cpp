@@ -263,7 +263,7 @@ WorkLibcomm::WorkLibcomm(int rank, c10d::OpType type,
                          std::shared_ptr<comm::Work> work,
                          std::vector<at::Tensor> outputs,
                          std::function<void()> epilogue,
-                         std::shared_ptr<CompletionThread> completion,
+                         std::shared_ptr<CompletionThreads> completion,
                          int cuda_device)
     : c10d::Work(rank, type),
       work_(std::move(work)),
@@ -417,51 +417,69 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkLibcomm::getFuture() {
   return future;
 }
 
-// ---- CompletionThread ------------------------------------------------------
+// ---- CompletionThreads -----------------------------------------------------
 
-std::shared_ptr<CompletionThread> CompletionThread::start() {
-  std::shared_ptr<CompletionThread> self(new CompletionThread());
-  self->thread_ = std::thread([self] { self->run(); });
-  return self;
+std::shared_ptr<CompletionThreads> CompletionThreads::start() {
+  return std::shared_ptr<CompletionThreads>(new CompletionThreads());
 }
 
-void CompletionThread::watch(c10::intrusive_ptr<WorkLibcomm> work) {
+void CompletionThreads::watch(c10::intrusive_ptr<WorkLibcomm> work) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (stopping_) {
+      // The group has shut libcomm down, which completed every Work.
+      lock.unlock();
+      work->wait_for_libcomm();
+      work->complete();
+      return;
+    }
     queue_.push_back(std::move(work));
+    if (idle_ < queue_.size() && threads_.size() < kMaxThreads) {
+      ++idle_;  // the new thread's, until it takes a Work
+      threads_.emplace_back([self = shared_from_this()] { self->run(); });
+      return;
+    }
   }
   changed_.notify_one();
 }
 
-void CompletionThread::stop() {
+void CompletionThreads::stop() {
+  std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return;
     stopping_ = true;
+    threads.swap(threads_);
   }
-  changed_.notify_one();
-  // A Future callback may drop the last reference to the group; the thread
+  changed_.notify_all();
+  // A Future callback may drop the last reference to the group; a thread
   // cannot join itself, and it ends on its own once the queue is empty.
-  if (thread_.get_id() == std::this_thread::get_id()) {
-    thread_.detach();
-  } else {
-    thread_.join();
+  for (std::thread& thread : threads) {
+    if (thread.get_id() == std::this_thread::get_id()) {
+      thread.detach();
+    } else {
+      thread.join();
+    }
   }
 }
 
-void CompletionThread::run() {
+void CompletionThreads::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    c10::intrusive_ptr<WorkLibcomm> work;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      work = queue_.front();
+    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) {
+      --idle_;
+      return;
     }
+    c10::intrusive_ptr<WorkLibcomm> work = std::move(queue_.front());
+    queue_.pop_front();
+    --idle_;
+    lock.unlock();
     work->wait_for_libcomm();
     work->complete();
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.pop_front();
+    work.reset();  // its last reference may be the group's: not under the lock
+    lock.lock();
+    ++idle_;
   }
 }
 
@@ -475,13 +493,13 @@ ProcessGroupLibcomm::ProcessGroupLibcomm(
       timeout_(timeout),
       group_(std::make_shared<comm::ProcessGroup>(store_, rank, size, "tcp",
                                                   timeout, "torch")),
-      completion_(CompletionThread::start()) {
+      completion_(CompletionThreads::start()) {
   init();
 }
 
 ProcessGroupLibcomm::~ProcessGroupLibcomm() {
   // Shutting libcomm down completes every queued operation (with an error),
-  // so the completion thread drains and ends.
+  // so the completion threads drain and end.
   try {
     group_->shutdown();
   } catch (...) {

@@ -23,7 +23,7 @@
 // A caller that waits on its Work runs the operation on its own thread, as
 // libcomm's ProcessGroup allows. A Work whose Future is asked for (DDP's
 // reducer asks for every bucket's) is also watched by the group's
-// completion thread, which completes the Future, and runs the Future's
+// completion threads, one of which completes the Future, and runs the Future's
 // callbacks, as soon as libcomm completes the operation.
 #pragma once
 
@@ -44,7 +44,7 @@
 
 namespace commdist_c10d {
 
-class CompletionThread;
+class CompletionThreads;
 class Staging;
 
 // A libcomm operation seen as a c10d::Work. Complete (isCompleted() true,
@@ -68,7 +68,7 @@ class WorkLibcomm final : public c10d::Work {
   // the operation's tensors, or -1 for CPU tensors.
   WorkLibcomm(int rank, c10d::OpType type, std::shared_ptr<comm::Work> work,
               std::vector<at::Tensor> outputs, std::function<void()> epilogue,
-              std::shared_ptr<CompletionThread> completion, int cuda_device);
+              std::shared_ptr<CompletionThreads> completion, int cuda_device);
   ~WorkLibcomm() override;
 
   bool isCompleted() override;
@@ -98,7 +98,7 @@ class WorkLibcomm final : public c10d::Work {
   const std::vector<at::Tensor> outputs_;
   std::function<void()> epilogue_;  // cleared by complete()
   const bool has_epilogue_;
-  const std::shared_ptr<CompletionThread> completion_;
+  const std::shared_ptr<CompletionThreads> completion_;
   const int cuda_device_;
   std::atomic<bool> completing_{false};  // set by complete()'s first call
   std::atomic<bool> watched_{false};
@@ -113,29 +113,41 @@ class WorkLibcomm final : public c10d::Work {
   std::exception_ptr outcome_error_;
 };
 
-// The thread that completes watched Works in the order they were handed
-// over, which is the order libcomm runs them in for collectives. It owns
-// itself (its body holds a shared_ptr), so a thread that drops the last
-// reference from inside a Future callback can leave it detached.
-class CompletionThread : public std::enable_shared_from_this<CompletionThread> {
+// The threads that complete watched Works, and so set their Futures and run
+// the Futures' callbacks, off libcomm's own threads. Each waits for one Work
+// at a time, and a Work handed over while none is free gets a new thread
+// (up to kMaxThreads), so that a Work completes as soon as libcomm has
+// finished it, whatever the Works before it do: a receive that waits for
+// its peer holds up no collective's Future, and a callback that waits for
+// another Future of the group (PowerSGD's hook waits inside its callback)
+// finds a thread to complete it. The threads own the pool (their bodies
+// hold a shared_ptr), so a thread that drops the last reference from
+// inside a Future callback can leave itself detached.
+class CompletionThreads
+    : public std::enable_shared_from_this<CompletionThreads> {
  public:
-  static std::shared_ptr<CompletionThread> start();
+  static std::shared_ptr<CompletionThreads> start();
   void watch(c10::intrusive_ptr<WorkLibcomm> work);
   // Waits until every watched Work is complete (the group shuts libcomm
-  // down first, which completes them all) and the thread has ended. The
+  // down first, which completes them all) and the threads have ended. A
   // thread may need the GIL to run a Future's Python callbacks (DDP's comm
   // hooks) and drop their references, so the caller must not hold it.
   void stop();
 
+  // Beyond this many Works at once, a Work waits for a free thread.
+  static constexpr std::size_t kMaxThreads = 64;
+
  private:
-  CompletionThread() = default;
+  CompletionThreads() = default;
   void run();
 
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<c10::intrusive_ptr<WorkLibcomm>> queue_;  // under mutex_
-  bool stopping_ = false;                              // under mutex_
-  std::thread thread_;
+  // Threads waiting for a Work, or started to take one; under mutex_.
+  std::size_t idle_ = 0;
+  bool stopping_ = false;             // under mutex_
+  std::vector<std::thread> threads_;  // under mutex_
 };
 
 class ProcessGroupLibcomm final : public c10d::ProcessGroup {
@@ -147,7 +159,7 @@ class ProcessGroupLibcomm final : public c10d::ProcessGroup {
                       int size, std::chrono::milliseconds timeout);
   ~ProcessGroupLibcomm() override;
 
-  // Runs `wait` (which blocks until the completion thread has ended) with
+  // Runs `wait` (which blocks until the completion threads have ended) with
   // the GIL released when the calling thread holds it; set by module.cpp,
   // the one file that knows Python. Without it `wait` just runs.
   static void (*release_gil_while)(const std::function<void()>& wait);
@@ -231,7 +243,7 @@ class ProcessGroupLibcomm final : public c10d::ProcessGroup {
   const std::shared_ptr<comm::Store> store_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<comm::ProcessGroup> group_;
-  std::shared_ptr<CompletionThread> completion_;
+  std::shared_ptr<CompletionThreads> completion_;
   std::mutex cuda_mutex_;
   std::shared_ptr<comm::ProcessGroup> cuda_group_;  // under cuda_mutex_
 };
