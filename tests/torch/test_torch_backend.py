@@ -249,6 +249,16 @@ def test_futures_complete_out_of_order_and_inside_callbacks(tmp_path):
     assert load(out, 0)["behind_a_receive"].tolist() == [2.0, 2.0]
 
 
+def test_a_pending_callback_at_exit_ends_cleanly(tmp_path):
+    # Once Python finalizes, a thread that runs a Python callback is ended
+    # inside torch (an abort); commdist.c10d shuts its groups down at exit,
+    # before that. Three runs: the abort depended on timing.
+    for attempt in range(3):
+        (tmp_path / str(attempt)).mkdir()
+        run_ranks(tmp_path / str(attempt), "exit_with_a_pending_callback",
+                  "libcomm")
+
+
 def test_killed_rank_fails_the_others_within_5s_naming_it(tmp_path):
     world = 3
     out = run_ranks(tmp_path, "kill", "libcomm", world=world,

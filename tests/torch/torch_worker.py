@@ -436,6 +436,20 @@ def scenario_futures(out_dir, _variant):
     torch.save(results, os.path.join(out_dir, f"rank{RANK}.pt"))
 
 
+KEPT = []
+
+
+def scenario_exit_with_a_pending_callback(out_dir, _variant):
+    """The program ends with its group alive (held here past
+    destroy_process_group, as a comm hook's state may hold it) and a
+    receive pending whose Future has a Python callback."""
+    KEPT.append(dist.distributed_c10d._get_default_group())
+    if RANK == 0:
+        future = dist.irecv(torch.zeros(2), src=1).get_future()
+        KEPT.append(future.then(lambda f: KEPT.append("called back")))
+    dist.barrier()
+
+
 def scenario_mismatch(out_dir, _variant):
     """Rank 0 all-reduces 10 elements, the others 11."""
     tensor = torch.ones(10 if RANK == 0 else 11)

@@ -15,12 +15,19 @@ init method (env://, tcp://, file://, or a Store given to
 init_process_group), exactly as gloo does.
 """
 
+import atexit as _atexit
 import inspect as _inspect
 
 import torch.distributed as _dist
 
 from ._C import ProcessGroupLibcomm, create_process_group, cuda_support
+from ._C import close_all as _close_all
 from ._C import set_log_rank as _set_log_rank
+
+# Groups still alive as the interpreter exits (torch's destroy_process_group
+# drops its references, but DDP or a comm hook's state may hold more) are
+# shut down while a Future's Python callback can still run.
+_atexit.register(_close_all)
 
 BACKEND = "libcomm"
 

@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <functional>
+#include <mutex>
+#include <vector>
 
 #include "libcomm/logging.h"
 #include "process_group_libcomm.h"
@@ -18,6 +20,11 @@ namespace py = pybind11;
 
 PYBIND11_MODULE(_C, module) {
   module.doc() = "libcomm as a torch.distributed backend (see commdist.c10d)";
+  // The groups create_process_group made, for close_all.
+  static std::mutex made_mutex;
+  static std::vector<
+      c10::weak_intrusive_ptr<commdist_c10d::ProcessGroupLibcomm>>
+      made;
   // Registers torch's ProcessGroup and Store classes with pybind11.
   py::module_::import("torch.distributed");
   // Python drops a group with the GIL held; its destructor waits for the
@@ -49,11 +56,33 @@ PYBIND11_MODULE(_C, module) {
       "create_process_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
          std::chrono::milliseconds timeout) {
-        return c10::make_intrusive<commdist_c10d::ProcessGroupLibcomm>(
+        auto group = c10::make_intrusive<commdist_c10d::ProcessGroupLibcomm>(
             store, rank, size, timeout);
+        std::lock_guard<std::mutex> lock(made_mutex);
+        std::erase_if(made, [](const auto& weak) { return weak.expired(); });
+        made.emplace_back(group);
+        return group;
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::call_guard<py::gil_scoped_release>());
+
+  module.def(
+      "close_all",
+      [] {
+        // Strong references taken under the lock and used outside it: a
+        // callback run by close() may drop a group's last reference.
+        std::vector<c10::intrusive_ptr<commdist_c10d::ProcessGroupLibcomm>>
+            live;
+        {
+          std::lock_guard<std::mutex> lock(made_mutex);
+          for (const auto& weak : made) {
+            if (auto group = weak.lock()) live.push_back(std::move(group));
+          }
+          made.clear();
+        }
+        for (const auto& group : live) group->close();
+      },
+      "Shuts down every libcomm group still alive (atexit calls it).");
 
   module.def("set_log_rank", &comm::set_log_rank, py::arg("rank"),
              "Log lines from now on carry this rank (-1: none).");

@@ -497,7 +497,9 @@ ProcessGroupLibcomm::ProcessGroupLibcomm(
   init();
 }
 
-ProcessGroupLibcomm::~ProcessGroupLibcomm() {
+ProcessGroupLibcomm::~ProcessGroupLibcomm() { close(); }
+
+void ProcessGroupLibcomm::close() {
   // Shutting libcomm down completes every queued operation (with an error),
   // so the completion threads drain and end.
   try {

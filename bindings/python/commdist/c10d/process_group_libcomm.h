@@ -159,6 +159,15 @@ class ProcessGroupLibcomm final : public c10d::ProcessGroup {
                       int size, std::chrono::milliseconds timeout);
   ~ProcessGroupLibcomm() override;
 
+  // Shuts the group down: its pending operations fail, saying so, their
+  // Futures are set, and the completion threads end. Later calls on the
+  // group fail. Idempotent; the destructor calls it. commdist.c10d calls it
+  // for every live group as the interpreter exits (atexit), while a
+  // Future's Python callback can still run: once Python finalizes, a
+  // thread that takes the GIL is ended by pthread_exit, which aborts the
+  // process from inside torch's callback machinery.
+  void close();
+
   // Runs `wait` (which blocks until the completion threads have ended) with
   // the GIL released when the calling thread holds it; set by module.cpp,
   // the one file that knows Python. Without it `wait` just runs.
