@@ -567,7 +567,15 @@ class Launcher {
       }
       while (kill_at && Clock::now() < *kill_at && groups_left()) {
         pollfd signals{signal_fd_, POLLIN, 0};
-        if (poll(&signals, 1, 20) == 1 && stop_signal_arrived(outcome)) break;
+        if (poll(&signals, 1, 20) != 1) continue;
+        const std::vector<int> stops = read_stop_signals();
+        if (stops.empty()) continue;
+        if (outcome.signal == 0) {
+          say(std::string(strsignal(stops.front())) +
+              " received; killing what is left of the workers");
+          outcome.signal = stops.front();
+        }
+        break;
       }
       if (groups_left()) stop_all(SIGKILL);
     }
@@ -652,32 +660,22 @@ class Launcher {
     finish(outcome, kill_at);
   }
 
-  // Reads the signals that arrived; true when one was a stop signal, which
-  // it records as the generation's unless one was already.
-  bool stop_signal_arrived(Outcome& outcome) {
-    bool stop = false;
+  // The stop signals that arrived, in order, read from the signalfd; a
+  // SIGCHLD is dropped (reap() asks every worker, whichever child it was).
+  std::vector<int> read_stop_signals() {
+    std::vector<int> stops;
     signalfd_siginfo info{};
     while (read(signal_fd_, &info, sizeof(info)) ==
            static_cast<ssize_t>(sizeof(info))) {
       const int sig = static_cast<int>(info.ssi_signo);
-      if (sig == SIGCHLD) continue;
-      stop = true;
-      if (outcome.signal == 0) {
-        say(std::string(strsignal(sig)) +
-            " received; killing what is left of the workers");
-        outcome.signal = sig;
-      }
+      if (sig != SIGCHLD) stops.push_back(sig);
     }
-    return stop;
+    return stops;
   }
 
   void handle_signal(Outcome& outcome,
                      std::optional<Clock::time_point>& kill_at) {
-    signalfd_siginfo info{};
-    while (read(signal_fd_, &info, sizeof(info)) ==
-           static_cast<ssize_t>(sizeof(info))) {
-      const int sig = static_cast<int>(info.ssi_signo);
-      if (sig == SIGCHLD) continue;  // reaped below, whichever child it was
+    for (const int sig : read_stop_signals()) {
       if (outcome.signal == 0) {
         say(std::string(strsignal(sig)) + " received; stopping the workers");
         outcome.signal = sig;

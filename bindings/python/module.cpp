@@ -378,16 +378,7 @@ class PyWork {
       } else {
         work_->wait();
       }
-      // Cleared only once it ran whole: after a failure (a wait that timed
-      // out), the next wait() runs it again. Two threads may wait at once
-      // (get_future()'s thread and the caller's): one runs it, the other
-      // waits for it here, never running it twice nor destroying it while
-      // it runs.
-      std::lock_guard<std::mutex> then_lock(then_mutex_);
-      if (then_) {
-        then_();
-        then_ = nullptr;
-      }
+      run_then();
     }
     release_deferred();
     return true;
@@ -400,11 +391,7 @@ class PyWork {
     if (work_->is_success()) {
       OnTorchStream on_torch_stream(torch_cuda_device_);
       py::gil_scoped_release no_gil;
-      std::lock_guard<std::mutex> then_lock(then_mutex_);
-      if (then_) {
-        then_();
-        then_ = nullptr;
-      }
+      run_then();
     }
     return true;
   }
@@ -415,6 +402,20 @@ class PyWork {
   const std::string& description() const { return work_->description(); }
 
  private:
+  // Runs what follows the completed operation, once; the caller has
+  // released the GIL. Cleared only once it ran whole: after a failure (a
+  // wait that timed out), the next wait() runs it again. Two threads may
+  // finish at once (get_future()'s thread and the caller's): one runs it,
+  // the other waits for it here, never running it twice nor destroying it
+  // while it runs.
+  void run_then() {
+    std::lock_guard<std::mutex> then_lock(then_mutex_);
+    if (then_) {
+      then_();
+      then_ = nullptr;
+    }
+  }
+
   std::shared_ptr<comm::Work> work_;
   std::mutex then_mutex_;
   std::function<void()> then_;  // guarded by then_mutex_
