@@ -20,7 +20,21 @@
 #include <cstdint>
 #include <span>
 
+#include "libcomm/shared_host_memory.h"
+
 namespace comm {
+
+// Where a buffer lies in the rank that owns it, as algorithms trade it:
+// its address and size, and, where it lies in shared host memory
+// (libcomm/shared_host_memory.h), the block that holds it (serial 0
+// otherwise) and how many blocks its owner had freed, by which a reader
+// that maps the owner's blocks knows when to drop its mappings.
+struct PeerRegion {
+  std::uint64_t address = 0;
+  std::uint64_t bytes = 0;
+  SharedHostBlock block;
+  std::uint64_t blocks_freed = 0;
+};
 
 class PeerMemory {
  public:
@@ -32,15 +46,23 @@ class PeerMemory {
   virtual void offer() = 0;
   virtual void withdraw() = 0;
 
-  // Copies `bytes` at `address` in the memory of rank `peer` (not this
-  // rank) into `into`. What it copied is the peer's data only once a
-  // confirm() naming the peer has returned. Throws PeerError naming the
-  // peer when its process has ended, the peer's failure report when the
-  // read fails because the peer left the call (it failed), and
-  // BackendError when the
-  // kernel refuses the read.
-  virtual void read(int peer, std::uint64_t address, void* into,
-                    std::size_t bytes) = 0;
+  // Copies `bytes` at `offset` in `region` of rank `peer` (not this rank)
+  // into `into`: from this process's mapping of the region's block where
+  // the region lies in shared host memory, through the kernel otherwise.
+  // What it copied is the peer's data only once a confirm() naming the peer
+  // has returned. Throws PeerError naming the peer when its process has
+  // ended, the peer's failure report when the read fails because the peer
+  // left the call (it failed), and BackendError when the kernel refuses the
+  // read.
+  virtual void read(int peer, const PeerRegion& region, std::uint64_t offset,
+                    void* into, std::size_t bytes) = 0;
+  // Where `region` of rank `peer` (not this rank) lies in this process:
+  // its bytes, readable in place until the call ends, where the region
+  // lies in shared host memory; null where it does not, or where the block
+  // cannot be mapped here (the peer's memory is then read()). Read in
+  // place, the bytes are the peer's data only once a confirm() naming the
+  // peer has returned. Throws as read() does.
+  virtual const std::uint8_t* mapped(int peer, const PeerRegion& region) = 0;
   // Returns when every rank in `peers` still offers its buffers and its
   // process lives, so that every read of them made before copied their
   // data: call it after the reads and before telling anyone they are done.

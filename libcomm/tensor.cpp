@@ -6,6 +6,7 @@
 #include "libcomm/detail/cuda_device.h"
 #include "libcomm/detail/dispatch.h"
 #include "libcomm/error.h"
+#include "libcomm/shared_host_memory.h"
 
 namespace comm {
 namespace {
@@ -104,6 +105,20 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   const std::int64_t numel = checked_numel(shape);
   auto storage = Storage::allocate(
       static_cast<std::size_t>(numel) * dtype_size(dtype), device);
+  return Tensor(std::move(storage), 0, shape, contiguous_strides(shape), dtype);
+}
+
+Tensor Tensor::shared_host_zeros(const Shape& shape, DType dtype) {
+  const std::int64_t numel = checked_numel(shape);
+  void* data =
+      allocate_shared_host(static_cast<std::size_t>(numel) * dtype_size(dtype));
+  std::shared_ptr<Storage> storage;
+  try {
+    storage = Storage::borrow(data, Device::cpu(), free_shared_host);
+  } catch (...) {
+    free_shared_host(data);
+    throw;
+  }
   return Tensor(std::move(storage), 0, shape, contiguous_strides(shape), dtype);
 }
 

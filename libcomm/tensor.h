@@ -39,6 +39,11 @@ class COMM_API Tensor {
   // for the half types; for bool, any non-zero value is true).
   static Tensor full(const Shape& shape, double value, DType dtype,
                      Device device = Device::cpu());
+  // Zeros on the host, in shared host memory (libcomm/shared_host_memory.h),
+  // freed with the last view: a collective among ranks of one host whose
+  // every rank passes such tensors reads them directly, with a plain copy.
+  // Throws SystemError where the kernel refuses the memory.
+  static Tensor shared_host_zeros(const Shape& shape, DType dtype);
   // The one-dimensional tensor 0, 1, ..., count - 1.
   static Tensor arange(std::int64_t count, DType dtype,
                        Device device = Device::cpu());

@@ -1015,9 +1015,72 @@ void LocalPeers::close_all() {
 
 LocalPeers::~LocalPeers() { release(); }
 
+void LocalPeers::unmap_blocks(Peer& peer) {
+  for (const MappedBlock& block : peer.mapped) {
+    ::munmap(const_cast<std::uint8_t*>(block.data), block.bytes);
+  }
+  peer.mapped.clear();
+}
+
+const std::uint8_t* LocalPeers::map_block(int peer_rank,
+                                          const SharedHostBlock& block,
+                                          std::uint64_t blocks_freed,
+                                          int& error) {
+  error = 0;
+  Peer& peer = peers_[peer_rank];
+  if (peer.mapping_refused) return nullptr;
+  if (blocks_freed != peer.blocks_freed) {
+    // Some block of the peer's was freed since these were mapped: which
+    // one, this rank cannot tell, and a mapping keeps its pages alive.
+    unmap_blocks(peer);
+    peer.blocks_freed = blocks_freed;
+  }
+  for (auto it = peer.mapped.begin(); it != peer.mapped.end(); ++it) {
+    if (it->serial != block.serial) continue;
+    const MappedBlock found = *it;
+    peer.mapped.erase(it);
+    peer.mapped.push_back(found);
+    return found.data;
+  }
+  const int fd = static_cast<int>(
+      ::syscall(SYS_pidfd_getfd, peer.pidfd, static_cast<int>(block.fd), 0));
+  if (fd < 0) {
+    const int cause = errno;
+    if (exited(peer_rank)) {
+      error = ESRCH;
+    } else if (cause == EBADF) {
+      error = EFAULT;
+    } else {
+      peer.mapping_refused = true;
+    }
+    return nullptr;
+  }
+  struct stat status {};
+  const bool same = ::fstat(fd, &status) == 0 && status.st_ino == block.inode &&
+                    static_cast<std::uint64_t>(status.st_size) == block.bytes;
+  void* data = same ? ::mmap(nullptr, block.bytes, PROT_READ, MAP_SHARED, fd, 0)
+                    : MAP_FAILED;
+  ::close(fd);
+  if (!same) {
+    error = exited(peer_rank) ? ESRCH : EFAULT;
+    return nullptr;
+  }
+  // Out of address space or of mappings: read through the kernel.
+  if (data == MAP_FAILED) return nullptr;
+  if (peer.mapped.size() >= kMappedBlocksPerPeer) {
+    const MappedBlock& oldest = peer.mapped.front();
+    ::munmap(const_cast<std::uint8_t*>(oldest.data), oldest.bytes);
+    peer.mapped.erase(peer.mapped.begin());
+  }
+  peer.mapped.push_back(
+      {block.serial, static_cast<const std::uint8_t*>(data), block.bytes});
+  return static_cast<const std::uint8_t*>(data);
+}
+
 void LocalPeers::release() {
   close_all();
   for (Peer& peer : peers_) {
+    unmap_blocks(peer);
     if (peer.rings != nullptr) ::munmap(peer.rings, peer.rings_bytes);
     if (peer.offer_page != nullptr) {
       ::munmap(peer.offer_page, peer.offer_page_bytes);

@@ -75,6 +75,7 @@
 #include "backends/shm/doorbell.h"
 #include "backends/shm/ring.h"
 #include "libcomm/detail/socket.h"
+#include "libcomm/shared_host_memory.h"
 #include "store/store.h"
 
 namespace comm::shm {
@@ -191,6 +192,22 @@ class LocalPeers {
   // id may be another process's (offered() checks).
   int read_memory(int peer, std::uint64_t address, void* into,
                   std::size_t bytes) const;
+  // Where `block` of shared host memory (libcomm/shared_host_memory.h) of
+  // `peer` (local, not this rank) lies in this process: mapped read-only
+  // at its first use, through a duplicate of the peer's descriptor
+  // (pidfd_getfd), and kept while the peer has freed no block since
+  // (`blocks_freed`, as the peer counted when it offered the block), up to
+  // kMappedBlocksPerPeer blocks, the least recently used unmapped first.
+  // Returns the block's first byte, or null with `error` set: ESRCH when
+  // the peer's process has ended, EFAULT when the peer's descriptor is no
+  // longer the block's (the peer left the call and freed it), or 0 where
+  // the kernel refuses to duplicate the descriptor (an older kernel, or a
+  // stricter ptrace policy than process_vm_readv meets; read_memory then
+  // reads the block, and this peer's blocks are not asked for again).
+  const std::uint8_t* map_block(int peer, const SharedHostBlock& block,
+                                std::uint64_t blocks_freed, int& error);
+  static constexpr std::size_t kMappedBlocksPerPeer = 64;
+
   // This rank's buffers are readable in collective `sequence`, until
   // withdraw(). Both are stores to a word that the peers read, and are
   // made before the buffers' addresses are sent and before a rank that
@@ -220,6 +237,13 @@ class LocalPeers {
   void close_all();
 
  private:
+  // A block of a peer's shared host memory mapped in this process.
+  struct MappedBlock {
+    std::uint64_t serial = 0;
+    const std::uint8_t* data = nullptr;
+    std::size_t bytes = 0;
+  };
+
   struct Peer {
     bool local = false;
     bool same_kernel = false;
@@ -235,7 +259,16 @@ class LocalPeers {
     const std::atomic<std::uint64_t>* offer_word = nullptr;
     std::array<Ring, kLanes> out;
     std::array<Ring, kLanes> in;
+    // The peer's blocks of shared host memory that this rank maps, the
+    // most recently used last; the peer's count of freed blocks when they
+    // were mapped; and whether the kernel refused to duplicate its
+    // descriptors.
+    std::vector<MappedBlock> mapped;
+    std::uint64_t blocks_freed = 0;
+    bool mapping_refused = false;
   };
+  // Unmaps every block of `peer`'s this rank maps.
+  static void unmap_blocks(Peer& peer);
 
   // What a rank published: its COMM_TRANSPORT, identity, process id, the
   // ring capacity it asked for (ring_bytes_asked), the memory it found

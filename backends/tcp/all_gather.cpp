@@ -94,7 +94,7 @@ void all_gather(CollectiveTransport& ctx, std::span<void* const> blocks,
   }
   if (PeerMemory* memory = direct_memory(
           ctx, bytes * static_cast<std::size_t>(size), DirectKind::kAmongAll,
-          AtTwoRanks::kReadWhereKernelCopyKeepsUp)) {
+          AtTwoRanks::kReadWhereKernelCopyKeepsUp, buffers_of(blocks, bytes))) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     const std::vector<std::vector<Region>> mine(
@@ -102,7 +102,7 @@ void all_gather(CollectiveTransport& ctx, std::span<void* const> blocks,
     const auto theirs = trade_regions(ctx, others, mine, others, 1);
     for (int peer : others) check_bytes(ctx, peer, theirs[peer][0], bytes);
     for (int peer : others) {
-      memory->read(peer, theirs[peer][0].address, blocks[peer], bytes);
+      memory->read(peer, theirs[peer][0], 0, blocks[peer], bytes);
     }
     memory->confirm(others);
     signal(ctx, others, others);

@@ -262,17 +262,16 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
       static_cast<std::size_t>(size),
       {region_of(input, bytes), region_of(data, bytes)});
   const auto theirs = trade_regions(ctx, others, mine, others, 2);
-  std::vector<std::uint64_t> inputs(static_cast<std::size_t>(size));
-  std::vector<std::uint64_t> outputs(static_cast<std::size_t>(size));
+  std::vector<Region> inputs(static_cast<std::size_t>(size));
+  std::vector<Region> outputs(static_cast<std::size_t>(size));
+  const Segment slice = segment_of(count, size, rank);
+  const std::size_t begin = slice.begin * element;
   for (int peer : others) {
     check_bytes(ctx, peer, theirs[peer][0], bytes);
     check_bytes(ctx, peer, theirs[peer][1], bytes);
-    inputs[peer] = theirs[peer][0].address;
-    outputs[peer] = theirs[peer][1].address;
+    inputs[peer] = part_from(theirs[peer][0], begin);
+    outputs[peer] = theirs[peer][1];
   }
-  const Segment slice = segment_of(count, size, rank);
-  const std::size_t begin = slice.begin * element;
-  for (int peer : others) inputs[peer] += begin;
   reduce_from_peers(ctx, memory, inputs, input + begin, data + begin,
                     slice.end - slice.begin, dtype, op);
   memory.confirm(others);
@@ -309,8 +308,9 @@ void all_reduce(CollectiveTransport& ctx, const void* input, void* output,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return over_hosts(ctx, *hosts, source, data, count, dtype, op);
   }
-  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kAmongAll,
-                                         AtTwoRanks::kKeepRings)) {
+  if (PeerMemory* memory = direct_memory(
+          ctx, bytes, DirectKind::kAmongAll, AtTwoRanks::kKeepRings,
+          buffers_of({{source, bytes}, {data, bytes}}))) {
     read_directly(ctx, *memory, source, data, count, dtype, op);
   } else if (small) {
     recursive_doubling(ctx, source, data, count, dtype, op);

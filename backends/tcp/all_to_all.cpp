@@ -15,9 +15,11 @@
 // pair of ranks decides, for each direction, on the part's size alone
 // (both ends know it): a part of COMM_SHM_DIRECT_THRESHOLD_BYTES / n
 // (at two ranks, COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES / 2), rounded
-// up, or more (n such parts reach the threshold) is read by its receiver
-// from the sender's input where it lies (single_copy.h), a smaller one
-// travels over the ring. In one step every rank sends each peer either its
+// up, or more (n such parts reach the threshold; where the input and the
+// output lie in shared host memory, COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES
+// / n at any size of group) is read by its receiver from the sender's
+// input where it lies (single_copy.h), a smaller one travels over the
+// ring. In one step every rank sends each peer either its
 // part or, for a part that is read, its Region (address and size) in a
 // message marked as an address (CollectiveStep::send_address). Ranks whose
 // splits disagree fail with MismatchError: where the two ends disagree on
@@ -45,12 +47,23 @@ namespace {
 // of `size`: a part is judged as one of n equal ones, read when n parts of
 // its size would reach the threshold, as the other collectives judge their
 // whole buffers.
-std::size_t read_threshold(const PeerMemory& memory, int size) {
+std::size_t read_threshold(const PeerMemory& memory, int size,
+                           Buffers buffers) {
   const auto n = static_cast<std::size_t>(size);
   const std::size_t threshold =
       direct_threshold_bytes(memory, DirectKind::kAmongAll, size,
-                             AtTwoRanks::kReadWhereKernelCopyKeepsUp);
+                             AtTwoRanks::kReadWhereKernelCopyKeepsUp, buffers);
   return std::max<std::size_t>(1, (threshold + n - 1) / n);
+}
+
+// The bytes from a buffer's start to the end of its last part.
+std::size_t extent(std::span<const std::size_t> offsets,
+                   std::span<const std::size_t> bytes) {
+  std::size_t end = 0;
+  for (std::size_t p = 0; p < offsets.size(); ++p) {
+    end = std::max(end, offsets[p] + bytes[p]);
+  }
+  return end;
 }
 
 void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
@@ -97,7 +110,7 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
     if (read(send_bytes[peer])) read_by.push_back(peer);
   }
   for (int peer : read_from) {
-    memory.read(peer, told[peer].address, output + recv_offsets[peer],
+    memory.read(peer, told[peer], 0, output + recv_offsets[peer],
                 recv_bytes[peer]);
   }
   memory.confirm(read_from);
@@ -117,9 +130,12 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
     std::memmove(output + recv_offsets[rank], input + send_offsets[rank],
                  send_bytes[rank]);
   }
-  if (PeerMemory* memory =
-          readable_memory(ctx, AtTwoRanks::kReadWhereKernelCopyKeepsUp)) {
-    const std::size_t threshold = read_threshold(*memory, size);
+  const Buffers buffers =
+      buffers_of({{input, extent(send_offsets, send_bytes)},
+                  {output, extent(recv_offsets, recv_bytes)}});
+  if (PeerMemory* memory = readable_memory(
+          ctx, AtTwoRanks::kReadWhereKernelCopyKeepsUp, buffers)) {
+    const std::size_t threshold = read_threshold(*memory, size, buffers);
     bool reads = false;
     for (int p = 0; p < size; ++p) {
       if (p != rank &&

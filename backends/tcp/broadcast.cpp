@@ -134,8 +134,9 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return run_tree(ctx, data, bytes, over_hosts_edges(ctx, *hosts, root));
   }
-  if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kFromRoot,
-                                         AtTwoRanks::kKeepRings)) {
+  if (PeerMemory* memory =
+          direct_memory(ctx, bytes, DirectKind::kFromRoot,
+                        AtTwoRanks::kKeepRings, buffers_of({{data, bytes}}))) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     if (ctx.rank() == root) {
@@ -146,7 +147,7 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
     } else {
       const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);
       check_bytes(ctx, root, theirs[root][0], bytes);
-      memory->read(root, theirs[root][0].address, data, bytes);
+      memory->read(root, theirs[root][0], 0, data, bytes);
       memory->confirm({&root, 1});
       signal(ctx, {root}, {});
     }

@@ -7,14 +7,44 @@
 #include <cstring>
 
 #include "backends/tcp/control_channel.h"
+#include "libcomm/detail/copy_bytes.h"
 #include "libcomm/error.h"
 
 namespace comm::tcp {
 
-void CollectiveContext::read(int peer, std::uint64_t address, void* into,
+void CollectiveContext::read(int peer, const PeerRegion& region,
+                             std::uint64_t offset, void* into,
                              std::size_t bytes) {
-  const int error = mesh_.local_peers().read_memory(peer, address, into, bytes);
+  if (bytes == 0) return;
+  const std::uint8_t* data =
+      offset <= region.bytes && bytes <= region.bytes - offset
+          ? mapped(peer, region)
+          : nullptr;
+  if (data != nullptr) {
+    detail::copy_bytes(into, data + offset, bytes);
+    return;
+  }
+  const int error = mesh_.local_peers().read_memory(
+      peer, region.address + offset, into, bytes);
   if (error != 0) fail_reading(peer, error, bytes);
+}
+
+const std::uint8_t* CollectiveContext::mapped(int peer,
+                                              const PeerRegion& region) {
+  // A region that its block does not hold (which no rank of libcomm
+  // sends) is read through the kernel, which checks it.
+  const PeerRegion& r = region;
+  if (r.block.serial == 0 || r.address < r.block.base ||
+      r.address - r.block.base > r.block.bytes ||
+      r.bytes > r.block.bytes - (r.address - r.block.base)) {
+    return nullptr;
+  }
+  int error = 0;
+  const std::uint8_t* block = mesh_.local_peers().map_block(
+      peer, region.block, region.blocks_freed, error);
+  if (error != 0) fail_reading(peer, error, region.bytes);
+  if (block == nullptr) return nullptr;
+  return block + (region.address - region.block.base);
 }
 
 void CollectiveContext::confirm(std::span<const int> peers) {

@@ -57,8 +57,9 @@ class CollectiveContext final : public CollectiveTransport, private PeerMemory {
  private:
   void offer() override { mesh_.local_peers().offer(call_.sequence); }
   void withdraw() override { mesh_.local_peers().withdraw(); }
-  void read(int peer, std::uint64_t address, void* into,
-            std::size_t bytes) override;
+  void read(int peer, const PeerRegion& region, std::uint64_t offset,
+            void* into, std::size_t bytes) override;
+  const std::uint8_t* mapped(int peer, const PeerRegion& region) override;
   void confirm(std::span<const int> peers) override;
   bool kernel_copy_keeps_up() const override {
     return mesh_.local_peers().kernel_copy_keeps_up();

@@ -1173,8 +1173,9 @@ void Exchange::check_header(const Transfer& t) {
         (t.address
              ? "the address of " + std::to_string(t.bytes) + " bytes to read"
              : std::to_string(t.bytes) + " bytes") +
-        "; check that the ranks' sizes (and split sizes) agree, and their "
-        "COMM_SHM_DIRECT_* settings");
+        "; check that the ranks' sizes (and split sizes) agree, that every "
+        "rank passes shared host memory (allocate_shared_host) or none does, "
+        "and their COMM_SHM_DIRECT_* settings");
   }
   if (header.payload_bytes != t.bytes) {
     throw MismatchError(

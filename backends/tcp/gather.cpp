@@ -27,9 +27,11 @@ namespace comm::tcp::algorithms {
 
 void gather(CollectiveTransport& ctx, const void* input,
             std::span<void* const> outputs, std::size_t bytes, int root) {
-  if (PeerMemory* memory =
-          direct_memory(ctx, bytes * static_cast<std::size_t>(ctx.size()),
-                        DirectKind::kToRoot, AtTwoRanks::kReadDirectly)) {
+  const Buffers buffers =
+      buffers_of(outputs, bytes) & buffers_of({{input, bytes}});
+  if (PeerMemory* memory = direct_memory(
+          ctx, judged_bytes(bytes, ctx.size(), buffers), DirectKind::kToRoot,
+          AtTwoRanks::kReadDirectly, buffers)) {
     const Offer offer(*memory);
     if (ctx.rank() != root) {
       std::vector<std::vector<Region>> mine(
@@ -45,7 +47,7 @@ void gather(CollectiveTransport& ctx, const void* input,
     if (bytes > 0 && outputs[root] != input)
       std::memmove(outputs[root], input, bytes);
     for (int peer : others) {
-      memory->read(peer, theirs[peer][0].address, outputs[peer], bytes);
+      memory->read(peer, theirs[peer][0], 0, outputs[peer], bytes);
     }
     memory->confirm(others);
     signal(ctx, others, {});

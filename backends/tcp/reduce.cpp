@@ -47,12 +47,48 @@
 // is written while another rank reads it. The buffers of the ranks other
 // than the root hold their reduced slice afterwards (Backend::reduce
 // leaves them unspecified).
+//
+// Where every rank's buffer lies in shared host memory, the root maps the
+// others' buffers (PeerMemory::mapped) and, below
+// kRootReducesAloneBelowBytes, reduces them all itself, in rank order,
+// where they lie: one message from each rank to the root (its buffer's
+// region) and one back (done), and no copy. The slices' algorithm above
+// takes two more steps, which a plain copy does not pay back below that
+// size (bench/README.md, "Shared host memory").
 #include "backends/tcp/algorithms.h"
 #include "backends/tcp/hierarchy.h"
 #include "backends/tcp/single_copy.h"
 
 namespace comm::tcp::algorithms {
 namespace {
+
+constexpr std::size_t kRootReducesAloneBelowBytes = 4 << 20;
+
+// The root reduces every rank's buffer where it lies (the head comment).
+void root_reduces_alone(CollectiveTransport& ctx, PeerMemory& memory,
+                        std::uint8_t* data, std::size_t count, DType dtype,
+                        ReduceOp op, int root) {
+  const int size = ctx.size();
+  const std::size_t bytes = count * dtype_size(dtype);
+  const Offer offer(memory);
+  if (ctx.rank() != root) {
+    std::vector<std::vector<Region>> mine(static_cast<std::size_t>(size));
+    mine[root] = {region_of(data, bytes)};
+    trade_regions(ctx, {root}, mine, {}, 0);
+    signal(ctx, {}, {root});
+    return;
+  }
+  const std::vector<int> others = peers(ctx);
+  const auto theirs = trade_regions(ctx, {}, {}, others, 1);
+  std::vector<Region> operands(static_cast<std::size_t>(size));
+  for (int peer : others) {
+    check_bytes(ctx, peer, theirs[peer][0], bytes);
+    operands[peer] = theirs[peer][0];
+  }
+  reduce_from_peers(ctx, memory, operands, data, data, count, dtype, op);
+  memory.confirm(others);
+  signal(ctx, others, {});
+}
 
 void over_hosts(CollectiveTransport& ctx, const HostPartition& hosts,
                 void* data, std::size_t count, DType dtype, ReduceOp op,
@@ -108,8 +144,13 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
   }
   const std::size_t element = dtype_size(dtype);
   const std::size_t bytes = count * element;
+  const Buffers buffers = buffers_of({{data, bytes}});
   if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kToRoot,
-                                         AtTwoRanks::kReadDirectly)) {
+                                         AtTwoRanks::kReadDirectly, buffers)) {
+    if (buffers == Buffers::kShared && bytes < kRootReducesAloneBelowBytes) {
+      return root_reduces_alone(ctx, *memory, static_cast<std::uint8_t*>(data),
+                                count, dtype, op, root);
+    }
     const Offer offer(*memory);
     auto* buffer = static_cast<std::uint8_t*>(data);
     const std::vector<int> others = peers(ctx);
@@ -119,11 +160,11 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
     for (int peer : others) check_bytes(ctx, peer, theirs[peer][0], bytes);
     const Segment slice = segment_of(count, size, ctx.rank());
     const std::size_t begin = slice.begin * element;
-    std::vector<std::uint64_t> buffers(static_cast<std::size_t>(size));
-    std::vector<std::uint64_t> operands(static_cast<std::size_t>(size));
+    std::vector<Region> buffers(static_cast<std::size_t>(size));
+    std::vector<Region> operands(static_cast<std::size_t>(size));
     for (int peer : others) {
-      buffers[peer] = theirs[peer][0].address;
-      operands[peer] = buffers[peer] + begin;
+      buffers[peer] = theirs[peer][0];
+      operands[peer] = part_from(buffers[peer], begin);
     }
     reduce_from_peers(ctx, *memory, operands, buffer + begin, buffer + begin,
                       slice.end - slice.begin, dtype, op);

@@ -121,19 +121,19 @@ void reduce_scatter(CollectiveTransport& ctx,
     for (int r : hosts->host_order()) ordered_inputs.push_back(inputs[r]);
     return reduce_scatter(ordered, ordered_inputs, output, count, dtype, op);
   }
-  if (PeerMemory* memory =
-          direct_memory(ctx, bytes * static_cast<std::size_t>(size),
-                        DirectKind::kAmongAll, AtTwoRanks::kKeepRings)) {
+  if (PeerMemory* memory = direct_memory(
+          ctx, bytes * static_cast<std::size_t>(size), DirectKind::kAmongAll,
+          AtTwoRanks::kKeepRings, buffers_of(inputs, bytes))) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     // Peer p gets the address of its block of this rank's input.
     std::vector<std::vector<Region>> mine(static_cast<std::size_t>(size));
     for (int peer : others) mine[peer] = {region_of(inputs[peer], bytes)};
     const auto theirs = trade_regions(ctx, others, mine, others, 1);
-    std::vector<std::uint64_t> blocks(static_cast<std::size_t>(size));
+    std::vector<Region> blocks(static_cast<std::size_t>(size));
     for (int peer : others) {
       check_bytes(ctx, peer, theirs[peer][0], bytes);
-      blocks[peer] = theirs[peer][0].address;
+      blocks[peer] = theirs[peer][0];
     }
     reduce_from_peers(ctx, *memory, blocks,
                       static_cast<const std::uint8_t*>(inputs[rank]),

@@ -123,14 +123,16 @@ void scatter_in_tree(CollectiveTransport& ctx,
 
 void scatter(CollectiveTransport& ctx, std::span<const void* const> inputs,
              void* output, std::size_t bytes, int root) {
+  const Buffers buffers =
+      buffers_of(inputs, bytes) & buffers_of({{output, bytes}});
   if (PeerMemory* memory = direct_memory(
-          ctx, bytes * static_cast<std::size_t>(ctx.size()),
-          DirectKind::kFromRoot, AtTwoRanks::kReadWhereKernelCopyKeepsUp)) {
+          ctx, judged_bytes(bytes, ctx.size(), buffers), DirectKind::kFromRoot,
+          AtTwoRanks::kReadWhereKernelCopyKeepsUp, buffers)) {
     const Offer offer(*memory);
     if (ctx.rank() != root) {
       const auto theirs = trade_regions(ctx, {}, {}, {root}, 1);
       check_bytes(ctx, root, theirs[root][0], bytes);
-      memory->read(root, theirs[root][0].address, output, bytes);
+      memory->read(root, theirs[root][0], 0, output, bytes);
       memory->confirm({&root, 1});
       signal(ctx, {root}, {});
       return;

@@ -38,6 +38,13 @@ const IntParam kDirectAtTwoRanksThresholdBytes{
     "the smallest all_gather or all_to_all of two ranks on one host that "
     "reads the peer's buffer directly, where the kernel's copy keeps up "
     "(COMM_SHM_KERNEL_COPY)"};
+const IntParam kDirectSharedThresholdBytes{
+    "COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES", 64 << 10, 1,
+    std::numeric_limits<std::int64_t>::max(),
+    "the smallest collective of ranks all on one host, every one of them "
+    "passing shared host memory (allocate_shared_host, comm_mem_alloc), "
+    "whose ranks read each other's buffers directly; gather and scatter "
+    "count one part"};
 const IntParam kDirectFromRootAtTwoRanksThresholdBytes{
     "COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", 256 << 10, 1,
     std::numeric_limits<std::int64_t>::max(),
@@ -47,8 +54,20 @@ const IntParam kDirectFromRootAtTwoRanksThresholdBytes{
 
 }  // namespace
 
+Buffers buffers_of(
+    std::initializer_list<std::pair<const void*, std::size_t>> buffers) {
+  for (const auto& [data, bytes] : buffers) {
+    if (!find_shared_host(data, bytes)) return Buffers::kOrdinary;
+  }
+  return Buffers::kShared;
+}
+
 std::size_t direct_threshold_bytes(const PeerMemory& memory, DirectKind kind,
-                                   int size, AtTwoRanks at_two_ranks) {
+                                   int size, AtTwoRanks at_two_ranks,
+                                   Buffers buffers) {
+  if (buffers == Buffers::kShared) {
+    return static_cast<std::size_t>(kDirectSharedThresholdBytes.get());
+  }
   if (size == 2 && at_two_ranks == AtTwoRanks::kReadWhereKernelCopyKeepsUp) {
     const IntParam& threshold = kind == DirectKind::kFromRoot
                                     ? kDirectFromRootAtTwoRanksThresholdBytes
@@ -70,10 +89,13 @@ std::size_t direct_threshold_bytes(const PeerMemory& memory, DirectKind kind,
   return std::numeric_limits<std::size_t>::max();
 }
 
-PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks) {
+PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks,
+                            Buffers buffers) {
   if (ctx.size() < 2) return nullptr;
   PeerMemory* memory = ctx.peer_memory();
-  if (ctx.size() > 2 || memory == nullptr) return memory;
+  if (ctx.size() > 2 || memory == nullptr || buffers == Buffers::kShared) {
+    return memory;
+  }
   switch (at_two_ranks) {
     case AtTwoRanks::kReadDirectly: return memory;
     case AtTwoRanks::kKeepRings: return nullptr;
@@ -84,17 +106,32 @@ PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks) {
 }
 
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
-                          DirectKind kind, AtTwoRanks at_two_ranks) {
-  PeerMemory* memory = readable_memory(ctx, at_two_ranks);
+                          DirectKind kind, AtTwoRanks at_two_ranks,
+                          Buffers buffers) {
+  PeerMemory* memory = readable_memory(ctx, at_two_ranks, buffers);
   if (memory == nullptr ||
-      bytes < direct_threshold_bytes(*memory, kind, ctx.size(), at_two_ranks)) {
+      bytes < direct_threshold_bytes(*memory, kind, ctx.size(), at_two_ranks,
+                                     buffers)) {
     return nullptr;
   }
   return memory;
 }
 
 Region region_of(const void* data, std::size_t bytes) {
-  return {reinterpret_cast<std::uintptr_t>(data), bytes};
+  Region region;
+  region.address = reinterpret_cast<std::uintptr_t>(data);
+  region.bytes = bytes;
+  if (const auto block = find_shared_host(data, bytes)) {
+    region.block = *block;
+    region.blocks_freed = shared_host_blocks_freed();
+  }
+  return region;
+}
+
+Region part_from(Region region, std::uint64_t offset) {
+  region.address += offset;
+  region.bytes -= std::min(offset, region.bytes);
+  return region;
 }
 
 std::vector<int> peers(const CollectiveTransport& ctx) {
@@ -153,21 +190,21 @@ Segment segment_of(std::size_t count, int parts, int i) {
 }
 
 void read_slices(PeerMemory& memory, const std::vector<int>& from,
-                 const std::vector<std::uint64_t>& buffers, std::uint8_t* data,
+                 const std::vector<Region>& buffers, std::uint8_t* data,
                  std::size_t count, int parts, std::size_t element) {
   for (int peer : from) {
     const Segment slice = segment_of(count, parts, peer);
     const std::size_t at = slice.begin * element;
     const std::size_t length = (slice.end - slice.begin) * element;
     if (length > 0) {
-      memory.read(peer, buffers[static_cast<std::size_t>(peer)] + at, data + at,
+      memory.read(peer, buffers[static_cast<std::size_t>(peer)], at, data + at,
                   length);
     }
   }
 }
 
 void reduce_from_peers(CollectiveTransport& ctx, PeerMemory& memory,
-                       const std::vector<std::uint64_t>& operands,
+                       const std::vector<Region>& operands,
                        const std::uint8_t* own, std::uint8_t* output,
                        std::size_t count, DType dtype, ReduceOp op) {
   const int rank = ctx.rank();
@@ -178,6 +215,11 @@ void reduce_from_peers(CollectiveTransport& ctx, PeerMemory& memory,
   // The running result of the chunk, and the operand read last.
   std::uint8_t* const running = memory.scratch(2 * chunk * element);
   std::uint8_t* const read = running + chunk * element;
+  // Each peer's operand where this process maps it, read in place.
+  std::vector<const std::uint8_t*> in_place(static_cast<std::size_t>(size));
+  for (int p = 0; p < size; ++p) {
+    if (p != rank) in_place[p] = memory.mapped(p, operands[p]);
+  }
   for (std::size_t first = 0; first < count; first += chunk) {
     const std::size_t n = std::min(chunk, count - first);
     const std::size_t offset = first * element;
@@ -185,7 +227,8 @@ void reduce_from_peers(CollectiveTransport& ctx, PeerMemory& memory,
     // read into `into`.
     auto operand = [&](int p, std::uint8_t* into) -> const std::uint8_t* {
       if (p == rank) return own + offset;
-      memory.read(p, operands[p] + offset, into, n * element);
+      if (in_place[p] != nullptr) return in_place[p] + offset;
+      memory.read(p, operands[p], offset, into, n * element);
       return into;
     };
     // Reading the own operand before writing the output makes `own` ==

@@ -34,6 +34,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "backends/collective_transport.h"
@@ -83,31 +86,74 @@ enum class AtTwoRanks {
   kReadWhereKernelCopyKeepsUp,
 };
 
+// Whether a call's buffers all lie in shared host memory
+// (libcomm/shared_host_memory.h), which its peers read through mappings
+// with a plain copy, from COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES on
+// (gather and scatter: each part, judged_bytes), whatever the group's
+// size. Each rank judges its own
+// buffers: the ranks of a call agree only where every rank's buffers are
+// shared or none are, and a rank that reads where its peers stream (or
+// the reverse) is a MismatchError naming the call (see the pattern above).
+enum class Buffers { kOrdinary, kShared };
+// kShared when every (address, bytes) in `buffers` lies in one block of
+// shared host memory, kOrdinary otherwise.
+Buffers buffers_of(
+    std::initializer_list<std::pair<const void*, std::size_t>> buffers);
+// kShared when each of `buffers` holds `bytes` in shared host memory.
+template <typename Pointer>
+Buffers buffers_of(std::span<Pointer const> buffers, std::size_t bytes) {
+  for (const void* data : buffers) {
+    if (!find_shared_host(data, bytes)) return Buffers::kOrdinary;
+  }
+  return Buffers::kShared;
+}
+// kShared when both are.
+inline Buffers operator&(Buffers a, Buffers b) {
+  return a == Buffers::kShared && b == Buffers::kShared ? Buffers::kShared
+                                                        : Buffers::kOrdinary;
+}
+// The bytes by which gather and scatter, of `size` parts of `part_bytes`,
+// choose: all n parts against the ordinary thresholds, one part against
+// the shared one. Their root meets every reader in turn, so that the
+// synchronisation grows with n where the copying per reader does not
+// (bench/README.md, "Shared host memory").
+inline std::size_t judged_bytes(std::size_t part_bytes, int size,
+                                Buffers buffers) {
+  return buffers == Buffers::kShared
+             ? part_bytes
+             : part_bytes * static_cast<std::size_t>(size);
+}
+
 // The smallest collective of `kind` that reads the peers' `memory` in a
-// group of `size` ranks, in the bytes each collective's file names: at two
-// ranks with kReadWhereKernelCopyKeepsUp,
+// group of `size` ranks, in the bytes each collective's file names: with
+// Buffers::kShared, COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES; at two ranks
+// with kReadWhereKernelCopyKeepsUp,
 // COMM_SHM_DIRECT_AT_TWO_RANKS_THRESHOLD_BYTES (kFromRoot:
 // COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES); otherwise the
 // kind's threshold, which for kAmongAll, unless set, is 1 MiB where the
 // kernel's copy keeps up and 64 MiB where it does not (bench/README.md,
 // "Single copy at two ranks" and "Single copy").
 std::size_t direct_threshold_bytes(const PeerMemory& memory, DirectKind kind,
-                                   int size, AtTwoRanks at_two_ranks);
+                                   int size, AtTwoRanks at_two_ranks,
+                                   Buffers buffers);
 
 // The peers' memory where a collective may read it at all, whatever its
 // size: every rank of the group can read every other's, and the group has
-// more than one rank (more than two with AtTwoRanks::kKeepRings, and
-// with kReadWhereKernelCopyKeepsUp where the kernel's copy does not keep
-// up). Null otherwise. Every rank of the group gets the same answer.
-// all_to_all, which judges each part's size on its own, asks this.
-PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks);
+// more than one rank (with Buffers::kOrdinary, more than two with
+// AtTwoRanks::kKeepRings, and with kReadWhereKernelCopyKeepsUp where the
+// kernel's copy does not keep up). Null otherwise. Every rank of the group
+// gets the same answer for the same `buffers`. all_to_all, which judges
+// each part's size on its own, asks this.
+PeerMemory* readable_memory(CollectiveTransport& ctx, AtTwoRanks at_two_ranks,
+                            Buffers buffers);
 
 // The peers' memory when a collective of `kind` and `bytes` reads it
 // directly: readable_memory(), and `bytes` reaches
-// direct_threshold_bytes() at the group's size. Null otherwise. Every rank that
-// makes the same call gets the same answer.
+// direct_threshold_bytes() at the group's size. Null otherwise. Every rank
+// that makes the same call with the same `buffers` gets the same answer.
 PeerMemory* direct_memory(CollectiveTransport& ctx, std::size_t bytes,
-                          DirectKind kind, AtTwoRanks at_two_ranks);
+                          DirectKind kind, AtTwoRanks at_two_ranks,
+                          Buffers buffers);
 
 // Offers this rank's buffers (PeerMemory::offer) while it lives: made
 // before the first address is sent, it withdraws them on every way out of
@@ -124,11 +170,10 @@ class Offer {
 };
 
 // Where a buffer lies in the rank that owns it, as traded in a step.
-struct Region {
-  std::uint64_t address = 0;
-  std::uint64_t bytes = 0;
-};
+using Region = PeerRegion;
 Region region_of(const void* data, std::size_t bytes);
+// The part of `region` from `offset` bytes on.
+Region part_from(Region region, std::uint64_t offset);
 
 // Every rank of the group but this one, from rank + 1 on, wrapping
 // around: ranks that read their peers one after another in this order each
@@ -166,22 +211,23 @@ struct Segment {
 Segment segment_of(std::size_t count, int parts, int i);
 
 // Reads from each peer p in `from` its own slice, segment_of(count, parts,
-// p), of the buffer that lies at buffers[p] in its memory, into the same
+// p), of the buffer that lies in buffers[p] in its memory, into the same
 // slice of `data`: how a rank collects the slices its peers reduced.
 // `element` is the size of one element; the reads are confirmed by the
 // caller.
 void read_slices(PeerMemory& memory, const std::vector<int>& from,
-                 const std::vector<std::uint64_t>& buffers, std::uint8_t* data,
+                 const std::vector<Region>& buffers, std::uint8_t* data,
                  std::size_t count, int parts, std::size_t element);
 
 // output = op over every rank's operand, in rank order 0..n-1, so that
 // the result is the same bits whichever rank computes it. Rank p's operand
-// lies at operands[p] in its memory, this rank's at `own`, which may be
+// lies in operands[p] in its memory, this rank's at `own`, which may be
 // `output` (each chunk is read before its result is written). `count`
-// elements, read and reduced a chunk at a time; the reads are confirmed by
-// the caller.
+// elements, reduced a chunk at a time, from where a peer's operand is
+// mapped (PeerMemory::mapped) or else from a read of it; the reads are
+// confirmed by the caller.
 void reduce_from_peers(CollectiveTransport& ctx, PeerMemory& memory,
-                       const std::vector<std::uint64_t>& operands,
+                       const std::vector<Region>& operands,
                        const std::uint8_t* own, std::uint8_t* output,
                        std::size_t count, DType dtype, ReduceOp op);
 

@@ -24,6 +24,7 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "libcomm/param.h"
+#include "libcomm/shared_host_memory.h"
 #include "libcomm/tensor.h"
 #include "libcomm/tensor_dlpack.h"
 #include "libcomm/version.h"
@@ -317,6 +318,19 @@ class Placement {
 // in-place all_gather and reduce_scatter of NCCL's API overlap partly).
 // With `whole_ok`, input == output (the same memory exactly) is passed
 // through, for the calls whose backends work in place.
+// A copy of `t`, in shared host memory where `t` lies in it
+// (comm_mem_alloc): a rank's buffers decide, with its peers', whether a
+// collective reads them directly, and the copy must not change that.
+Tensor clone_alike(const Tensor& t) {
+  if (!t.device().is_cpu() ||
+      !comm::find_shared_host(t.data_ptr(), t.nbytes())) {
+    return t.clone();
+  }
+  Tensor copy = Tensor::shared_host_zeros(t.shape(), t.dtype());
+  copy.copy_(t);
+  return copy;
+}
+
 Tensor apart_from(const Tensor& input, const Tensor& output,
                   const Placement& placement, bool whole_ok = false) {
   if (!comm::detail::overlaps(input, output)) return input;
@@ -325,7 +339,7 @@ Tensor apart_from(const Tensor& input, const Tensor& output,
     return input;
   }
   placement.wait_for_caller_stream();
-  return input.clone();
+  return clone_alike(input);
 }
 
 // Copies `from` into `into` unless they are the same memory.
@@ -646,6 +660,19 @@ comm_result_t comm_group_free(comm_group_t group) {
   });
 }
 
+// ---- Shared host memory ----------------------------------------------------
+
+comm_result_t comm_mem_alloc(void** ptr, size_t size) {
+  return guarded(__func__, [&] {
+    if (ptr == nullptr) throw InvalidArgument("`ptr` is NULL");
+    *ptr = comm::allocate_shared_host(size);
+  });
+}
+
+comm_result_t comm_mem_free(void* ptr) {
+  return guarded(__func__, [&] { comm::free_shared_host(ptr); });
+}
+
 // ---- Collectives on buffers -----------------------------------------------
 
 comm_result_t comm_all_reduce(const void* sendbuf, void* recvbuf, size_t count,
@@ -709,7 +736,7 @@ comm_result_t comm_reduce(const void* sendbuf, void* recvbuf, size_t count,
       copy_unless_same(target, send, at);
     } else {
       at.wait_for_caller_stream();
-      target = send.clone();
+      target = clone_alike(send);
     }
     at.finish(g.reduce(target, options), work);
   });

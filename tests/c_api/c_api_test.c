@@ -684,6 +684,48 @@ static void test_subgroup(comm_group_t group, int rank, int size) {
   OK(comm_group_free(sub));
 }
 
+/* Collectives on shared host memory (comm_mem_alloc), large enough that
+ * the ranks read each other's buffers through mappings; a non-root's
+ * buffers keep what they held after a reduce. */
+static void test_shared_memory(comm_group_t group, int rank, int size) {
+  enum { kCount = 20000 }; /* 80 000 bytes, above the shared threshold */
+  float* send = NULL;
+  float* recv = NULL;
+  OK(comm_mem_alloc((void**)&send, kCount * sizeof(float)));
+  OK(comm_mem_alloc((void**)&recv, (size_t)size * kCount * sizeof(float)));
+  CHECK(send != NULL && recv != NULL && recv[0] == 0.0f);
+  for (int i = 0; i < kCount; ++i) send[i] = value_of(rank, i % 97);
+
+  OK(comm_all_reduce(send, recv, kCount, COMM_FLOAT32, COMM_SUM, group,
+                     COMM_CPU, NULL, NULL));
+  for (int i = 0; i < kCount; ++i) {
+    float expected = 0;
+    for (int r = 0; r < size; ++r) expected += value_of(r, i % 97);
+    CHECK(recv[i] == expected);
+  }
+  for (int i = 0; i < kCount; ++i) recv[i] = -1.0f;
+  OK(comm_reduce(send, recv, kCount, COMM_FLOAT32, COMM_MAX, 0, group, COMM_CPU,
+                 NULL, NULL));
+  for (int i = 0; i < kCount; ++i) {
+    CHECK(recv[i] == (rank == 0 ? value_of(size - 1, i % 97) : -1.0f));
+    CHECK(send[i] == value_of(rank, i % 97));
+  }
+  OK(comm_all_gather(send, recv, kCount, COMM_FLOAT32, group, COMM_CPU, NULL,
+                     NULL));
+  for (int r = 0; r < size; ++r) {
+    for (int i = 0; i < kCount; ++i) {
+      CHECK(recv[r * kCount + i] == value_of(r, i % 97));
+    }
+  }
+  OK(comm_mem_free(send));
+  OK(comm_mem_free(recv));
+  EXPECT_RESULT(COMM_INVALID_ARGUMENT, comm_mem_free(recv));
+  CHECK(contains(comm_last_error(), "comm_mem_alloc") ||
+        contains(comm_last_error(), "allocate_shared_host"));
+  EXPECT_RESULT(COMM_INVALID_ARGUMENT, comm_mem_free(NULL));
+  EXPECT_RESULT(COMM_INVALID_ARGUMENT, comm_mem_alloc(NULL, 8));
+}
+
 static void test_mismatch(comm_group_t group, int rank) {
   /* Rank 0 reduces int32, the others float32: everyone is told. */
   int32_t data[4] = {0, 0, 0, 0};
@@ -720,6 +762,7 @@ static int run_rank(const char* store_path, int rank, int size) {
   test_subgroup(group, rank, size);
   test_counts_that_overflow(group, size);
   test_device_that_does_not_exist(group, size);
+  test_shared_memory(group, rank, size);
   OK(comm_barrier(group, NULL));
   if (size > 1) test_mismatch(group, rank);
   OK(comm_group_free(group));

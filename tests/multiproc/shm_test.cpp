@@ -55,6 +55,8 @@ constexpr int kDataOverTcp = kFirstTestExitCode + 3;
 constexpr int kShmRefusedAcrossHosts = kFirstTestExitCode + 4;
 // A rank's memory could not be made unreadable to the others here.
 constexpr int kCannotForbid = kFirstTestExitCode + 5;
+// A rank whose tensors were in shared host memory mapped none of its peers'.
+constexpr int kNotMapped = kFirstTestExitCode + 6;
 
 std::set<std::string> dev_shm_entries() {
   std::set<std::string> names;
@@ -101,12 +103,35 @@ bool uses_dev_shm() { return maps("/dev/shm/") || open_files("/dev/shm/") > 0; }
 // How many sockets this process holds.
 int open_sockets() { return open_files("socket:"); }
 
+// A tensor of `count` elements of `dtype`, each `value`; in shared host
+// memory (libcomm/shared_host_memory.h) where `shared`.
+comm::Tensor filled(std::int64_t count, comm::DType dtype, double value,
+                    bool shared) {
+  comm::Tensor t = comm::Tensor::full({count}, value, dtype);
+  if (!shared) return t;
+  comm::Tensor in_shared = comm::Tensor::shared_host_zeros({count}, dtype);
+  in_shared.copy_(t);
+  return in_shared;
+}
+
+// How many mappings of shared host memory this process has.
+int shared_host_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int count = 0;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:libcomm-shared-host") != std::string::npos) ++count;
+  }
+  return count;
+}
+
 // Every collective and point-to-point on `group`, checked against values
-// computed here (integers, exact in float32 and the same bits everywhere).
-int check_collectives(comm::ProcessGroup& group) {
+// computed here (integers, exact in float32 and the same bits everywhere),
+// on tensors in shared host memory where `shared`.
+int check_collectives(comm::ProcessGroup& group, bool shared = false) {
   const int rank = group.rank(), world = group.size();
   for (std::int64_t count : {0L, 1L, 1009L, 300007L}) {
-    comm::Tensor t = comm::Tensor::empty({count}, comm::DType::kF32);
+    comm::Tensor t = filled(count, comm::DType::kF32, 0, shared);
     auto* v = static_cast<float*>(t.data_ptr());
     for (std::int64_t i = 0; i < count; ++i) v[i] = float(rank * 3 + i % 7);
     group.all_reduce(t)->wait();
@@ -115,17 +140,15 @@ int check_collectives(comm::ProcessGroup& group) {
           float(3 * world * (world - 1) / 2 + world * (i % 7));
       if (v[i] != expected) return kWrongResult;
     }
-    comm::Tensor b =
-        comm::Tensor::full({count}, double(rank + 1), comm::DType::kF32);
+    comm::Tensor b = filled(count, comm::DType::kF32, rank + 1, shared);
     group.broadcast(b, {.root = world - 1})->wait();
     for (std::int64_t i = 0; i < count; ++i) {
       if (static_cast<float*>(b.data_ptr())[i] != float(world)) {
         return kWrongResult;
       }
     }
-    comm::Tensor mine =
-        comm::Tensor::full({count}, double(rank), comm::DType::kI32);
-    comm::Tensor all = comm::Tensor::empty({count * world}, comm::DType::kI32);
+    comm::Tensor mine = filled(count, comm::DType::kI32, rank, shared);
+    comm::Tensor all = filled(count * world, comm::DType::kI32, 0, shared);
     group.all_gather_into(all, mine)->wait();
     for (std::int64_t i = 0; i < count * world; ++i) {
       if (static_cast<std::int32_t*>(all.data_ptr())[i] != i / count) {
@@ -133,8 +156,8 @@ int check_collectives(comm::ProcessGroup& group) {
       }
     }
   }
-  comm::Tensor in = comm::Tensor::empty({world * 5}, comm::DType::kI64);
-  comm::Tensor out = comm::Tensor::empty({world * 5}, comm::DType::kI64);
+  comm::Tensor in = filled(world * 5, comm::DType::kI64, 0, shared);
+  comm::Tensor out = filled(world * 5, comm::DType::kI64, 0, shared);
   for (int i = 0; i < world * 5; ++i) {
     static_cast<std::int64_t*>(in.data_ptr())[i] = rank * 100 + i;
   }
@@ -176,8 +199,11 @@ bool drop_ptrace_capability() {
 // loop runs: every other rank must fail with PeerError naming it within
 // 5 s, and nothing may be left in /dev/shm. `threshold` sets
 // COMM_SHM_DIRECT_THRESHOLD_BYTES and COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES
-// (nullptr: the defaults).
-void kill_during_all_reduce(const char* threshold, std::int64_t count) {
+// (nullptr: the defaults). With `shared`, every tensor is in shared host
+// memory, which the ranks read through mappings from one byte on
+// (COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES).
+void kill_during_all_reduce(const char* threshold, std::int64_t count,
+                            bool shared = false) {
   const std::set<std::string> before = dev_shm_entries();
   const int world = 4, victim = 1;
   const std::string url = comm::testing::loopback_url(world);
@@ -188,6 +214,7 @@ void kill_during_all_reduce(const char* threshold, std::int64_t count) {
       setenv("COMM_SHM_DIRECT_THRESHOLD_BYTES", threshold, 1);
       setenv("COMM_SHM_DIRECT_FROM_ROOT_THRESHOLD_BYTES", threshold, 1);
     }
+    if (shared) setenv("COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES", "1", 1);
     try {
       auto group = comm::init_process_group("tcp", url, rank, world, 30s);
       if (!maps_shared_memory()) return kNoSharedMemory;
@@ -198,8 +225,12 @@ void kill_during_all_reduce(const char* threshold, std::int64_t count) {
       if (rank != 0 && open_sockets() > (world - 1) + 2) {
         return kDataOverTcp;
       }
-      if (const int bad = check_collectives(*group)) return bad;
-      comm::testing::all_reduce_rounds(*group, count, 100000, 60s, started);
+      if (const int bad = check_collectives(*group, shared)) return bad;
+      // Every tensor of the checks is freed now: what this rank still maps
+      // are the peers' last blocks, which it read through mappings.
+      if (shared && shared_host_mappings() == 0) return kNotMapped;
+      comm::testing::all_reduce_rounds(*group, count, 100000, 60s, started,
+                                       shared);
       return 0;
     } catch (...) {
       const int code = comm::testing::failure_exit_code(
@@ -248,6 +279,14 @@ TEST_CASE(
   // Every collective that carries data reads the peers' memory; the loop
   // runs all_reduce of 16 MiB.
   kill_during_all_reduce("1", 4 << 20);
+}
+
+TEST_CASE(
+    "shared host memory between processes: results through mappings, and "
+    "a SIGKILL during an all_reduce that reads it is a PeerError naming "
+    "the victim within 5 s",
+    "[shm][multiproc][failure][shared_host]") {
+  kill_during_all_reduce(nullptr, 4 << 20, true);
 }
 
 namespace {

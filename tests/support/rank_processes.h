@@ -102,11 +102,17 @@ class PipeSignal {
 
 // All-reduces (max) `elements` floats on `group` `rounds` times, each call
 // with `op_timeout`, for a test to kill, stop or cut off a rank meanwhile;
-// rank 0 raises `started` after its first all_reduce. Throws what failed.
+// rank 0 raises `started` after its first all_reduce. The tensor is in
+// shared host memory where `shared`. Throws what failed.
 inline void all_reduce_rounds(ProcessGroup& group, std::int64_t elements,
                               int rounds, std::chrono::milliseconds op_timeout,
-                              const PipeSignal& started) {
+                              const PipeSignal& started, bool shared = false) {
   Tensor t = Tensor::full({elements}, 1.0, DType::kF32);
+  if (shared) {
+    Tensor ones = t;
+    t = Tensor::shared_host_zeros({elements}, DType::kF32);
+    t.copy_(ones);
+  }
   for (int i = 0; i < rounds; ++i) {
     group.all_reduce(t, {ReduceOp::kMax, op_timeout})->wait();
     if (i == 0 && group.rank() == 0) started.raise();

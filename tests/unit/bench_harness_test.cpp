@@ -139,6 +139,8 @@ TEST_CASE("the command line takes nccl-tests' flags", "[bench]") {
   CHECK(parse({"--backend", "nccl"}).device == "cuda");
   CHECK_FALSE(d.fresh_inputs);
   CHECK(parse({"-z", "1", "--fresh-inputs"}).fresh_inputs);
+  CHECK_FALSE(d.shared_host);
+  CHECK(parse({"-R", "1"}).shared_host);
   // An option given twice takes its last value, as in nccl-tests.
   CHECK(parse({"-n", "3", "-n", "5"}).iterations == 5);
 }
@@ -174,6 +176,8 @@ TEST_CASE("bad flags are usage errors naming the flag", "[bench]") {
       {{"-b", "2T"}, "-b"},
       {{"--fresh-inputs"}, "needs -z 1"},
       {{"-z", "1", "--fresh-inputs", "--device", "cuda"}, "--device cuda"},
+      {{"-R", "2"}, "-R"},
+      {{"-R", "1", "--device", "cuda"}, "--device cuda"},
   };
   for (const auto& [args, named] : bad) {
     std::string joined;

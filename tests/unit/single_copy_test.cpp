@@ -18,10 +18,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <initializer_list>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,6 +38,7 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "libcomm/param.h"
+#include "libcomm/shared_host_memory.h"
 #include "support/env_is.h"
 #include "support/mesh_ranks.h"
 #include "support/rank_checks.h"
@@ -83,10 +87,16 @@ class Counted final : public CollectiveTransport, public PeerMemory {
     memory_->offer();
   }
   void withdraw() override { memory_->withdraw(); }
-  void read(int peer, std::uint64_t address, void* into,
-            std::size_t bytes) override {
+  void read(int peer, const comm::PeerRegion& region, std::uint64_t offset,
+            void* into, std::size_t bytes) override {
     read_ += bytes;
-    memory_->read(peer, address, into, bytes);
+    memory_->read(peer, region, offset, into, bytes);
+  }
+  const std::uint8_t* mapped(int peer,
+                             const comm::PeerRegion& region) override {
+    const std::uint8_t* data = memory_->mapped(peer, region);
+    if (data != nullptr) read_ += region.bytes;
+    return data;
   }
   void confirm(std::span<const int> peers) override { memory_->confirm(peers); }
   bool kernel_copy_keeps_up() const override {
@@ -981,7 +991,7 @@ TEST_CASE("a rank that leaves a call makes its readers fail, naming it",
         PeerMemory& memory = *t.peer_memory();
         const auto theirs = alg::trade_regions(t, {}, {}, {1}, 1);
         alg::signal(t, {}, {1});
-        memory.read(1, theirs[1][0].address, data.data(), data.size());
+        memory.read(1, theirs[1][0], 0, data.data(), data.size());
         const int read_from = 1;
         memory.confirm({&read_from, 1});
       });
@@ -1139,5 +1149,310 @@ TEST_CASE(
     });
     check_all_ok(errors);
     CHECK(read.load() == bytes * static_cast<std::size_t>(world - 1));
+  }
+}
+
+namespace {
+
+// `bytes` of shared host memory (libcomm/shared_host_memory.h), freed with
+// the object.
+class SharedBytes {
+ public:
+  explicit SharedBytes(std::size_t bytes)
+      : data_(static_cast<std::uint8_t*>(comm::allocate_shared_host(bytes))),
+        bytes_(bytes) {}
+  explicit SharedBytes(const Bytes& from) : SharedBytes(from.size()) {
+    if (!from.empty()) std::memcpy(data_, from.data(), from.size());
+  }
+  ~SharedBytes() { comm::free_shared_host(data_); }
+  SharedBytes(const SharedBytes&) = delete;
+  SharedBytes& operator=(const SharedBytes&) = delete;
+  std::uint8_t* data() const { return data_; }
+  Bytes bytes() const { return Bytes(data_, data_ + bytes_); }
+
+ private:
+  std::uint8_t* data_;
+  std::size_t bytes_;
+};
+
+// How many mappings of shared host memory this process has: its own
+// blocks, and the peers' blocks that its ranks mapped.
+int shared_host_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int count = 0;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:libcomm-shared-host") != std::string::npos) ++count;
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "collectives whose every rank passes shared host memory read it where "
+    "it lies from their own threshold on, at two ranks too, with the "
+    "references' bits",
+    "[single_copy][shared_host]") {
+  // The ordinary thresholds stay at their defaults, far above these sizes:
+  // only the shared memory makes the ranks read each other's buffers.
+  EnvIs env({{"COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES", "1"},
+             {"COMM_TCP_CHUNK_BYTES", "4096"}});
+  for (int world : {2, 3, 4}) {
+    std::atomic<std::size_t> read{0};
+    auto errors = run_ranks(world, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      for (std::size_t count :
+           {std::size_t{1}, std::size_t{13}, std::size_t{4099}}) {
+        const DType dtype = DType::kF32;
+        const std::size_t bytes = count * comm::dtype_size(dtype);
+        const auto n = static_cast<std::int64_t>(count);
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          const std::string what = describe(dtype, op, count, world);
+          std::vector<Bytes> operands;
+          for (int r = 0; r < world; ++r) {
+            operands.push_back(operand(r, count, dtype, op, 7));
+          }
+          const Bytes expected = fold(operands, count, dtype, op);
+          const CallInfo all_reduce{
+              Collective::kAllReduce, 0, dtype, n, op, -1};
+          {
+            SharedBytes data(operands[me]);
+            rank.run(all_reduce, [&](CollectiveTransport& t) {
+              alg::all_reduce(t, data.data(), data.data(), count, dtype, op);
+            });
+            expect(data.bytes() == expected, "all_reduce in place: " + what);
+          }
+          {
+            SharedBytes input(operands[me]);
+            SharedBytes output(bytes);
+            rank.run(all_reduce, [&](CollectiveTransport& t) {
+              alg::all_reduce(t, input.data(), output.data(), count, dtype, op);
+            });
+            expect(output.bytes() == expected, "all_reduce: " + what);
+            expect(input.bytes() == operands[me], "input changed: " + what);
+          }
+          for (int root = 0; root < world; ++root) {
+            SharedBytes data(operands[me]);
+            rank.run({Collective::kReduce, 0, dtype, n, op, root},
+                     [&](CollectiveTransport& t) {
+                       alg::reduce(t, data.data(), count, dtype, op, root);
+                     });
+            if (me == root) {
+              expect(data.bytes() == expected, "reduce: " + what);
+            } else {
+              expect(data.bytes() == operands[me],
+                     "reduce wrote a non-root's buffer: " + what);
+            }
+          }
+          // reduce_scatter: rank r's block q is operand(r * world + q).
+          std::vector<std::unique_ptr<SharedBytes>> blocks;
+          std::vector<const void*> inputs;
+          std::vector<Bytes> mine_of_each;
+          for (int q = 0; q < world; ++q) {
+            blocks.push_back(std::make_unique<SharedBytes>(
+                operand(me * world + q, count, dtype, op, 8)));
+            inputs.push_back(blocks.back()->data());
+            mine_of_each.push_back(
+                operand(q * world + me, count, dtype, op, 8));
+          }
+          SharedBytes reduced(bytes);
+          rank.run({Collective::kReduceScatter, 0, dtype, n, op, -1},
+                   [&](CollectiveTransport& t) {
+                     alg::reduce_scatter(t, inputs, reduced.data(), count,
+                                         dtype, op);
+                   });
+          expect(reduced.bytes() == fold(mine_of_each, count, dtype, op),
+                 "reduce_scatter: " + what);
+        }
+        // all_gather, in place as the backend calls it.
+        const std::string what =
+            std::to_string(bytes) + " bytes, world " + std::to_string(world);
+        SharedBytes gathered(bytes * world);
+        std::memcpy(gathered.data() + me * bytes, pattern(me, 0, bytes).data(),
+                    bytes);
+        std::vector<void*> places;
+        for (int r = 0; r < world; ++r)
+          places.push_back(gathered.data() + r * bytes);
+        rank.run(
+            {Collective::kAllGather, 0, DType::kU8,
+             static_cast<std::int64_t>(bytes), ReduceOp::kSum, -1},
+            [&](CollectiveTransport& t) { alg::all_gather(t, places, bytes); });
+        for (int r = 0; r < world; ++r) {
+          expect(
+              Bytes(gathered.data() + r * bytes,
+                    gathered.data() + (r + 1) * bytes) == pattern(r, 0, bytes),
+              "all_gather " + what);
+        }
+        for (int root = 0; root < world; ++root) {
+          const std::string from = what + ", root " + std::to_string(root);
+          SharedBytes data(me == root ? pattern(root, 1, bytes) : Bytes(bytes));
+          rank.run({Collective::kBroadcast, 0, DType::kU8,
+                    static_cast<std::int64_t>(bytes), ReduceOp::kSum, root},
+                   [&](CollectiveTransport& t) {
+                     alg::broadcast(t, data.data(), bytes, root);
+                   });
+          expect(data.bytes() == pattern(root, 1, bytes), "broadcast " + from);
+
+          SharedBytes input(pattern(me, 2, bytes));
+          SharedBytes all(me == root ? bytes * world : 1);
+          std::vector<void*> outputs;
+          if (me == root) {
+            for (int r = 0; r < world; ++r)
+              outputs.push_back(all.data() + r * bytes);
+          }
+          rank.run({Collective::kGather, 0, DType::kU8,
+                    static_cast<std::int64_t>(bytes), ReduceOp::kSum, root},
+                   [&](CollectiveTransport& t) {
+                     alg::gather(t, input.data(), outputs, bytes, root);
+                   });
+          for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
+            expect(Bytes(all.data() + r * bytes,
+                         all.data() + (r + 1) * bytes) == pattern(r, 2, bytes),
+                   "gather " + from);
+          }
+
+          SharedBytes parts(me == root ? bytes * world : 1);
+          std::vector<const void*> sources;
+          if (me == root) {
+            for (int r = 0; r < world; ++r) {
+              std::memcpy(parts.data() + r * bytes, pattern(r, 3, bytes).data(),
+                          bytes);
+              sources.push_back(parts.data() + r * bytes);
+            }
+          }
+          SharedBytes part(bytes);
+          rank.run({Collective::kScatter, 0, DType::kU8,
+                    static_cast<std::int64_t>(bytes), ReduceOp::kSum, root},
+                   [&](CollectiveTransport& t) {
+                     alg::scatter(t, sources, part.data(), bytes, root);
+                   });
+          expect(part.bytes() == pattern(me, 3, bytes), "scatter " + from);
+        }
+        // all_to_all: rank r sends rank p `bytes` of pattern(r, p + 4).
+        SharedBytes send(bytes * world);
+        SharedBytes receive(bytes * world);
+        std::vector<std::size_t> offsets, sizes(world, bytes);
+        for (int p = 0; p < world; ++p) {
+          offsets.push_back(p * bytes);
+          std::memcpy(send.data() + p * bytes, pattern(me, p + 4, bytes).data(),
+                      bytes);
+        }
+        rank.run({Collective::kAllToAll, 0, DType::kU8, 0, ReduceOp::kSum, -1},
+                 [&](CollectiveTransport& t) {
+                   alg::all_to_all(t, send.data(), offsets, sizes,
+                                   receive.data(), offsets, sizes);
+                 });
+        for (int p = 0; p < world; ++p) {
+          expect(
+              Bytes(receive.data() + p * bytes,
+                    receive.data() + (p + 1) * bytes) ==
+                  pattern(p, me + 4, bytes),
+              "all_to_all " + what + ", part from rank " + std::to_string(p));
+        }
+      }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+    // Every collective above read the peers' memory.
+    CHECK(read.load() > 0);
+  }
+}
+
+TEST_CASE(
+    "a reader maps a peer's block once, keeps it while the peer frees "
+    "nothing, and reads a block allocated after a free afresh",
+    "[single_copy][shared_host]") {
+  EnvIs env({{"COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES", "1"}});
+  constexpr std::size_t kBytes = 4096 * 3;
+  std::atomic<std::size_t> read{0};
+  std::mutex mutex;
+  std::vector<int> mappings;  // after each phase, by rank 0
+  auto errors = run_ranks(2, read, [&](Rank& rank) {
+    const int me = rank.rank();
+    auto all_gather = [&](SharedBytes& gathered, int salt) {
+      std::memcpy(gathered.data() + me * kBytes,
+                  pattern(me, salt, kBytes).data(), kBytes);
+      std::vector<void*> places{gathered.data(), gathered.data() + kBytes};
+      rank.run(
+          {Collective::kAllGather, 0, DType::kU8,
+           static_cast<std::int64_t>(kBytes), ReduceOp::kSum, -1},
+          [&](CollectiveTransport& t) { alg::all_gather(t, places, kBytes); });
+      const int peer = 1 - me;
+      expect(Bytes(gathered.data() + peer * kBytes,
+                   gathered.data() + (peer + 1) * kBytes) ==
+                 pattern(peer, salt, kBytes),
+             "the peer's block, salt " + std::to_string(salt));
+    };
+    auto count_mappings = [&] {
+      // A barrier of the two ranks' own, so that both have finished.
+      rank.run({Collective::kBarrier, 0, DType::kU8, 0, ReduceOp::kSum, -1},
+               [&](CollectiveTransport& t) { alg::barrier(t); });
+      if (me == 0) {
+        const std::lock_guard lock(mutex);
+        mappings.push_back(shared_host_mappings());
+      }
+      rank.run({Collective::kBarrier, 0, DType::kU8, 0, ReduceOp::kSum, -1},
+               [&](CollectiveTransport& t) { alg::barrier(t); });
+    };
+    {
+      SharedBytes gathered(2 * kBytes);
+      for (int salt = 0; salt < 5; ++salt) all_gather(gathered, salt);
+      count_mappings();
+    }
+    // Both blocks freed; new ones, perhaps at the same addresses, must be
+    // read for what they hold now.
+    SharedBytes again(2 * kBytes);
+    all_gather(again, 9);
+    count_mappings();
+  });
+  check_all_ok(errors);
+  REQUIRE(mappings.size() == 2);
+  // Two blocks of their owners', and each mapped once by the other rank,
+  // however often it was read.
+  CHECK(mappings[0] == 4);
+  // The first blocks' mappings were dropped once their owners freed them.
+  CHECK(mappings[1] == 4);
+}
+
+TEST_CASE(
+    "a rank whose buffers are ordinary memory beside ranks whose buffers "
+    "are shared fails with MismatchError instead of hanging",
+    "[single_copy][shared_host][mismatch]") {
+  EnvIs env({{"COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES", "1"}});
+  constexpr std::size_t kBytes = sizeof(alg::Region);
+  for (int ordinary : {0, 1}) {
+    std::atomic<std::size_t> read{0};
+    std::vector<int> mismatched(2, 0);
+    auto errors = run_ranks(2, read, [&](Rank& rank) {
+      const int me = rank.rank();
+      std::optional<SharedBytes> shared;
+      Bytes plain(2 * kBytes, 0);
+      std::uint8_t* data = plain.data();
+      if (me != ordinary) {
+        shared.emplace(2 * kBytes);
+        data = shared->data();
+      }
+      std::vector<void*> places{data, data + kBytes};
+      try {
+        rank.run({Collective::kAllGather, 0, DType::kU8,
+                  static_cast<std::int64_t>(kBytes), ReduceOp::kSum, -1},
+                 [&](CollectiveTransport& t) {
+                   alg::all_gather(t, places, kBytes);
+                 });
+      } catch (const comm::MismatchError&) {
+        mismatched[me] = 1;
+        throw;
+      }
+    });
+    INFO("rank " << ordinary << " passes ordinary memory");
+    CHECK(mismatched[0] + mismatched[1] >= 1);
+    for (int r : {0, 1}) {
+      if (mismatched[r] == 1) {
+        CHECK(errors[r].find("shared host memory") != std::string::npos);
+      }
+    }
+    CHECK_FALSE(errors[0].empty());
+    CHECK_FALSE(errors[1].empty());
   }
 }

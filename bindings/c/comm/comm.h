@@ -219,6 +219,28 @@ COMM_C_API comm_result_t comm_group_new(comm_group_t group, const int* ranks,
  * stay valid until they are freed. */
 COMM_C_API comm_result_t comm_group_free(comm_group_t group);
 
+/* ---- Shared host memory ------------------------------------------------- *
+ *
+ * Host memory that the other ranks of this host may map, as NCCL's
+ * ncclMemAlloc gives memory its peers can register. A collective whose
+ * ranks are all on one host, and whose every rank passes buffers from here
+ * (device COMM_CPU), reads the peers' buffers through mappings with a
+ * plain copy, from COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES on: far faster
+ * than through the rings from 64 KiB up. Every rank must pass such buffers
+ * or none: a rank that passes ordinary memory where its peers pass shared
+ * memory fails the call with COMM_MISMATCH. Each block holds a descriptor
+ * of this process until it is freed.
+ */
+
+/* Allocates `size` bytes (whole pages; one for 0) of zeroed shared host
+ * memory into *ptr. COMM_INVALID_ARGUMENT for a NULL ptr, and
+ * COMM_SYSTEM_ERROR when the kernel refuses the memory or a descriptor. */
+COMM_C_API comm_result_t comm_mem_alloc(void** ptr, size_t size);
+/* Frees what comm_mem_alloc gave; COMM_INVALID_ARGUMENT, freeing nothing,
+ * for any other pointer (NULL included) or one freed already. The buffer
+ * must not be in use by a collective. */
+COMM_C_API comm_result_t comm_mem_free(void* ptr);
+
 /* ---- Collectives on buffers -------------------------------------------- *
  *
  * Buffers are contiguous arrays of `dtype` on the host (device COMM_CPU) or
