@@ -5,7 +5,7 @@ ratio of ours to each peer (below 1: libcomm is faster), with the range of
 that ratio over the rounds.
 
     bench/compare.py [--np 2] [--runs 5] [--collectives all_reduce,broadcast]
-                     [--ours-tcp] [--skip-gloo] [--skip-mpi-default]
+                     [--ours-tcp] [--ours-shared] [--skip-gloo] [--skip-mpi-default]
                      [--skip-mpi-tcp] [--skip-iperf] [--fresh-inputs]
                      [--two-hosts] [--build build]
 
@@ -15,6 +15,10 @@ The programs, each timing every selected collective over 1 KiB to 64 MiB
 - libcomm-tcp (--ours-tcp): the same with COMM_TRANSPORT=tcp, libcomm's
   own TCP path, for the shared-memory transport's speed-up in the same run,
   and, in the column tcp/mpi-tcp, against Open MPI forced onto TCP;
+- libcomm-shared (--ours-shared): the same with -R 1, its buffers in shared
+  host memory (Tensor::shared_host_zeros), which the ranks of one host read
+  directly, as nccl-tests' -R registers them; in the column
+  shared/mpi-default, against Open MPI with its default transports;
 - mpi-default: Open MPI as a user runs it (`mpirun -np N`, its default
   transports: shared memory between ranks of one host), bench/peers/
   mpi_collectives.c;
@@ -30,10 +34,11 @@ issued), the time being the slowest rank's mean per call (all_reduce_perf
 over tens of milliseconds: 200 calls of 1 KiB last a third of a
 millisecond, which times a process's first moments and single scheduler
 hiccups more than the call. libcomm's time is its out-of-place column, except for
-broadcast: every peer broadcasts in place (MPI_Bcast has one buffer, as has
-torch.distributed.broadcast), where libcomm's out-of-place broadcast_perf
-also copies the input into the output on every rank before each call, so
-its in-place column is the like for like. Sizes count as nccl-tests counts
+broadcast and reduce, whose libcomm calls work in place (as
+torch.distributed's do): their out-of-place *_perf copies the input into
+the output on every rank before each call, which no peer does (MPI_Bcast
+has one buffer; MPI_Reduce reads its send buffer and leaves it as it
+was), so their in-place column is the like for like. Sizes count as nccl-tests counts
 them: one rank's buffer for all_reduce, broadcast and reduce, the whole
 buffer of n blocks for the others. Ranks are bound as all_reduce_perf binds them by
 default (rank r on CPU r mod n) and as mpirun --bind-to
@@ -122,7 +127,7 @@ def peer_rows(output):
 
 # Collectives whose peers all run in place: libcomm's in-place time is
 # compared with theirs.
-IN_PLACE = {"broadcast"}
+IN_PLACE = {"broadcast", "reduce"}
 
 
 class TwoHosts:
@@ -215,11 +220,12 @@ class TwoHosts:
         return False
 
 
-def perf_arguments(fresh_inputs):
+def perf_arguments(fresh_inputs, shared=False):
     """What every *_perf run gets, after -np or without it."""
     return (["-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-n", "20000",
              "--iteration-bytes", str(64 << 20), "-w", "2", "-c", "0", "-z", "1",
-             "-a", "3"] + (["--fresh-inputs"] if fresh_inputs else []))
+             "-a", "3"] + (["--fresh-inputs"] if fresh_inputs else [])
+            + (["-R", "1"] if shared else []))
 
 
 def run_across(hosts, command, env, port):
@@ -267,11 +273,13 @@ def run_across(hosts, command, env, port):
     return outputs[0]
 
 
-def run_ours(build, ranks, collectives, transport, fresh_inputs, hosts=None):
+def run_ours(build, ranks, collectives, transport, fresh_inputs, hosts=None,
+             shared=False):
     """Each collective's *_perf over all sizes; the out-of-place time
     (column 5) of the nccl-tests table, or the in-place one (column 9) for
     the collectives in IN_PLACE. With `hosts` (TwoHosts), the ranks are
-    split between its namespaces."""
+    split between its namespaces; with `shared`, the buffers are shared
+    host memory (-R 1)."""
     env = dict(os.environ)
     if transport:
         env["COMM_TRANSPORT"] = transport
@@ -279,11 +287,11 @@ def run_ours(build, ranks, collectives, transport, fresh_inputs, hosts=None):
     for name in collectives:
         binary = os.path.join(build, "bench", name + "_perf")
         if hosts:
-            output = run_across(hosts, [binary] + perf_arguments(fresh_inputs), env,
-                                next(STORE_PORTS))
+            output = run_across(hosts, [binary] + perf_arguments(fresh_inputs, shared),
+                                env, next(STORE_PORTS))
         else:
-            output = run([binary, "-np", str(ranks)] + perf_arguments(fresh_inputs),
-                         env=env)
+            output = run([binary, "-np", str(ranks)]
+                         + perf_arguments(fresh_inputs, shared), env=env)
         column = 9 if name in IN_PLACE else 5
         for line in output.splitlines():
             fields = line.split()
@@ -330,6 +338,10 @@ def programs(args, collectives, hosts):
     if args.ours_tcp:
         table["libcomm-tcp"] = lambda: run_ours(args.build, args.np, collectives, "tcp",
                                                 args.fresh_inputs, hosts)
+    if args.ours_shared:
+        table["libcomm-shared"] = lambda: run_ours(args.build, args.np, collectives,
+                                                   None, args.fresh_inputs, hosts,
+                                                   shared=True)
     mpi = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.np)]
     interfaces = "lo"
     if not hosts:
@@ -408,6 +420,9 @@ def main():
     parser.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     parser.add_argument("--ours-tcp", action="store_true",
                         help="also run libcomm with COMM_TRANSPORT=tcp")
+    parser.add_argument("--ours-shared", action="store_true",
+                        help="also run libcomm with its buffers in shared host "
+                        "memory (-R 1)")
     parser.add_argument("--skip-gloo", action="store_true")
     parser.add_argument("--skip-mpi-default", action="store_true")
     parser.add_argument("--skip-mpi-tcp", action="store_true")
@@ -460,18 +475,23 @@ def main():
     peers = [n for n in names if n != "libcomm"]
     # libcomm's TCP path against Open MPI's, both forced onto TCP.
     tcp_pair = "libcomm-tcp" in names and "mpi-tcp" in names
+    # libcomm with shared host memory against Open MPI as a user runs it.
+    shared_pair = "libcomm-shared" in names and "mpi-default" in names
     print("# float32, world=%d, median time_us of %d rounds in rotating order; ratio = "
           "libcomm / peer, median (min-max) over the rounds" % (args.np, args.runs)
           + ("; inputs rewritten before each call" if args.fresh_inputs else "")
           + ("; ranks on two hosts (network namespaces), %d each" % (args.np // 2)
              if args.two_hosts else "")
-          + ("; tcp/mpi-tcp = libcomm-tcp / mpi-tcp" if tcp_pair else ""))
+          + ("; tcp/mpi-tcp = libcomm-tcp / mpi-tcp" if tcp_pair else "")
+          + ("; shared/mpi-default = libcomm-shared / mpi-default"
+             if shared_pair else ""))
     for collective in collectives:
-        print("\n## %s%s" % (collective, " (libcomm in place, as its peers)"
+        print("\n## %s%s" % (collective, " (libcomm's in-place column)"
                                if collective in IN_PLACE else ""))
         print("%10s" % "bytes" + "".join("%13s" % n for n in names)
               + "".join(" %23s" % ("/" + n) for n in peers)
-              + (" %23s" % "tcp/mpi-tcp" if tcp_pair else ""))
+              + (" %23s" % "tcp/mpi-tcp" if tcp_pair else "")
+              + (" %23s" % "shared/mpi-default" if shared_pair else ""))
         for size in SIZES:
             key = (collective, size)
             series = {n: [s.get(key) for s in samples[n]] for n in names}
@@ -486,8 +506,10 @@ def main():
                 values = series[n]
                 line += " %23s" % (ratio_text(series["libcomm"], values)
                                   if all(v is not None for v in values) else "-")
-            if tcp_pair:
-                ours, theirs = series["libcomm-tcp"], series["mpi-tcp"]
+            pairs = ([("libcomm-tcp", "mpi-tcp")] if tcp_pair else []) + (
+                [("libcomm-shared", "mpi-default")] if shared_pair else [])
+            for ours_name, theirs_name in pairs:
+                ours, theirs = series[ours_name], series[theirs_name]
                 line += " %23s" % (ratio_text(ours, theirs)
                                   if all(v is not None for v in ours + theirs) else "-")
             print(line)

@@ -148,9 +148,13 @@ void fill(Tensor& t, const std::vector<double>& values) {
   fill(t, [&](std::size_t i) { return values[i]; });
 }
 
-Tensor filled(std::size_t count, DType dtype, Device device,
-              const std::function<double(std::size_t)>& value) {
-  Tensor t = Tensor::empty({static_cast<std::int64_t>(count)}, dtype, device);
+Tensor zeros_for(const Case& c, std::int64_t count) {
+  if (c.shared_host) return Tensor::shared_host_zeros({count}, c.dtype);
+  return Tensor::zeros({count}, c.dtype, c.device);
+}
+
+Tensor filled(const Case& c, const std::function<double(std::size_t)>& value) {
+  Tensor t = zeros_for(c, static_cast<std::int64_t>(c.count));
   fill(t, value);
   return t;
 }
@@ -173,13 +177,13 @@ std::vector<double> values_of(const Tensor& t) {
 
 void prepare_in_place_api(Case& c,
                           const std::function<double(std::size_t)>& value) {
-  Tensor input = filled(c.count, c.dtype, c.device, value);
+  Tensor input = filled(c, value);
   c.inputs = {input};
   if (c.in_place) {
     c.outputs = {input};
   } else {
     c.source = input;
-    c.outputs = {Tensor::zeros(input.shape(), c.dtype, c.device)};
+    c.outputs = {zeros_for(c, input.numel())};
   }
 }
 

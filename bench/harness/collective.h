@@ -35,6 +35,8 @@ struct Case {
   std::size_t count = 0;
   bool in_place = false;
   Device device = Device::cpu();
+  // Whether the buffers are shared host memory (-R 1).
+  bool shared_host = false;
   // The options' async_op: false in a blocking run (-z 1), whose runner
   // waits for each operation as soon as start() returns.
   bool async_op = true;
@@ -103,13 +105,16 @@ double input_value(DType dtype, ReduceOp op, int rank, std::size_t index);
 // (AVG divides by the world size; integers wrap as the dtype does).
 double reduced_value(DType dtype, ReduceOp op, int world, std::size_t index);
 
+// A tensor of `count` zeros for case `c`: on its device, in shared host
+// memory where it asks for that.
+Tensor zeros_for(const Case& c, std::int64_t count);
+
 // Sets element i of `t` (any device) to value(i), through a host copy only
 // for CUDA tensors.
 void fill(Tensor& t, const std::function<double(std::size_t)>& value);
 void fill(Tensor& t, const std::vector<double>& values);
-// A tensor of `count` elements on `device` holding value(i).
-Tensor filled(std::size_t count, DType dtype, Device device,
-              const std::function<double(std::size_t)>& value);
+// A tensor of c.count elements for case `c` (zeros_for) holding value(i).
+Tensor filled(const Case& c, const std::function<double(std::size_t)>& value);
 // The elements of `t` (any device) as doubles.
 std::vector<double> values_of(const Tensor& t);
 

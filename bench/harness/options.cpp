@@ -193,6 +193,11 @@ Options parse_options(const std::string& program,
                "line of the rank's inputs (the same values), as a training "
                "step writes its gradients, then meet the other ranks in a "
                "barrier; neither is timed; needs -z 1 and host memory");
+  std::string shared_host = "0";
+  app.add_option("-R,--shared-host", shared_host,
+                 "1: allocate the buffers in shared host memory "
+                 "(allocate_shared_host), which ranks of one host read "
+                 "directly, as nccl-tests' -R registers them (default 0)");
   bool print_config = false;
   app.add_flag("--print-config", print_config,
                "print every COMM_* environment variable libcomm reads, with "
@@ -302,6 +307,12 @@ Options parse_options(const std::string& program,
     throw UsageError(
         "--fresh-inputs writes the inputs between operations, so it needs "
         "-z 1 (without it, operations in flight read them)");
+  }
+  options.shared_host = parse_int("-R", shared_host, 0, 1) == 1;
+  if (options.shared_host && options.device != "cpu") {
+    throw UsageError(
+        "-R 1 allocates shared host memory; it has no meaning for --device "
+        "cuda");
   }
   if (options.fresh_inputs && options.device != "cpu") {
     throw UsageError(

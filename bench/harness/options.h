@@ -42,6 +42,10 @@ struct Options {
   // input still in its own cache from the operation before, and the ranks
   // meet in a barrier. Host memory and -z 1 only.
   bool fresh_inputs = false;
+  // -R 1: the buffers are shared host memory (Tensor::shared_host_zeros),
+  // which the ranks of one host read directly, as nccl-tests' -R registers
+  // its buffers with NCCL. Host memory only.
+  bool shared_host = false;
   std::string json_path;        // -J
   std::string backend = "tcp";  // --backend
   std::string device;           // --device; empty: cuda for nccl, cpu otherwise

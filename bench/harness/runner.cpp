@@ -242,7 +242,9 @@ void print_header(std::FILE* out, const Collective& collective,
                "# libcomm %d.%d.%d %s_perf: %d ranks, backend %s, %s memory\n",
                COMM_VERSION_MAJOR, COMM_VERSION_MINOR, COMM_VERSION_PATCH,
                collective.name(), group.size(), group.backend_name().c_str(),
-               device.is_cpu() ? "host" : "CUDA");
+               !device.is_cpu()      ? "CUDA"
+               : options.shared_host ? "shared host"
+                                     : "host");
   std::fprintf(
       out,
       "# minBytes %lld maxBytes %lld step: %lld(%s) warmup iters: %d "
@@ -389,6 +391,7 @@ Report run_benchmark(const Collective& collective, const Options& options,
           c.root = root < 0 ? 0 : root;
           c.count = collective.count_for(size, dtype, c.world);
           c.device = device;
+          c.shared_host = options.shared_host;
           c.async_op = !options.blocking;
           Row row;
           row.bytes = collective.bytes_for(c.count, dtype, c.world);
@@ -470,6 +473,7 @@ void write_json(const std::string& path, const std::string& program,
        << ",\n  \"check_iterations\": " << options.check
        << ",\n  \"blocking\": " << (options.blocking ? "true" : "false")
        << ",\n  \"fresh_inputs\": " << (options.fresh_inputs ? "true" : "false")
+       << ",\n  \"shared_host\": " << (options.shared_host ? "true" : "false")
        << ",\n  \"average\": " << json_string(average_name(options.average))
        << ",\n  \"results\": [";
   for (std::size_t i = 0; i < report.rows.size(); ++i) {

@@ -14,10 +14,10 @@ class AllGather final : public Collective {
   }
   void prepare(Case& c) const override {
     const auto count = static_cast<std::int64_t>(c.count);
-    Tensor output = Tensor::zeros({count * c.world}, c.dtype, c.device);
+    Tensor output = zeros_for(c, count * c.world);
     Tensor input = c.in_place
                        ? output.slice(c.rank * count, (c.rank + 1) * count)
-                       : Tensor::empty({count}, c.dtype, c.device);
+                       : zeros_for(c, count);
     fill(input,
          [&](std::size_t i) { return input_value(c.dtype, c.op, c.rank, i); });
     c.inputs = {input};

@@ -14,12 +14,11 @@ class AllToAll final : public Collective {
   }
   void prepare(Case& c) const override {
     const auto total = static_cast<std::int64_t>(c.count) * c.world;
-    Tensor input = Tensor::empty({total}, c.dtype, c.device);
+    Tensor input = zeros_for(c, total);
     fill(input,
          [&](std::size_t i) { return input_value(c.dtype, c.op, c.rank, i); });
     c.inputs = {input};
-    c.outputs = {c.in_place ? input
-                            : Tensor::zeros({total}, c.dtype, c.device)};
+    c.outputs = {c.in_place ? input : zeros_for(c, total)};
   }
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {

@@ -20,12 +20,12 @@ class Gather final : public Collective {
     c.outputs.clear();
     Tensor input;
     if (c.rank == c.root) {
-      Tensor all = Tensor::zeros({count * c.world}, c.dtype, c.device);
+      Tensor all = zeros_for(c, count * c.world);
       for (int p = 0; p < c.world; ++p)
         c.outputs.push_back(all.slice(p * count, (p + 1) * count));
       if (c.in_place) input = c.outputs[c.root];
     }
-    if (!input.defined()) input = Tensor::empty({count}, c.dtype, c.device);
+    if (!input.defined()) input = zeros_for(c, count);
     fill(input,
          [&](std::size_t i) { return input_value(c.dtype, c.op, c.rank, i); });
     c.inputs = {input};

@@ -15,14 +15,13 @@ class ReduceScatter final : public Collective {
   }
   void prepare(Case& c) const override {
     const auto count = static_cast<std::int64_t>(c.count);
-    Tensor all = Tensor::empty({count * c.world}, c.dtype, c.device);
+    Tensor all = zeros_for(c, count * c.world);
     fill(all,
          [&](std::size_t i) { return input_value(c.dtype, c.op, c.rank, i); });
     c.inputs.clear();
     for (int p = 0; p < c.world; ++p)
       c.inputs.push_back(all.slice(p * count, (p + 1) * count));
-    c.outputs = {c.in_place ? c.inputs[c.rank]
-                            : Tensor::zeros({count}, c.dtype, c.device)};
+    c.outputs = {c.in_place ? c.inputs[c.rank] : zeros_for(c, count)};
   }
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {

@@ -19,7 +19,7 @@ class Scatter final : public Collective {
     Tensor output;
     if (c.rank == c.root) {
       // Block p holds what rank p must end with.
-      Tensor all = Tensor::empty({count * c.world}, c.dtype, c.device);
+      Tensor all = zeros_for(c, count * c.world);
       fill(all, [&](std::size_t i) {
         return input_value(c.dtype, c.op, static_cast<int>(i / c.count),
                            i % c.count);
@@ -28,7 +28,7 @@ class Scatter final : public Collective {
         c.inputs.push_back(all.slice(p * count, (p + 1) * count));
       if (c.in_place) output = c.inputs[c.root];
     }
-    if (!output.defined()) output = Tensor::zeros({count}, c.dtype, c.device);
+    if (!output.defined()) output = zeros_for(c, count);
     c.outputs = {output};
   }
   void start(ProcessGroup& group, Case& c,

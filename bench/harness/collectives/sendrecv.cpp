@@ -14,10 +14,10 @@ class SendRecv final : public Collective {
   bool has_in_place() const override { return false; }
   double bus_factor(int) const override { return 1.0; }
   void prepare(Case& c) const override {
-    c.inputs = {filled(c.count, c.dtype, c.device, [&](std::size_t i) {
+    c.inputs = {filled(c, [&](std::size_t i) {
       return input_value(c.dtype, c.op, c.rank, i);
     })};
-    c.outputs = {Tensor::zeros(c.inputs[0].shape(), c.dtype, c.device)};
+    c.outputs = {zeros_for(c, c.inputs[0].numel())};
   }
   void start(ProcessGroup& group, Case& c,
              std::vector<std::shared_ptr<Work>>& started) const override {
