@@ -39,7 +39,7 @@ const IntParam kDirectAtTwoRanksThresholdBytes{
     "reads the peer's buffer directly, where the kernel's copy keeps up "
     "(COMM_SHM_KERNEL_COPY)"};
 const IntParam kDirectSharedThresholdBytes{
-    "COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES", 64 << 10, 1,
+    "COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES", 32 << 10, 1,
     std::numeric_limits<std::int64_t>::max(),
     "the smallest collective of ranks all on one host, every one of them "
     "passing shared host memory (allocate_shared_host, comm_mem_alloc), "
