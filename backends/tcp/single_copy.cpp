@@ -38,13 +38,21 @@ const IntParam kDirectAtTwoRanksThresholdBytes{
     "the smallest all_gather or all_to_all of two ranks on one host that "
     "reads the peer's buffer directly, where the kernel's copy keeps up "
     "(COMM_SHM_KERNEL_COPY)"};
-const IntParam kDirectSharedThresholdBytes{
-    "COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES", 32 << 10, 1,
+const OptionalIntParam kDirectSharedThresholdBytes{
+    "COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES",
+    "32768, and 1048576 for gather and reduce of three ranks or more", 1,
     std::numeric_limits<std::int64_t>::max(),
     "the smallest collective of ranks all on one host, every one of them "
     "passing shared host memory (allocate_shared_host, comm_mem_alloc), "
     "whose ranks read each other's buffers directly; gather and scatter "
     "count one part"};
+// Unless COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES is set: the root of a
+// gather or reduce reads or reduces every rank's buffer in turn, where the
+// rings' tree works on several cores at once, and with inputs written
+// before each call the tree was faster below this from three ranks on
+// (bench/README.md, "Shared host memory").
+constexpr std::size_t kSharedToRootThresholdBytes = 1 << 20;
+constexpr std::size_t kSharedThresholdBytes = 32 << 10;
 const IntParam kDirectFromRootAtTwoRanksThresholdBytes{
     "COMM_SHM_DIRECT_FROM_ROOT_AT_TWO_RANKS_THRESHOLD_BYTES", 256 << 10, 1,
     std::numeric_limits<std::int64_t>::max(),
@@ -66,7 +74,11 @@ std::size_t direct_threshold_bytes(const PeerMemory& memory, DirectKind kind,
                                    int size, AtTwoRanks at_two_ranks,
                                    Buffers buffers) {
   if (buffers == Buffers::kShared) {
-    return static_cast<std::size_t>(kDirectSharedThresholdBytes.get());
+    if (const auto configured = kDirectSharedThresholdBytes.get()) {
+      return static_cast<std::size_t>(*configured);
+    }
+    return kind == DirectKind::kToRoot && size > 2 ? kSharedToRootThresholdBytes
+                                                   : kSharedThresholdBytes;
   }
   if (size == 2 && at_two_ranks == AtTwoRanks::kReadWhereKernelCopyKeepsUp) {
     const IntParam& threshold = kind == DirectKind::kFromRoot
