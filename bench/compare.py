@@ -488,7 +488,7 @@ def main():
     for collective in collectives:
         print("\n## %s%s" % (collective, " (libcomm's in-place column)"
                                if collective in IN_PLACE else ""))
-        print("%10s" % "bytes" + "".join("%13s" % n for n in names)
+        print("%10s" % "bytes" + "".join("%16s" % n for n in names)
               + "".join(" %23s" % ("/" + n) for n in peers)
               + (" %23s" % "tcp/mpi-tcp" if tcp_pair else "")
               + (" %23s" % "shared/mpi-default" if shared_pair else ""))
@@ -500,8 +500,8 @@ def main():
             line = "%10d" % size
             for n in names:
                 values = series[n]
-                line += ("%13.1f" % statistics.median(values)
-                         if all(v is not None for v in values) else "%13s" % "-")
+                line += ("%16.1f" % statistics.median(values)
+                         if all(v is not None for v in values) else "%16s" % "-")
             for n in peers:
                 values = series[n]
                 line += " %23s" % (ratio_text(series["libcomm"], values)
