@@ -953,6 +953,26 @@ PYBIND11_MODULE(_C, m) {
   m.attr("ANY_SOURCE") = comm::kAnySource;
   m.def("registered_backends", &comm::registered_backends,
         "The backend names init_process_group accepts in this build.");
+  // Shared host memory (libcomm/shared_host_memory.h) as a flat buffer of
+  // bytes, which numpy.frombuffer and torch.frombuffer view without a copy
+  // and keep alive; the block is freed with the last view.
+  py::class_<Tensor>(m, "SharedHostBuffer", py::buffer_protocol())
+      .def_buffer([](Tensor& t) {
+        return py::buffer_info(t.data_ptr(), 1, "B", t.nbytes());
+      });
+  m.def(
+      "shared_host_buffer",
+      [](std::int64_t nbytes) {
+        if (nbytes < 0) {
+          throw InvalidArgument("shared_host_buffer: " +
+                                std::to_string(nbytes) +
+                                " bytes; give a size of 0 or more");
+        }
+        return Tensor::shared_host_zeros({nbytes}, DType::kU8);
+      },
+      "`nbytes` zeroed bytes of shared host memory, which the ranks of one "
+      "host read directly in collectives whose every rank passes it.",
+      py::arg("nbytes"));
   m.def(
       "check_tensors",
       [](const py::sequence& objects, bool writes, const std::string& what) {

@@ -753,7 +753,66 @@ def future_callback_at_exit(_):
         dist.send(torch.tensor([1.0, 2.0, 3.0, 4.0]), 0)
 
 
+def shared_host_mappings():
+    """How many mappings of libcomm's shared host memory this process has."""
+    with open("/proc/self/maps") as maps:
+        return sum("libcomm-shared-host" in line for line in maps)
+
+
+def shared_host(flavour_name):
+    """Arrays (or torch tensors over them) in shared host memory: results
+    as with ordinary memory, read through mappings of the peers' blocks;
+    and a rank that passes ordinary memory beside them is a MismatchError
+    on every rank."""
+    count = 70001  # 280 KB of float32, above the shared threshold
+    mine = dist.shared_host_array(count, np.float32)
+    assert mine.shape == (count,) and not mine.any()
+    mine[:] = data_of(RANK, count, np.float32)
+    gathered = dist.shared_host_array((WORLD, count), "float32")
+    own = shared_host_mappings()
+    if flavour_name == "torch":
+        import torch
+        dist.all_gather_into_tensor(torch.from_numpy(gathered),
+                                    torch.from_numpy(mine))
+    else:
+        dist.all_gather([gathered[r] for r in range(WORLD)], mine)
+    for r in range(WORLD):
+        check(gathered[r], data_of(r, count, np.float32), f"block {r}")
+    total = dist.shared_host_array(count, np.float32)
+    total[:] = mine
+    dist.all_reduce(total)
+    check(total, sum(data_of(r, count, np.float32) for r in range(WORLD)),
+          "all_reduce")
+    if WORLD > 1:
+        # This rank mapped each peer's gathered input.
+        assert shared_host_mappings() >= own + WORLD - 1, (
+            own, shared_host_mappings())
+        # In a group of its own, since a mismatch fails the group it
+        # happens in for good.
+        mixed = dist.new_group(list(range(WORLD)))
+        ordinary = np.zeros((WORLD, count), np.float32)
+        try:
+            if RANK == 0:
+                dist.all_gather([ordinary[r] for r in range(WORLD)], mine,
+                                group=mixed)
+            else:
+                dist.all_gather([gathered[r] for r in range(WORLD)], mine,
+                                group=mixed)
+        except dist.MismatchError as e:
+            assert RANK != 0 or "shared host memory" in str(e), str(e)
+        else:
+            raise AssertionError("mixed shared and ordinary memory passed")
+        dist.destroy_process_group(mixed)
+    try:
+        dist.shared_host_array((2, -1))
+    except dist.InvalidArgument as e:
+        assert "0 or more" in str(e), str(e)
+    else:
+        raise AssertionError("a negative size was accepted")
+
+
 SCENARIOS = {
+    "shared_host": shared_host,
     "torch_names": torch_names,
     "monitored_barrier_names_the_absent": monitored_barrier_names_the_absent,
     "monitored_barrier_after_a_timeout": monitored_barrier_after_a_timeout,

@@ -71,6 +71,12 @@ def test_coalesced_calls_act_on_every_tensor(tmp_path, flavour, world):
     assert all("coalesced ok" in o for o in outputs)
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_shared_host_arrays_are_read_through_mappings(tmp_path, flavour):
+    outputs = run_ranks(tmp_path, "shared_host", flavour, 3)
+    assert all("shared_host" in o and " ok" in o for o in outputs)
+
+
 def test_a_dead_peer_is_a_peer_error_naming_it(tmp_path):
     outputs = run_ranks(tmp_path, "dead_peer", "numpy", 3)
     assert "PeerError" in outputs[0] and "PeerError" in outputs[1]

@@ -63,7 +63,7 @@ __all__ = [
     "is_ucc_available", "isend", "monitored_barrier", "new_group",
     "new_subgroups", "new_subgroups_by_enumeration", "recv",
     "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_tensor",
-    "scatter", "scatter_object_list", "send",
+    "scatter", "scatter_object_list", "send", "shared_host_array",
 ]
 
 
@@ -74,6 +74,29 @@ def __getattr__(name):
         from .ddp import DistributedDataParallel
         return DistributedDataParallel
     raise AttributeError(f"module 'commdist' has no attribute {name!r}")
+
+
+# ---- Shared host memory ---------------------------------------------------
+
+def shared_host_array(shape, dtype="float32"):
+    """A numpy array of zeros in shared host memory: a collective whose
+    ranks are all on one host, and whose every rank passes such arrays (or
+    torch tensors made from them with torch.from_numpy), reads them
+    directly through mappings, from 32 KiB on, instead of through the
+    shared-memory rings (libcomm's Tensor::shared_host_zeros; README,
+    "Shared host memory"). Every rank must pass such memory or none: a rank
+    that passes ordinary memory beside peers that pass shared memory fails
+    the call with MismatchError. The memory is freed with the last view."""
+    import numpy as np
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any(not isinstance(n, int) or n < 0 for n in shape):
+        raise InvalidArgument(
+            f"shared_host_array: shape {shape} must be whole numbers of 0 "
+            "or more")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    buffer = _C.shared_host_buffer(count * dtype.itemsize)
+    return np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
 
 
 # ---- Availability ---------------------------------------------------------
