@@ -36,12 +36,14 @@
 #include "libcomm/error.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
+#include "support/shared_host_mappings.h"
 
 using comm::testing::kFirstTestExitCode;
 using comm::testing::kOtherError;
 using comm::testing::kPeerErrorNamingVictim;
 using comm::testing::NamespacePair;
 using comm::testing::PipeSignal;
+using comm::testing::shared_host_mappings;
 using namespace std::chrono_literals;
 
 namespace {
@@ -112,17 +114,6 @@ comm::Tensor filled(std::int64_t count, comm::DType dtype, double value,
   comm::Tensor in_shared = comm::Tensor::shared_host_zeros({count}, dtype);
   in_shared.copy_(t);
   return in_shared;
-}
-
-// How many mappings of shared host memory this process has.
-int shared_host_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  int count = 0;
-  while (std::getline(maps, line)) {
-    if (line.find("memfd:libcomm-shared-host") != std::string::npos) ++count;
-  }
-  return count;
 }
 
 // Every collective and point-to-point on `group`, checked against values

@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <initializer_list>
@@ -43,6 +42,7 @@
 #include "support/mesh_ranks.h"
 #include "support/rank_checks.h"
 #include "support/reference.h"
+#include "support/shared_host_mappings.h"
 #include "support/thread_ranks.h"
 
 using comm::CollectiveStep;
@@ -55,6 +55,7 @@ using comm::tcp::Collective;
 using comm::tcp::Mesh;
 using comm::testing::EnvIs;
 using comm::testing::expect;
+using comm::testing::shared_host_mappings;
 using Bytes = std::vector<std::uint8_t>;
 namespace alg = comm::tcp::algorithms;
 using namespace std::chrono_literals;
@@ -1174,18 +1175,6 @@ class SharedBytes {
   std::uint8_t* data_;
   std::size_t bytes_;
 };
-
-// How many mappings of shared host memory this process has: its own
-// blocks, and the peers' blocks that its ranks mapped.
-int shared_host_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  int count = 0;
-  while (std::getline(maps, line)) {
-    if (line.find("memfd:libcomm-shared-host") != std::string::npos) ++count;
-  }
-  return count;
-}
 
 }  // namespace
 
