@@ -964,9 +964,9 @@ PYBIND11_MODULE(_C, m) {
       "shared_host_buffer",
       [](std::int64_t nbytes) {
         if (nbytes < 0) {
-          throw InvalidArgument("shared_host_buffer: " +
-                                std::to_string(nbytes) +
-                                " bytes; give a size of 0 or more");
+          throw InvalidArgument(
+              "shared_host_buffer: " + std::to_string(nbytes) +
+              " bytes; give a size of 0 or more");
         }
         return Tensor::shared_host_zeros({nbytes}, DType::kU8);
       },
