@@ -1,6 +1,7 @@
 #include "libcomm/shared_host_memory.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -8,9 +9,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <string>
 
@@ -27,11 +30,23 @@ struct Registry {
   std::map<std::uintptr_t, SharedHostBlock> blocks;
   std::uint64_t next_serial = 1;
   std::atomic<std::uint64_t> freed{0};
+  // How many blocks are listed: a lookup in a process that holds none
+  // takes no lock.
+  std::atomic<std::size_t> live{0};
 };
 
 Registry& registry() {
-  // Never destroyed: a block may be freed by a static's destructor.
-  static auto* const instance = new Registry;
+  // Never destroyed: a block may be freed by a static's destructor. A fork
+  // takes the lock first, so that the registry is whole in the child; the
+  // child, whose only thread is not the one that took it, gets a lock of
+  // its own, unheld, in place of its copy.
+  static Registry* const instance = [] {
+    auto* created = new Registry;
+    ::pthread_atfork([] { registry().mutex.lock(); },
+                     [] { registry().mutex.unlock(); },
+                     [] { new (&registry().mutex) std::shared_mutex; });
+    return created;
+  }();
   return *instance;
 }
 
@@ -52,7 +67,7 @@ struct OwnedFd {
 
 void* allocate_shared_host(std::size_t bytes) {
   const std::size_t page = page_bytes();
-  if (bytes > SIZE_MAX - page) {
+  if (bytes > static_cast<std::size_t>(INT64_MAX) - page) {
     throw InvalidArgument("allocate_shared_host: " + std::to_string(bytes) +
                           " bytes is more than any address space holds");
   }
@@ -62,7 +77,10 @@ void* allocate_shared_host(std::size_t bytes) {
       static_cast<int>(::syscall(SYS_memfd_create, "libcomm-shared-host",
                                  MFD_CLOEXEC | MFD_ALLOW_SEALING))};
   if (memfd.fd < 0) {
-    throw SystemError(errno, "allocate_shared_host: memfd_create");
+    throw SystemError(errno,
+                      "allocate_shared_host: memfd_create (each block of "
+                      "shared host memory holds a descriptor until it is "
+                      "freed: free blocks, or allocate fewer, larger ones)");
   }
   if (::ftruncate(memfd.fd, static_cast<off_t>(rounded)) != 0) {
     throw SystemError(errno, "allocate_shared_host: ftruncate to " +
@@ -94,6 +112,7 @@ void* allocate_shared_host(std::size_t bytes) {
   block.inode = status.st_ino;
   block.fd = memfd.fd;
   blocks.blocks.emplace(block.base, block);
+  blocks.live.fetch_add(1, std::memory_order_release);
   memfd.fd = -1;
   return data;
 }
@@ -114,6 +133,7 @@ void free_shared_host(void* data) {
     }
     block = found->second;
     blocks.blocks.erase(found);
+    blocks.live.fetch_sub(1, std::memory_order_release);
     blocks.freed.fetch_add(1, std::memory_order_release);
   }
   ::munmap(data, block.bytes);
@@ -125,6 +145,7 @@ std::optional<SharedHostBlock> find_shared_host(const void* data,
   if (data == nullptr) return std::nullopt;
   const auto begin = reinterpret_cast<std::uintptr_t>(data);
   Registry& blocks = registry();
+  if (blocks.live.load(std::memory_order_acquire) == 0) return std::nullopt;
   const std::shared_lock lock(blocks.mutex);
   if (blocks.blocks.empty()) return std::nullopt;
   auto after = blocks.blocks.upper_bound(begin);

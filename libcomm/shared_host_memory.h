@@ -13,6 +13,11 @@
 // the block was freed (at its next direct read from this rank, or when
 // its group is destroyed) or until it maps more blocks of this rank than
 // it keeps.
+//
+// A child made by fork() inherits the blocks as shared mappings, so that
+// what either process writes into one the other sees (ordinary memory is
+// copied on write instead); they stay listed in the child, which frees
+// them as the parent does.
 #pragma once
 
 #include <cstddef>
@@ -25,9 +30,10 @@ namespace comm {
 
 // Allocates `bytes` of zeroed, page-aligned host memory that ranks of this
 // host may map, in whole pages (one for 0 bytes, so that each block has an
-// address of its own). Throws SystemError naming the call that failed when
-// the kernel refuses (memfd_create, ftruncate or mmap: out of memory, or
-// out of descriptors, since each block holds one until it is freed).
+// address of its own). Throws InvalidArgument for more bytes than a file
+// holds, and SystemError naming the call that failed when the kernel
+// refuses (memfd_create, ftruncate or mmap: out of memory, or out of
+// descriptors, since each block holds one until it is freed).
 COMM_API void* allocate_shared_host(std::size_t bytes);
 
 // Frees what allocate_shared_host returned. Throws InvalidArgument, and

@@ -1,5 +1,6 @@
 #include "backends/shm/local_peers.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -1037,6 +1038,9 @@ const std::uint8_t* LocalPeers::map_block(int peer_rank,
   }
   for (auto it = peer.mapped.begin(); it != peer.mapped.end(); ++it) {
     if (it->serial != block.serial) continue;
+    // A block of another size under the same serial is none that this
+    // peer's libcomm sent: read it through the kernel, which checks it.
+    if (it->bytes != block.bytes) return nullptr;
     const MappedBlock found = *it;
     peer.mapped.erase(it);
     peer.mapped.push_back(found);
@@ -1050,14 +1054,26 @@ const std::uint8_t* LocalPeers::map_block(int peer_rank,
       error = ESRCH;
     } else if (cause == EBADF) {
       error = EFAULT;
-    } else {
+    } else if (cause == EPERM || cause == EACCES || cause == ENOSYS) {
+      // The kernel's policy, which will not change while the group lives.
       peer.mapping_refused = true;
+      COMM_LOG_INFO(
+          "shared memory: rank {} cannot duplicate the descriptors of rank "
+          "{} (pidfd_getfd: {}), so it reads that rank's shared host memory "
+          "with process_vm_readv",
+          rank_, peer_rank, std::strerror(cause));
     }
+    // Otherwise (out of descriptors, say) this read goes through the
+    // kernel, and the next tries again.
     return nullptr;
   }
+  // The block's memfd, sealed at its size, and no other file that the
+  // descriptor's number may have come to name.
   struct stat status {};
+  const int seals = ::fcntl(fd, F_GET_SEALS);
   const bool same = ::fstat(fd, &status) == 0 && status.st_ino == block.inode &&
-                    static_cast<std::uint64_t>(status.st_size) == block.bytes;
+                    static_cast<std::uint64_t>(status.st_size) == block.bytes &&
+                    seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
   void* data = same ? ::mmap(nullptr, block.bytes, PROT_READ, MAP_SHARED, fd, 0)
                     : MAP_FAILED;
   ::close(fd);

@@ -39,11 +39,16 @@ void reduce_scatter(CollectiveTransport& ctx,
                     std::size_t count, DType dtype, ReduceOp op);
 // Sends input[send_offsets[p], + send_bytes[p]) to each rank p and receives
 // rank p's part into output[recv_offsets[p], + recv_bytes[p]).
+// `callers_input`, where given, is the buffer `input` copies (an all_to_all
+// in place sends from a copy): whether a rank reads its peers directly is
+// judged by the caller's buffers (single_copy.h, Buffers), so that the
+// copy does not make it choose otherwise than its peers.
 void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
                 std::span<const std::size_t> send_offsets,
                 std::span<const std::size_t> send_bytes, std::uint8_t* output,
                 std::span<const std::size_t> recv_offsets,
-                std::span<const std::size_t> recv_bytes);
+                std::span<const std::size_t> recv_bytes,
+                const void* callers_input = nullptr);
 void barrier(CollectiveTransport& ctx);
 
 // The largest all_reduce (bytes) that uses recursive doubling at

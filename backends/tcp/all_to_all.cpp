@@ -123,7 +123,8 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
                 std::span<const std::size_t> send_offsets,
                 std::span<const std::size_t> send_bytes, std::uint8_t* output,
                 std::span<const std::size_t> recv_offsets,
-                std::span<const std::size_t> recv_bytes) {
+                std::span<const std::size_t> recv_bytes,
+                const void* callers_input) {
   const int size = ctx.size();
   const int rank = ctx.rank();
   if (send_bytes[rank] > 0) {
@@ -131,7 +132,8 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
                  send_bytes[rank]);
   }
   const Buffers buffers =
-      buffers_of({{input, extent(send_offsets, send_bytes)},
+      buffers_of({{callers_input != nullptr ? callers_input : input,
+                   extent(send_offsets, send_bytes)},
                   {output, extent(recv_offsets, recv_bytes)}});
   if (PeerMemory* memory = readable_memory(
           ctx, AtTwoRanks::kReadWhereKernelCopyKeepsUp, buffers)) {

@@ -134,9 +134,9 @@ void broadcast(CollectiveTransport& ctx, void* data, std::size_t bytes,
   if (const HostPartition* hosts = spanning_hosts(ctx)) {
     return run_tree(ctx, data, bytes, over_hosts_edges(ctx, *hosts, root));
   }
-  if (PeerMemory* memory =
-          direct_memory(ctx, bytes, DirectKind::kFromRoot,
-                        AtTwoRanks::kKeepRings, buffers_of({{data, bytes}}))) {
+  if (PeerMemory* memory = direct_memory(
+          ctx, bytes, DirectKind::kFromRoot, AtTwoRanks::kKeepRings,
+          in_flat_tree(ctx, buffers_of({{data, bytes}})))) {
     const Offer offer(*memory);
     const std::vector<int> others = peers(ctx);
     if (ctx.rank() == root) {

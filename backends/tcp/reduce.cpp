@@ -48,8 +48,9 @@
 // than the root hold their reduced slice afterwards (Backend::reduce
 // leaves them unspecified).
 //
-// Where every rank's buffer lies in shared host memory, the root maps the
-// others' buffers (PeerMemory::mapped) and, below
+// Where every rank's buffer lies in shared host memory, at three ranks or
+// fewer (single_copy.h, in_flat_tree), the root maps the others' buffers
+// (PeerMemory::mapped) and, below
 // kRootReducesAloneBelowBytes, reduces them all itself, in rank order,
 // where they lie: one message from each rank to the root (its buffer's
 // region) and one back (done), and no copy. The slices' algorithm above
@@ -144,10 +145,10 @@ void reduce(CollectiveTransport& ctx, void* data, std::size_t count,
   }
   const std::size_t element = dtype_size(dtype);
   const std::size_t bytes = count * element;
-  const Buffers buffers = buffers_of({{data, bytes}});
+  const Buffers judged = in_flat_tree(ctx, buffers_of({{data, bytes}}));
   if (PeerMemory* memory = direct_memory(ctx, bytes, DirectKind::kToRoot,
-                                         AtTwoRanks::kReadDirectly, buffers)) {
-    if (buffers == Buffers::kShared && bytes < kRootReducesAloneBelowBytes) {
+                                         AtTwoRanks::kReadDirectly, judged)) {
+    if (judged == Buffers::kShared && bytes < kRootReducesAloneBelowBytes) {
       return root_reduces_alone(ctx, *memory, static_cast<std::uint8_t*>(data),
                                 count, dtype, op, root);
     }

@@ -112,6 +112,15 @@ inline Buffers operator&(Buffers a, Buffers b) {
   return a == Buffers::kShared && b == Buffers::kShared ? Buffers::kShared
                                                         : Buffers::kOrdinary;
 }
+// `buffers` for a collective whose rings run a binomial tree (broadcast,
+// reduce): shared memory counts only where that tree is flat, at three
+// ranks or fewer. In a deeper tree, a rank whose memory differed from its
+// peers' would wait for a tree parent that reads directly and so never
+// sends to it; no message would carry a mark to show the mismatch, and the
+// call would end only at its timeout, blaming that parent.
+inline Buffers in_flat_tree(const CollectiveTransport& ctx, Buffers buffers) {
+  return ctx.size() <= 3 ? buffers : Buffers::kOrdinary;
+}
 // The bytes by which gather and scatter, of `size` parts of `part_bytes`,
 // choose: all n parts against the ordinary thresholds, one part against
 // the shared one. Their root meets every reader in turn, so that the

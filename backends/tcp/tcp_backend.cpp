@@ -494,7 +494,7 @@ std::shared_ptr<Work> TcpBackend::do_all_to_all(
         }
         alg::all_to_all(ctx, from, layout.send_offsets(), layout.send_counts(),
                         bytes_of(out), layout.receive_offsets(),
-                        layout.receive_counts());
+                        layout.receive_counts(), bytes_of(in));
         from_host(result, out);
       },
       output, input);
