@@ -9,12 +9,14 @@
 // The pattern, in each collective's file beside its other algorithms:
 //   0. the rank offers its buffers (Offer) for as long as it is in the
 //      algorithm, so that a peer's read fails once it left, whatever way;
-//   1. a step trades Regions (address and size) over the rings, in
+//   1. a step trades Regions (address and size, and the block of shared
+//      host memory that holds the buffer, if one does) over the rings, in
 //      messages marked as addresses (CollectiveStep::send_address; all_to_all
 //      sends them beside the parts that travel); the messages carry the
 //      call's header, so a rank in another call is a MismatchError, and
 //      so is a rank that receives on the rings' algorithm where its peers
-//      read (its COMM_SHM_DIRECT_* settings differ from theirs), which
+//      read (its COMM_SHM_DIRECT_* settings, or its kind of memory, differ
+//      from theirs), which
 //      would otherwise take a region of the same length for data; each
 //      region's size is checked against what the reader expects
 //      (check_bytes), so that ranks that disagree on a size fail instead
