@@ -34,11 +34,7 @@ void gather(CollectiveTransport& ctx, const void* input,
           AtTwoRanks::kReadDirectly, buffers)) {
     const Offer offer(*memory);
     if (ctx.rank() != root) {
-      std::vector<std::vector<Region>> mine(
-          static_cast<std::size_t>(ctx.size()));
-      mine[root] = {region_of(input, bytes)};
-      trade_regions(ctx, {root}, mine, {}, 0);
-      signal(ctx, {}, {root});
+      lend_to(ctx, root, region_of(input, bytes));
       return;
     }
     const std::vector<int> others = peers(ctx);

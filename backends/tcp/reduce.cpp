@@ -73,10 +73,7 @@ void root_reduces_alone(CollectiveTransport& ctx, PeerMemory& memory,
   const std::size_t bytes = count * dtype_size(dtype);
   const Offer offer(memory);
   if (ctx.rank() != root) {
-    std::vector<std::vector<Region>> mine(static_cast<std::size_t>(size));
-    mine[root] = {region_of(data, bytes)};
-    trade_regions(ctx, {root}, mine, {}, 0);
-    signal(ctx, {}, {root});
+    lend_to(ctx, root, region_of(data, bytes));
     return;
   }
   const std::vector<int> others = peers(ctx);

@@ -183,6 +183,14 @@ void check_bytes(const CollectiveTransport& ctx, int peer,
       "; check that the ranks' sizes agree");
 }
 
+void lend_to(CollectiveTransport& ctx, int reader, const Region& region) {
+  std::vector<std::vector<Region>> outgoing(
+      static_cast<std::size_t>(ctx.size()));
+  outgoing[reader] = {region};
+  trade_regions(ctx, {reader}, outgoing, {}, 0);
+  signal(ctx, {}, {reader});
+}
+
 void signal(CollectiveTransport& ctx, const std::vector<int>& to,
             const std::vector<int>& from) {
   if (to.empty() && from.empty()) return;

@@ -202,6 +202,12 @@ std::vector<std::vector<Region>> trade_regions(
     const std::vector<std::vector<Region>>& outgoing,
     const std::vector<int>& from, std::size_t each);
 
+// How a rank that only lends its buffer takes part (gather's and reduce's
+// non-roots): sends `region` to `reader` in a step of its own, then waits
+// for the reader's "done", after which the reader no longer reads it. The
+// caller holds its Offer for the whole call.
+void lend_to(CollectiveTransport& ctx, int reader, const Region& region);
+
 // Throws MismatchError, naming the call and both ranks, unless the region
 // that `peer` offered holds `expected` bytes.
 void check_bytes(const CollectiveTransport& ctx, int peer,
