@@ -3,6 +3,7 @@
 //
 //   ddp_perf [--worlds 1,2,4] [--steps 10] [--batch 4] [--inputs 512]
 //            [--hidden 1024] [--outputs 512] [--bucket-cap-mb 2]
+//            [--bucket-memory shared|ordinary]
 //
 // For each world size it starts that many local ranks and times three ways
 // of running a step (forward, backward, gradient averaging, optimizer):
@@ -14,7 +15,9 @@
 // behind the backward: (serial - bucketed) / (serial - compute), from the
 // slowest rank's mean step times. The default model is wide and the batch
 // small, so that communication is a visible part of a step even with this
-// naive (unvectorised) compute.
+// naive (unvectorised) compute. --bucket-memory ordinary keeps the
+// buckets out of shared host memory (DdpOptions::shared_host_buckets), to
+// compare with the default.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +45,7 @@ struct Config {
   std::size_t batch = 4;
   comm::examples::MlpShape shape{512, 1024, 512};
   double bucket_cap_mb = 2;
+  bool shared_host_buckets = true;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -92,12 +96,14 @@ int run_rank(const Config& config, int world, int rank, std::uint16_t port) {
   comm::DdpOptions bucketed_options;
   bucketed_options.first_bucket_mb = std::min(1.0, config.bucket_cap_mb);
   bucketed_options.bucket_cap_mb = config.bucket_cap_mb;
+  bucketed_options.shared_host_buckets = config.shared_host_buckets;
   comm::DistributedDataParallel bucketed(group, params(), {}, bucketed_options);
   const double overlapped = time_steps(config, *group, model, &bucketed);
   const std::size_t buckets = bucketed.bucket_count();
   comm::DdpOptions one_bucket;
   one_bucket.first_bucket_mb = 1e6;
   one_bucket.bucket_cap_mb = 1e6;
+  one_bucket.shared_host_buckets = config.shared_host_buckets;
   comm::DistributedDataParallel serial(group, params(), {}, one_bucket);
   const double after = time_steps(config, *group, model, &serial);
   if (rank == 0) {
@@ -143,8 +149,15 @@ int main(int argc, char** argv) {
                  "bucket size of the bucketed mode")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::string bucket_memory = "shared";
+  app.add_option("--bucket-memory", bucket_memory,
+                 "where host buckets lie: shared host memory, which local "
+                 "peers read directly, or ordinary memory")
+      ->check(CLI::IsMember({"shared", "ordinary"}))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
+    config.shared_host_buckets = bucket_memory == "shared";
     config.worlds.clear();
     std::stringstream list(worlds);
     for (std::string item; std::getline(list, item, ',');) {
@@ -167,9 +180,11 @@ int main(int argc, char** argv) {
                      (1 << 20);
   std::printf(
       "# ddp_perf: MLP %d-%d-%d (%.1f MiB of float32 gradients), batch %zu "
-      "per rank, %d steps, tcp backend, bucket cap %.1f MiB\n",
+      "per rank, %d steps, tcp backend, bucket cap %.1f MiB, buckets in %s "
+      "memory\n",
       config.shape.inputs, config.shape.hidden, config.shape.outputs, mib,
-      config.batch, config.steps, config.bucket_cap_mb);
+      config.batch, config.steps, config.bucket_cap_mb,
+      config.shared_host_buckets ? "shared host" : "ordinary");
   std::printf("%6s %14s %14s %14s %9s %10s\n", "world", "compute/s",
               "bucketed/s", "serial/s", "buckets", "hidden");
   std::fflush(stdout);

@@ -4,6 +4,8 @@
 // resume, overlap of the first bucket with the backward, and a parameter
 // mismatch. Each rank writes its final parameters to a safetensors file,
 // which this process reads back and compares.
+#include <sys/resource.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -21,7 +23,9 @@
 #include "libcomm/distributed/rendezvous.h"
 #include "libcomm/error.h"
 #include "libcomm/half.h"
+#include "libcomm/shared_host_memory.h"
 #include "support/child_process.h"
+#include "support/shared_host_mappings.h"
 #include "support/temp_path.h"
 
 using comm::DistributedDataParallel;
@@ -128,8 +132,8 @@ NamedTensors named(Mlp& model) {
 }
 
 // The same training in one process on the concatenated batch.
-NamedTensors reference(int world, int steps) {
-  Mlp model(kShape, 1);
+NamedTensors reference(int world, int steps, const MlpShape& shape = kShape) {
+  Mlp model(shape, 1);
   for (int step = 0; step < steps; ++step) {
     std::vector<std::size_t> all;
     for (int r = 0; r < world; ++r)
@@ -157,6 +161,25 @@ double relative_difference(const Tensor& a, const Tensor& b) {
   return diff / std::max(scale, 1e-30);
 }
 
+// Each rank's parameters, which it wrote to `out`.rank, are rank 0's bit
+// for bit and `expected` within float rounding; removes the files.
+void check_trained(const TempPath& out, int world,
+                   const NamedTensors& expected) {
+  const NamedTensors rank0 = comm::read_safetensors(out.str() + ".0");
+  for (int r = 0; r < world; ++r) {
+    const std::string path = out.str() + "." + std::to_string(r);
+    const NamedTensors mine = comm::read_safetensors(path);
+    REQUIRE(mine.size() == expected.size());
+    for (std::size_t p = 0; p < mine.size(); ++p) {
+      INFO(mine[p].first << " on rank " << r);
+      CHECK(mine[p].first == expected[p].first);
+      CHECK(bitwise_equal(mine[p].second, rank0[p].second));
+      CHECK(relative_difference(mine[p].second, expected[p].second) <= 1e-5);
+    }
+    std::remove(path.c_str());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("DDP training matches one process on the whole batch",
@@ -182,23 +205,88 @@ TEST_CASE("DDP training matches one process on the whole batch",
                                 named(model));
       });
       for (int code : codes) REQUIRE(code == 0);
-      const NamedTensors expected = reference(world, steps);
-      const NamedTensors rank0 = comm::read_safetensors(out.str() + ".0");
-      for (int r = 0; r < world; ++r) {
-        const std::string path = out.str() + "." + std::to_string(r);
-        const NamedTensors mine = comm::read_safetensors(path);
-        REQUIRE(mine.size() == expected.size());
-        for (std::size_t p = 0; p < mine.size(); ++p) {
-          INFO(mine[p].first << " on rank " << r);
-          CHECK(mine[p].first == expected[p].first);
-          CHECK(bitwise_equal(mine[p].second, rank0[p].second));
-          CHECK(relative_difference(mine[p].second, expected[p].second) <=
-                1e-5);
-        }
-        std::remove(path.c_str());
-      }
+      check_trained(out, world, reference(world, steps));
     }
   }
+}
+
+TEST_CASE("host buckets lie in shared host memory, read where they lie",
+          "[ddp][multiproc]") {
+  // Wide enough that the one bucket (129 KiB) reads directly.
+  const MlpShape shape{64, 256, 64};
+  const int steps = 5;
+  for (int world : {2, 3}) {
+    for (bool shared : {true, false}) {
+      INFO("world " << world << (shared ? "" : ", shared_host_buckets off"));
+      TempPath out("ddp_shared");
+      auto codes = run_world(world, [&](ProcessGroup& group) {
+        Mlp model(shape, 1);
+        comm::DdpOptions options;
+        options.gradient_as_bucket_view = true;
+        options.shared_host_buckets = shared;
+        auto group_ptr =
+            std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+        DistributedDataParallel ddp(group_ptr, parameters_of(model), {},
+                                    options);
+        REQUIRE(ddp.bucket_count() == 1);
+        for (std::size_t p = 0; p < model.params().size(); ++p) {
+          const Tensor& grad = ddp.grad(p);
+          CHECK(comm::find_shared_host(grad.data_ptr(), grad.nbytes())
+                    .has_value() == shared);
+        }
+        train(ddp, model, group, 0, steps);
+        // Its own bucket, and each peer's, mapped to read it.
+        CHECK(comm::testing::shared_host_mappings() == (shared ? world : 0));
+        comm::write_safetensors(out.str() + "." + std::to_string(group.rank()),
+                                named(model));
+      });
+      for (int code : codes) REQUIRE(code == 0);
+      check_trained(out, world, reference(world, steps, shape));
+    }
+  }
+}
+
+TEST_CASE(
+    "one rank refused shared host memory puts every rank's buckets in "
+    "ordinary memory",
+    "[ddp][multiproc]") {
+  const MlpShape shape{64, 256, 64};
+  const int world = 3;
+  const int steps = 5;
+  TempPath out("ddp_refused");
+  auto codes = run_world(world, [&](ProcessGroup& group) {
+    Mlp model(shape, 1);
+    auto group_ptr =
+        std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+    rlimit descriptors{};
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &descriptors) == 0);
+    if (group.rank() == 1) {
+      // No descriptor left for a memfd: the lowest free one is the limit.
+      const int lowest_free = dup(0);
+      REQUIRE(lowest_free >= 0);
+      close(lowest_free);
+      rlimit none_left = descriptors;
+      none_left.rlim_cur = static_cast<rlim_t>(lowest_free);
+      REQUIRE(setrlimit(RLIMIT_NOFILE, &none_left) == 0);
+    }
+    comm::DdpOptions options;
+    options.gradient_as_bucket_view = true;
+    DistributedDataParallel ddp(group_ptr, parameters_of(model), {}, options);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &descriptors) == 0);
+    for (std::size_t p = 0; p < model.params().size(); ++p) {
+      const Tensor& grad = ddp.grad(p);
+      CHECK_FALSE(
+          comm::find_shared_host(grad.data_ptr(), grad.nbytes()).has_value());
+    }
+    // Without the agreement, each all_reduce would fail on the address
+    // mark between rank 1 and the others.
+    train(ddp, model, group, 0, steps);
+    CHECK(comm::testing::shared_host_mappings() == 0);
+    comm::write_safetensors(out.str() + "." + std::to_string(group.rank()),
+                            named(model));
+  });
+  for (int code : codes) REQUIRE(code == 0);
+  check_trained(out, world, reference(world, steps, shape));
 }
 
 TEST_CASE(

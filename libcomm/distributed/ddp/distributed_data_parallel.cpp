@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "libcomm/detail/dispatch.h"
+#include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/reduce_kernels.h"
 
@@ -237,18 +238,23 @@ void DistributedDataParallel::build_buckets() {
     current->elements += static_cast<std::size_t>(p.data.numel());
     current_bytes += bytes;
   }
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = *buckets_[b];
-    bucket.flat = Tensor::zeros({static_cast<std::int64_t>(bucket.elements)},
-                                bucket.dtype, bucket.device);
-    if (options_.comm_hook != CommHook::kAllReduce) {
-      bucket.compressed = Tensor::zeros(
-          {static_cast<std::int64_t>(bucket.elements)},
-          options_.comm_hook == CommHook::kFp16Compress ? DType::kF16
-                                                        : DType::kBF16,
-          bucket.device);
-    }
-    if (options_.gradient_as_bucket_view) {
+  const bool on_host =
+      std::any_of(buckets_.begin(), buckets_.end(),
+                  [](const auto& bucket) { return bucket->device.is_cpu(); });
+  bool shared_host =
+      options_.shared_host_buckets && on_host && group_->size() > 1;
+  if (shared_host) {
+    // Every rank's buckets in shared memory or none: ranks that differ
+    // would fail each all_reduce on the address mark.
+    Tensor everywhere =
+        Tensor::full({1}, allocate_buckets(true) ? 1 : 0, DType::kI32);
+    group_->all_reduce(everywhere, {.op = ReduceOp::kMin})->wait();
+    shared_host = everywhere.data<std::int32_t>()[0] == 1;
+  }
+  if (!shared_host) allocate_buckets(false);
+  if (options_.gradient_as_bucket_view) {
+    for (auto& bucket_pointer : buckets_) {
+      const Bucket& bucket = *bucket_pointer;
       for (std::size_t k : bucket.params) {
         Parameter& p = parameters_[k];
         const auto begin = static_cast<std::int64_t>(offset_of_[k]);
@@ -259,6 +265,39 @@ void DistributedDataParallel::build_buckets() {
       }
     }
   }
+}
+
+// Allocates every bucket's tensors, the host ones in shared host memory
+// when `shared_host`. Returns false, having logged why, when the kernel
+// refused shared memory for one; those buckets are left in ordinary memory.
+bool DistributedDataParallel::allocate_buckets(bool shared_host) {
+  bool all_shared = true;
+  auto allocate = [&](std::size_t elements, DType dtype, Device device) {
+    const Shape shape{static_cast<std::int64_t>(elements)};
+    if (shared_host && device.is_cpu() && all_shared) {
+      try {
+        return Tensor::shared_host_zeros(shape, dtype);
+      } catch (const SystemError& e) {
+        COMM_LOG_WARN(
+            "DistributedDataParallel: buckets in ordinary memory on every "
+            "rank, since this rank could not allocate shared host memory: {}",
+            e.what());
+        all_shared = false;
+      }
+    }
+    return Tensor::zeros(shape, dtype, device);
+  };
+  for (auto& bucket : buckets_) {
+    bucket->flat = allocate(bucket->elements, bucket->dtype, bucket->device);
+    if (options_.comm_hook != CommHook::kAllReduce) {
+      bucket->compressed =
+          allocate(bucket->elements,
+                   options_.comm_hook == CommHook::kFp16Compress ? DType::kF16
+                                                                 : DType::kBF16,
+                   bucket->device);
+    }
+  }
+  return all_shared;
 }
 
 std::size_t DistributedDataParallel::index_of(const std::string& name) const {

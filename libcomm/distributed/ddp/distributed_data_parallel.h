@@ -68,6 +68,15 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
   CommHook comm_hook = CommHook::kAllReduce;
+  // Whether host buckets lie in shared host memory
+  // (libcomm/shared_host_memory.h), where the ranks of one host read each
+  // other's buckets directly with a plain copy. The group keeps them there
+  // only where every rank could allocate them: one rank whose kernel
+  // refused (no memfd, out of descriptors) puts every rank's buckets in
+  // ordinary memory, since ranks that disagree would fail each all_reduce
+  // with a MismatchError. A process forked after construction shares
+  // these buckets with its parent rather than copying them on write.
+  bool shared_host_buckets = true;
 };
 
 class COMM_API DistributedDataParallel {
@@ -144,6 +153,7 @@ class COMM_API DistributedDataParallel {
   struct Bucket;
   void check_same_parameters();
   void build_buckets();
+  bool allocate_buckets(bool shared_host);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void reset_step();
