@@ -132,14 +132,47 @@ def scenario_ddp(out_dir, variant):
 # ---- Every collective on the same inputs --------------------------------
 
 
+# Set by the "shared" variant on libcomm: every tensor that zeros() and
+# data() make lies in shared host memory (commdist.shared_host_array), so
+# that the collectives read each other's through mappings.
+SHARED = False
+# Set by the "shared" variant on both backends: data() gives small whole
+# numbers, whose sums and products are exact in every order, so that
+# libcomm's results equal gloo's bit for bit at any world size.
+EXACT = False
+
+
+def zeros(*shape, dtype=torch.float32):
+    if not SHARED:
+        return torch.zeros(*shape, dtype=dtype)
+    import commdist
+    count = 1
+    for n in shape:
+        count *= n
+    element = torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(commdist.shared_host_array(count * element,
+                                                      "uint8"))
+    return raw.view(dtype).view(*shape)
+
+
 def data(salt, count=7, dtype=torch.float32, rank=RANK):
     values = (torch.arange(count, dtype=torch.float64) * (rank + 1) + rank +
               salt) % 5 + 1
     if dtype == torch.bool:
-        return (values.to(torch.int64) % 2).to(torch.bool)
-    if dtype.is_floating_point:
+        values = (values.to(torch.int64) % 2).to(torch.bool)
+    elif dtype.is_floating_point and not EXACT:
         values = values / 3  # not exact in binary, so order would show
-    return values.to(dtype)
+    return zeros(count, dtype=dtype).copy_(values.to(dtype))
+
+
+def peer_mappings():
+    """How many of its peers' blocks of shared host memory this process
+    has mapped: read-only shared mappings of libcomm's memfds (its own
+    are writable)."""
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps
+                   if "libcomm-shared-host" in line and
+                   line.split()[1] == "r--s")
 
 
 def attempt(results, key, run):
@@ -156,7 +189,10 @@ def attempt(results, key, run):
         results[key] = None
 
 
-def scenario_collectives(out_dir, _variant):
+def scenario_collectives(out_dir, variant):
+    global SHARED, EXACT
+    EXACT = variant == "shared"
+    SHARED = EXACT and dist.get_backend() == "libcomm"
     results = {}
     float_ops = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT,
                  "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
@@ -197,49 +233,49 @@ def scenario_collectives(out_dir, _variant):
         tensor = data(7 + root, 11)
         dist.broadcast(tensor, src=root)
         results[f"broadcast/{root}"] = tensor
-    gathered = [torch.zeros(6) for _ in range(WORLD)]
+    gathered = [zeros(6) for _ in range(WORLD)]
     dist.all_gather(gathered, data(8, 6))
     results["all_gather"] = gathered
-    flat = torch.zeros(WORLD * 6)
+    flat = zeros(WORLD * 6)
     attempt(results, "all_gather_into_tensor",
             lambda: dist.all_gather_into_tensor(flat, data(9, 6)) or flat)
-    outputs = [[torch.zeros(3), torch.zeros(2, 2)] for _ in range(WORLD)]
+    outputs = [[zeros(3), zeros(2, 2)] for _ in range(WORLD)]
     attempt(results, "all_gather_coalesced", lambda: dist.all_gather_coalesced(
         outputs, [data(10, 3), data(11, 4).view(2, 2)]) or outputs)
     for root in range(WORLD):
-        targets = [torch.zeros(5) for _ in range(WORLD)] if RANK == root \
+        targets = [zeros(5) for _ in range(WORLD)] if RANK == root \
             else None
         dist.gather(data(12, 5), gather_list=targets, dst=root)
         results[f"gather/{root}"] = targets
-        target = torch.zeros(5)
+        target = zeros(5)
         sources = [data(13 + r, 5) for r in range(WORLD)] if RANK == root \
             else None
         dist.scatter(target, scatter_list=sources, src=root)
         results[f"scatter/{root}"] = target
-    target = torch.zeros(4)
+    target = zeros(4)
     attempt(results, "reduce_scatter", lambda: dist.reduce_scatter(
         target, [data(20 + r, 4) for r in range(WORLD)]) or target)
-    target = torch.zeros(4)
+    target = zeros(4)
     attempt(results, "reduce_scatter_tensor",
             lambda: dist.reduce_scatter_tensor(
                 target, data(30, 4 * WORLD)) or target)
-    target = torch.zeros(2 * WORLD)
+    target = zeros(2 * WORLD)
     dist.all_to_all_single(target, data(40, 2 * WORLD))
     results["all_to_all_single"] = target
     # Uneven splits: rank r sends r + s + 1 elements to rank s.
     in_splits = [RANK + s + 1 for s in range(WORLD)]
     out_splits = [r + RANK + 1 for r in range(WORLD)]
-    target = torch.zeros(sum(out_splits))
+    target = zeros(sum(out_splits))
     dist.all_to_all_single(target, data(41, sum(in_splits)),
                            output_split_sizes=out_splits,
                            input_split_sizes=in_splits)
     results["all_to_all_single/splits"] = target
-    targets = [torch.zeros(RANK + r + 1) for r in range(WORLD)]
+    targets = [zeros(RANK + r + 1) for r in range(WORLD)]
     attempt(results, "all_to_all", lambda: dist.all_to_all(
         targets, [data(50 + s, RANK + s + 1) for s in range(WORLD)]) or targets)
     # Point to point in a ring, blocking and not, then from any source.
     right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
-    target = torch.zeros(8)
+    target = zeros(8)
     if RANK % 2 == 0:
         dist.send(data(60, 8), dst=right)
         dist.recv(target, src=left)
@@ -247,7 +283,7 @@ def scenario_collectives(out_dir, _variant):
         dist.recv(target, src=left)
         dist.send(data(60, 8), dst=right)
     results["send_recv"] = target
-    target = torch.zeros(8)
+    target = zeros(8)
     requests = [dist.isend(data(61, 8), dst=right, tag=7),
                 dist.irecv(target, src=left, tag=7)]
     for request in requests:
@@ -256,7 +292,7 @@ def scenario_collectives(out_dir, _variant):
     if RANK == 0:
         sources = set()
         for _ in range(WORLD - 1):
-            target = torch.zeros(3)
+            target = zeros(3)
             sources.add(dist.recv(target))
             results[f"recv_any/{int(target[0])}"] = target
         results["recv_any/sources"] = sorted(sources)
@@ -277,6 +313,8 @@ def scenario_collectives(out_dir, _variant):
     dist.scatter_object_list(received, [f"for {r}" for r in range(WORLD)]
                              if RANK == 0 else None, src=0)
     results["scatter_object_list"] = received
+    if SHARED:
+        assert peer_mappings() > 0, "no peer's shared host memory was mapped"
     torch.save(results, os.path.join(out_dir, f"rank{RANK}.pt"))
 
 
