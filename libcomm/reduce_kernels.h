@@ -8,7 +8,8 @@
 // - Integer SUM and PRODUCT wrap around on overflow (two's complement).
 // - MIN and MAX propagate NaN: if either input is NaN, so is the result.
 // - AVG accumulates like SUM; the caller divides once by the number of
-//   contributions at the end with divide_by().
+//   contributions at the end with divide_by(), or, for float16
+//   (averages_divided_first), divides each contribution before the sum.
 // - BAND, BOR, BXOR are for integer and bool tensors only.
 // - On bool tensors any non-zero byte is true and results are 0 or 1.
 #pragma once
@@ -41,6 +42,15 @@ COMM_API void reduce_pair_into(ReduceOp op, DType dtype, void* dst,
 
 // The same on tensors: both contiguous, on the CPU, of one dtype and numel.
 COMM_API void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src);
+
+// Whether AVG on `dtype` divides each contribution by their number before
+// the sum rather than the sum after it: float16 only, whose range (65504)
+// a sum of n contributions would overflow where their average fits. NCCL's
+// average divides first too (it premultiplies every floating type); the
+// other types keep one rounding, the division's, after an exact-range sum.
+constexpr bool averages_divided_first(DType dtype) {
+  return dtype == DType::kF16;
+}
 
 // data[i] /= divisor, the last step of AVG; divisor > 0. Floating types divide
 // exactly (the half types in float); integers truncate toward zero.

@@ -9,7 +9,10 @@
 
 namespace comm {
 
-// AVG is SUM followed by one division by the number of contributions.
+// AVG is SUM followed by one division by the number of contributions; on
+// float16 each contribution is divided before the sum instead, so that an
+// average that fits does not overflow (averages_divided_first in
+// reduce_kernels.h).
 // BAND, BOR and BXOR are defined for integer and bool tensors only. On bool
 // tensors SUM and MAX act as logical or, PRODUCT and MIN as logical and.
 enum class ReduceOp : std::uint8_t {

@@ -282,13 +282,19 @@ std::shared_ptr<Work> TcpBackend::do_reduce(Tensor& tensor,
       [this, options](CollectiveContext& ctx, Tensor& buffer) {
         Tensor staged;
         const Tensor& host = on_host(buffer, true, staged);
-        alg::reduce(ctx, host.data_ptr(),
-                    static_cast<std::size_t>(host.numel()), host.dtype(),
-                    options.op, options.root);
+        const auto count = static_cast<std::size_t>(host.numel());
+        const bool average = options.op == ReduceOp::kAvg;
+        const bool divided_first =
+            average && averages_divided_first(host.dtype());
+        // A non-root's tensor is scratch (Backend::reduce), so each rank
+        // may divide its own in place.
+        if (divided_first)
+          divide_by(host.dtype(), host.data_ptr(), count, size());
+        alg::reduce(ctx, host.data_ptr(), count, host.dtype(), options.op,
+                    options.root);
         if (rank() == options.root) {
-          if (options.op == ReduceOp::kAvg) {
-            divide_by(host.dtype(), host.data_ptr(),
-                      static_cast<std::size_t>(host.numel()), size());
+          if (average && !divided_first) {
+            divide_by(host.dtype(), host.data_ptr(), count, size());
           }
           from_host(buffer, host);
         }
@@ -316,10 +322,24 @@ std::shared_ptr<Work> TcpBackend::do_all_reduce_into(
         const Tensor& host_input =
             in_place ? host : on_host(operand, true, staged_operand);
         const auto count = static_cast<std::size_t>(host.numel());
-        alg::all_reduce(ctx, host_input.data_ptr(), host.data_ptr(), count,
-                        host.dtype(), options.op);
-        if (options.op == ReduceOp::kAvg)
+        const bool average = options.op == ReduceOp::kAvg;
+        const bool divided_first =
+            average && averages_divided_first(host.dtype());
+        const void* source = host_input.data_ptr();
+        if (divided_first) {
+          // The input is left as it was: its quotients go to the output,
+          // which is then reduced in place.
+          if (!in_place) {
+            detail::copy_bytes(host.data_ptr(), source, host.nbytes());
+          }
           divide_by(host.dtype(), host.data_ptr(), count, size());
+          source = host.data_ptr();
+        }
+        alg::all_reduce(ctx, source, host.data_ptr(), count, host.dtype(),
+                        options.op);
+        if (average && !divided_first) {
+          divide_by(host.dtype(), host.data_ptr(), count, size());
+        }
         from_host(result, host);
       },
       output, input);
@@ -451,9 +471,26 @@ std::shared_ptr<Work> TcpBackend::do_reduce_scatter(
                                : on_host(reduced, false, staged).data_ptr();
         const OnHostList<const void*> blocks(operands, true);
         const auto count = static_cast<std::size_t>(reduced.numel());
-        alg::reduce_scatter(ctx, blocks.pointers(), result, count,
-                            reduced.dtype(), options.op);
-        if (options.op == ReduceOp::kAvg) {
+        const bool average = options.op == ReduceOp::kAvg;
+        const bool divided_first =
+            average && averages_divided_first(reduced.dtype());
+        std::span<const void* const> sources = blocks.pointers();
+        std::vector<const void*> quotients;
+        if (divided_first) {
+          // The inputs are left as they were: their quotients are reduced,
+          // from the call's workspace.
+          std::uint8_t* space = ctx.workspace()->take(bytes * sources.size());
+          for (const void* block : sources) {
+            detail::copy_bytes(space, block, bytes);
+            divide_by(reduced.dtype(), space, count, size());
+            quotients.push_back(space);
+            space += bytes;
+          }
+          sources = quotients;
+        }
+        alg::reduce_scatter(ctx, sources, result, count, reduced.dtype(),
+                            options.op);
+        if (average && !divided_first) {
           divide_by(reduced.dtype(), result, count, size());
         }
         if (aliased) {

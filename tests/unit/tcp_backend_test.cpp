@@ -68,11 +68,19 @@ Tensor contribution(int rank, std::int64_t count, DType dtype, ReduceOp op) {
 }
 
 Tensor reference(int world, std::int64_t count, DType dtype, ReduceOp op) {
-  Tensor result = contribution(0, count, dtype, op);
-  for (int r = 1; r < world; ++r) {
-    comm::reduce_into(op, result, contribution(r, count, dtype, op));
-  }
-  if (op == ReduceOp::kAvg) {
+  const bool divided_first =
+      op == ReduceOp::kAvg && comm::averages_divided_first(dtype);
+  auto operand = [&](int rank) {
+    Tensor t = contribution(rank, count, dtype, op);
+    if (divided_first) {
+      comm::divide_by(dtype, t.data_ptr(), static_cast<std::size_t>(count),
+                      world);
+    }
+    return t;
+  };
+  Tensor result = operand(0);
+  for (int r = 1; r < world; ++r) comm::reduce_into(op, result, operand(r));
+  if (op == ReduceOp::kAvg && !divided_first) {
     comm::divide_by(dtype, result.data_ptr(), static_cast<std::size_t>(count),
                     world);
   }
@@ -312,6 +320,49 @@ TEST_CASE("reduce_scatter, out of place and in place",
                  "reduce_scatter in place");
         }
       }
+    });
+    INFO("world " << world);
+    check_all_ok(errors);
+  }
+}
+
+TEST_CASE("a float16 average fits where the sum would overflow", "[tcp][avg]") {
+  // 60000 on every rank: its quotients by 2, 3 and 4 and their sums are
+  // exact in float16, whose largest value, 65504, every sum of two or more
+  // would pass.
+  const double value = 60000;
+  const Tensor expected = Tensor::full({1003}, value, DType::kF16);
+  for (int world : {2, 3, 4}) {
+    auto errors = run_ranks(world, [&](ProcessGroup& group) {
+      const comm::AllReduceOptions average{.op = ReduceOp::kAvg};
+      Tensor t = Tensor::full({1003}, value, DType::kF16);
+      group.all_reduce(t, average)->wait();
+      expect(same_bytes(t, expected), "all_reduce");
+      const Tensor input = Tensor::full({1003}, value, DType::kF16);
+      Tensor output = Tensor::zeros({1003}, DType::kF16);
+      group.all_reduce_into(output, input, average)->wait();
+      expect(same_bytes(output, expected), "all_reduce_into");
+      expect(same_bytes(input, expected), "all_reduce_into's input");
+      for (int root = 0; root < world; ++root) {
+        Tensor r = Tensor::full({1003}, value, DType::kF16);
+        group.reduce(r, {.root = root, .op = ReduceOp::kAvg})->wait();
+        if (group.rank() == root) expect(same_bytes(r, expected), "reduce");
+      }
+      std::vector<Tensor> inputs;
+      for (int r = 0; r < world; ++r) {
+        inputs.push_back(Tensor::full({1003}, value, DType::kF16));
+      }
+      Tensor block = Tensor::zeros({1003}, DType::kF16);
+      group.reduce_scatter(block, inputs, {.op = ReduceOp::kAvg})->wait();
+      expect(same_bytes(block, expected), "reduce_scatter");
+      for (const Tensor& in : inputs) {
+        expect(same_bytes(in, expected), "reduce_scatter's inputs");
+      }
+      group
+          .reduce_scatter(inputs[group.rank()], inputs, {.op = ReduceOp::kAvg})
+          ->wait();
+      expect(same_bytes(inputs[group.rank()], expected),
+             "reduce_scatter in place");
     });
     INFO("world " << world);
     check_all_ok(errors);

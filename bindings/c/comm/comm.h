@@ -83,8 +83,10 @@ typedef enum {
   COMM_BOOL = 8,
 } comm_dtype_t;
 
-/* Reductions. COMM_AVG divides the sum by the number of ranks; the bitwise
- * ones take integer and bool buffers only. The values are part of the ABI. */
+/* Reductions. COMM_AVG divides the sum by the number of ranks (float16
+ * divides each rank's contribution before the sum, so that an average that
+ * fits never overflows); the bitwise ones take integer and bool buffers
+ * only. The values are part of the ABI. */
 typedef enum {
   COMM_SUM = 0,
   COMM_AVG = 1,
