@@ -17,6 +17,7 @@
 #include <shared_mutex>
 #include <string>
 
+#include "libcomm/detail/memfd.h"
 #include "libcomm/error.h"
 
 namespace comm {
@@ -82,10 +83,7 @@ void* allocate_shared_host(std::size_t bytes) {
                       "shared host memory holds a descriptor until it is "
                       "freed: free blocks, or allocate fewer, larger ones)");
   }
-  if (::ftruncate(memfd.fd, static_cast<off_t>(rounded)) != 0) {
-    throw SystemError(errno, "allocate_shared_host: ftruncate to " +
-                                 std::to_string(rounded) + " bytes");
-  }
+  detail::size_memfd(memfd.fd, rounded, "allocate_shared_host");
   // Sealed at its size, so that a peer's mapping of the whole block never
   // reaches past the file's end (which would be SIGBUS), whatever this
   // process does with the descriptor.

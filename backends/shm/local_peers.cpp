@@ -24,6 +24,7 @@
 
 #include "backends/shm/kernel_copy.h"
 #include "libcomm/detail/log.h"
+#include "libcomm/detail/memfd.h"
 #include "libcomm/enum_param.h"
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
@@ -55,6 +56,11 @@ const IntParam kMembarrier{
     "group's ranks on the machine) publish on the rings without a fence, a "
     "rank going to sleep paying with a membarrier system call instead; 0 "
     "keeps the fences"};
+
+// Where a rank's local peers find the name of its abstract socket (hex),
+// or, where it failed before it had one, kFailedInbox and its reason.
+std::string inbox_key(int rank) { return "shm/inbox/" + std::to_string(rank); }
+constexpr const char* kFailedInbox = "failed: ";
 
 constexpr std::uint32_t kHelloMagic = 0x4d484d43;  // "CMHM" in memory
 
@@ -615,12 +621,9 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       ::syscall(SYS_memfd_create, "libcomm-shm", MFD_CLOEXEC))};
   const int memfd = owned.fd;
   if (memfd < 0) throw SystemError(errno, "shared memory: memfd_create");
-  if (::ftruncate(memfd, static_cast<off_t>(segment_bytes_)) != 0) {
-    const int error = errno;
-    throw SystemError(error, "shared memory: sizing a segment of " +
-                                 std::to_string(segment_bytes_) +
-                                 " bytes (COMM_SHM_RING_BYTES)");
-  }
+  detail::size_memfd(memfd, segment_bytes_,
+                     "shared memory: a segment for this rank's rings "
+                     "(COMM_SHM_RING_BYTES, or COMM_TRANSPORT=tcp)");
   // MAP_POPULATE allocates and maps every page now, at group creation, so
   // that the first pass of each ring does not take a page fault per page on
   // both ends in the middle of a collective (see bench/README.md).
@@ -660,8 +663,7 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     const int error = errno;
     throw SystemError(error, "shared memory: binding an abstract socket");
   }
-  store.set_string("shm/inbox/" + std::to_string(rank),
-                   to_hex(&address, length));
+  store.set_string(inbox_key(rank), to_hex(&address, length));
 
   Hello hello;
   hello.rank = rank;
@@ -684,9 +686,15 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     if (r == rank) continue;
     unsent.push_back(r);
     unheard.push_back(r);
-    inboxes[r] = from_hex(store.get_string(
-        "shm/inbox/" + std::to_string(r),
-        std::chrono::milliseconds(remaining_ms(deadline) + 1)));
+    const std::string published_inbox = store.get_string(
+        inbox_key(r), std::chrono::milliseconds(remaining_ms(deadline) + 1));
+    if (published_inbox.starts_with(kFailedInbox)) {
+      throw PeerError(
+          r, "shared memory: rank " + std::to_string(r) +
+                 " on this host failed to set up: " +
+                 published_inbox.substr(std::string_view(kFailedInbox).size()));
+    }
+    inboxes[r] = from_hex(published_inbox);
   }
   // Bounded by the deadline: each round sends what the peers' queues take,
   // reads what arrived, and sleeps in poll for at most 10 ms.
@@ -1015,6 +1023,19 @@ void LocalPeers::close_all() {
 }
 
 LocalPeers::~LocalPeers() { release(); }
+
+void LocalPeers::publish_failure(Store& store, int rank,
+                                 const std::string& why) noexcept {
+  try {
+    // Only this rank sets its key, so what is there is its inbox, which
+    // its peers may have read already.
+    if (!store.check({inbox_key(rank)})) {
+      store.set_string(inbox_key(rank), kFailedInbox + why);
+    }
+  } catch (const std::exception&) {
+    // The store is gone: the peers fail on it too.
+  }
+}
 
 void LocalPeers::unmap_blocks(Peer& peer) {
   for (const MappedBlock& block : peer.mapped) {

@@ -129,6 +129,13 @@ class LocalPeers {
              detail::Clock::time_point deadline);
   // Closes every ring (waking the peers), then unmaps and closes.
   ~LocalPeers();
+  // Tells the local peers of rank `rank`, which wait for it while they set
+  // up, that it failed to and why, where it has not yet told them where to
+  // reach it: they fail at once with a PeerError carrying `why`, rather
+  // than at the set-up's deadline. The caller of the constructor calls it
+  // when that throws; it never throws itself.
+  static void publish_failure(Store& store, int rank,
+                              const std::string& why) noexcept;
   LocalPeers(const LocalPeers&) = delete;
   LocalPeers& operator=(const LocalPeers&) = delete;
 

@@ -264,7 +264,13 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
   const int rank = rank_;
   const int size = size_;
   const auto peers = static_cast<std::uint64_t>(size - 1);
-  local_ = std::make_unique<shm::LocalPeers>(store, rank, size, job, deadline);
+  try {
+    local_ =
+        std::make_unique<shm::LocalPeers>(store, rank, size, job, deadline);
+  } catch (const Error& e) {
+    shm::LocalPeers::publish_failure(store, rank, e.what());
+    throw;
+  }
   const auto on_host = static_cast<std::uint64_t>(local_->local_count() - 1);
   claim.update(1 + on_host + 3 * (peers - on_host),
                "a listening socket and the sockets to its " +

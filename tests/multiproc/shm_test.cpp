@@ -372,6 +372,47 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a rank whose file size limit is below its segment fails the group's "
+    "creation saying so, and its peers name it at once",
+    "[shm][multiproc][failure]") {
+  // Sizing the segment past RLIMIT_FSIZE would raise SIGXFSZ, which ends
+  // the rank in the middle of the set-up.
+  const int world = 2;
+  const std::string url = comm::testing::loopback_url(world);
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", "shm", 1);
+    if (rank == 1) {
+      // Ignored, so that a write of this rank's to a log file past the
+      // limit fails rather than ends it; the message below shows that the
+      // limit was checked before the segment was sized.
+      signal(SIGXFSZ, SIG_IGN);
+      rlimit small{};
+      if (getrlimit(RLIMIT_FSIZE, &small) != 0) return kOtherError;
+      small.rlim_cur = 4096;
+      if (setrlimit(RLIMIT_FSIZE, &small) != 0) return kOtherError;
+    }
+    try {
+      comm::init_process_group("tcp", url, rank, world, 30s);
+      return kWrongResult;
+    } catch (const comm::PeerError& e) {
+      return rank == 0 &&
+                     std::string(e.what()).find("rank 1") != std::string::npos
+                 ? 0
+                 : kOtherError;
+    } catch (const comm::SystemError& e) {
+      return rank == 1 && std::string(e.what()).find("file size limit") !=
+                              std::string::npos
+                 ? 0
+                 : kOtherError;
+    } catch (...) {
+      return kOtherError;
+    }
+  });
+  // At once, not at the set-up's deadline (30 s).
+  CHECK(comm::testing::check_exit_codes(ranks, -1, 0, 60s) < 10);
+}
+
+TEST_CASE(
     "ranks that cannot read a peer's memory agree to use the rings, with "
     "the same results",
     "[shm][multiproc][single_copy]") {
