@@ -990,28 +990,29 @@ PYBIND11_MODULE(_C, m) {
       .value("BF16_COMPRESS", comm::CommHook::kBf16Compress);
 
   py::class_<Reducer>(m, "Reducer")
-      .def(
-          py::init([](GroupPtr group, std::vector<std::string> names,
-                      py::sequence params, py::sequence grads,
-                      std::vector<std::string> buffer_names,
-                      py::sequence buffers, double bucket_cap_mb,
-                      bool gradient_as_bucket_view, bool find_unused_parameters,
-                      bool broadcast_buffers, comm::CommHook comm_hook) {
-            comm::DdpOptions options;
-            options.bucket_cap_mb = bucket_cap_mb;
-            options.gradient_as_bucket_view = gradient_as_bucket_view;
-            options.find_unused_parameters = find_unused_parameters;
-            options.broadcast_buffers = broadcast_buffers;
-            options.comm_hook = comm_hook;
-            return std::make_unique<Reducer>(std::move(group), names, params,
-                                             grads, buffer_names, buffers,
-                                             options);
-          }),
-          py::arg("group"), py::arg("names"), py::arg("params"),
-          py::arg("grads"), py::arg("buffer_names"), py::arg("buffers"),
-          py::arg("bucket_cap_mb"), py::arg("gradient_as_bucket_view"),
-          py::arg("find_unused_parameters"), py::arg("broadcast_buffers"),
-          py::arg("comm_hook"))
+      .def(py::init([](GroupPtr group, std::vector<std::string> names,
+                       py::sequence params, py::sequence grads,
+                       std::vector<std::string> buffer_names,
+                       py::sequence buffers, double bucket_cap_mb,
+                       bool gradient_as_bucket_view,
+                       bool find_unused_parameters, bool broadcast_buffers,
+                       comm::CommHook comm_hook, bool shared_host_buckets) {
+             comm::DdpOptions options;
+             options.bucket_cap_mb = bucket_cap_mb;
+             options.gradient_as_bucket_view = gradient_as_bucket_view;
+             options.find_unused_parameters = find_unused_parameters;
+             options.broadcast_buffers = broadcast_buffers;
+             options.comm_hook = comm_hook;
+             options.shared_host_buckets = shared_host_buckets;
+             return std::make_unique<Reducer>(std::move(group), names, params,
+                                              grads, buffer_names, buffers,
+                                              options);
+           }),
+           py::arg("group"), py::arg("names"), py::arg("params"),
+           py::arg("grads"), py::arg("buffer_names"), py::arg("buffers"),
+           py::arg("bucket_cap_mb"), py::arg("gradient_as_bucket_view"),
+           py::arg("find_unused_parameters"), py::arg("broadcast_buffers"),
+           py::arg("comm_hook"), py::arg("shared_host_buckets") = true)
       .def("before_forward", &Reducer::before_forward,
            py::arg("backward_follows"))
       .def("mark_grad_ready", &Reducer::mark_grad_ready)

@@ -4,6 +4,7 @@
 // resume, overlap of the first bucket with the backward, and a parameter
 // mismatch. Each rank writes its final parameters to a safetensors file,
 // which this process reads back and compares.
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include <catch2/catch.hpp>
@@ -210,83 +211,135 @@ TEST_CASE("DDP training matches one process on the whole batch",
   }
 }
 
-TEST_CASE("host buckets lie in shared host memory, read where they lie",
+// Two buckets of 64-65 KiB (32 KiB compressed), each read directly.
+const MlpShape kWideShape{64, 256, 64};
+
+comm::DdpOptions two_buckets() {
+  comm::DdpOptions options;
+  options.first_bucket_mb = 0.07;
+  options.bucket_cap_mb = 0.07;
+  return options;
+}
+
+TEST_CASE("host buckets lie in one block of shared host memory, read in place",
           "[ddp][multiproc]") {
-  // Wide enough that the one bucket (129 KiB) reads directly.
-  const MlpShape shape{64, 256, 64};
   const int steps = 5;
   for (int world : {2, 3}) {
     for (bool shared : {true, false}) {
       INFO("world " << world << (shared ? "" : ", shared_host_buckets off"));
       TempPath out("ddp_shared");
       auto codes = run_world(world, [&](ProcessGroup& group) {
-        Mlp model(shape, 1);
-        comm::DdpOptions options;
+        Mlp model(kWideShape, 1);
+        comm::DdpOptions options = two_buckets();
         options.gradient_as_bucket_view = true;
         options.shared_host_buckets = shared;
         auto group_ptr =
             std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
         DistributedDataParallel ddp(group_ptr, parameters_of(model), {},
                                     options);
-        REQUIRE(ddp.bucket_count() == 1);
+        REQUIRE(ddp.bucket_count() == 2);
         for (std::size_t p = 0; p < model.params().size(); ++p) {
           const Tensor& grad = ddp.grad(p);
           CHECK(comm::find_shared_host(grad.data_ptr(), grad.nbytes())
                     .has_value() == shared);
         }
         train(ddp, model, group, 0, steps);
-        // Its own bucket, and each peer's, mapped to read it.
+        // Its own block, and each peer's, mapped once for both buckets.
         CHECK(comm::testing::shared_host_mappings() == (shared ? world : 0));
         comm::write_safetensors(out.str() + "." + std::to_string(group.rank()),
                                 named(model));
       });
       for (int code : codes) REQUIRE(code == 0);
-      check_trained(out, world, reference(world, steps, shape));
+      check_trained(out, world, reference(world, steps, kWideShape));
     }
   }
 }
 
-TEST_CASE(
-    "one rank refused shared host memory puts every rank's buckets in "
-    "ordinary memory",
-    "[ddp][multiproc]") {
-  const MlpShape shape{64, 256, 64};
-  const int world = 3;
-  const int steps = 5;
-  TempPath out("ddp_refused");
+TEST_CASE("with a compression hook the compressed buckets are the shared ones",
+          "[ddp][multiproc]") {
+  const int world = 2;
   auto codes = run_world(world, [&](ProcessGroup& group) {
-    Mlp model(shape, 1);
+    Mlp model(kWideShape, 1);
+    comm::DdpOptions options = two_buckets();
+    options.gradient_as_bucket_view = true;
+    options.comm_hook = comm::CommHook::kFp16Compress;
     auto group_ptr =
         std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
-    rlimit descriptors{};
-    REQUIRE(getrlimit(RLIMIT_NOFILE, &descriptors) == 0);
-    if (group.rank() == 1) {
-      // No descriptor left for a memfd: the lowest free one is the limit.
-      const int lowest_free = dup(0);
-      REQUIRE(lowest_free >= 0);
-      close(lowest_free);
-      rlimit none_left = descriptors;
-      none_left.rlim_cur = static_cast<rlim_t>(lowest_free);
-      REQUIRE(setrlimit(RLIMIT_NOFILE, &none_left) == 0);
-    }
-    comm::DdpOptions options;
-    options.gradient_as_bucket_view = true;
     DistributedDataParallel ddp(group_ptr, parameters_of(model), {}, options);
-    REQUIRE(setrlimit(RLIMIT_NOFILE, &descriptors) == 0);
     for (std::size_t p = 0; p < model.params().size(); ++p) {
       const Tensor& grad = ddp.grad(p);
       CHECK_FALSE(
           comm::find_shared_host(grad.data_ptr(), grad.nbytes()).has_value());
     }
-    // Without the agreement, each all_reduce would fail on the address
-    // mark between rank 1 and the others.
-    train(ddp, model, group, 0, steps);
-    CHECK(comm::testing::shared_host_mappings() == 0);
-    comm::write_safetensors(out.str() + "." + std::to_string(group.rank()),
-                            named(model));
+    train(ddp, model, group, 0, 2);
+    CHECK(comm::testing::shared_host_mappings() == world);
   });
   for (int code : codes) REQUIRE(code == 0);
-  check_trained(out, world, reference(world, steps, shape));
+}
+
+// How rank 1 differs from the others in the test below.
+enum class Differs { kNoDescriptors, kFileSizeLimit, kOptionOff };
+
+TEST_CASE(
+    "one rank without shared host memory puts every rank's buckets in "
+    "ordinary memory",
+    "[ddp][multiproc]") {
+  const int world = 3;
+  const int steps = 5;
+  for (Differs how : {Differs::kNoDescriptors, Differs::kFileSizeLimit,
+                      Differs::kOptionOff}) {
+    INFO("rank 1 differs by " << static_cast<int>(how));
+    TempPath out("ddp_refused");
+    auto codes = run_world(world, [&](ProcessGroup& group) {
+      Mlp model(kWideShape, 1);
+      auto group_ptr =
+          std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+      comm::DdpOptions options = two_buckets();
+      options.gradient_as_bucket_view = true;
+      rlimit descriptors{};
+      rlimit file_size{};
+      REQUIRE(getrlimit(RLIMIT_NOFILE, &descriptors) == 0);
+      REQUIRE(getrlimit(RLIMIT_FSIZE, &file_size) == 0);
+      if (group.rank() == 1) {
+        if (how == Differs::kNoDescriptors) {
+          // No descriptor left for a memfd: the lowest free one is the
+          // limit.
+          const int lowest_free = dup(0);
+          REQUIRE(lowest_free >= 0);
+          close(lowest_free);
+          rlimit none_left = descriptors;
+          none_left.rlim_cur = static_cast<rlim_t>(lowest_free);
+          REQUIRE(setrlimit(RLIMIT_NOFILE, &none_left) == 0);
+        } else if (how == Differs::kFileSizeLimit) {
+          // Sizing the block past it would raise SIGXFSZ and end the rank;
+          // ignored here only so that a write to a log file past the limit
+          // cannot end it either.
+          signal(SIGXFSZ, SIG_IGN);
+          rlimit small = file_size;
+          small.rlim_cur = 64 << 10;
+          REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+        } else {
+          options.shared_host_buckets = false;
+        }
+      }
+      DistributedDataParallel ddp(group_ptr, parameters_of(model), {}, options);
+      REQUIRE(setrlimit(RLIMIT_NOFILE, &descriptors) == 0);
+      REQUIRE(setrlimit(RLIMIT_FSIZE, &file_size) == 0);
+      for (std::size_t p = 0; p < model.params().size(); ++p) {
+        const Tensor& grad = ddp.grad(p);
+        CHECK_FALSE(
+            comm::find_shared_host(grad.data_ptr(), grad.nbytes()).has_value());
+      }
+      // Without the agreement, each all_reduce would fail on the address
+      // mark between rank 1 and the others.
+      train(ddp, model, group, 0, steps);
+      CHECK(comm::testing::shared_host_mappings() == 0);
+      comm::write_safetensors(out.str() + "." + std::to_string(group.rank()),
+                              named(model));
+    });
+    for (int code : codes) REQUIRE(code == 0);
+    check_trained(out, world, reference(world, steps, kWideShape));
+  }
 }
 
 TEST_CASE(

@@ -417,6 +417,18 @@ def ddp_features(_):
             assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7), \
                 f"bucket_view={bucket_view}: {got} != {expected}"
 
+    # The buckets lie in shared host memory unless asked otherwise, and with
+    # gradient_as_bucket_view the gradients are views into them.
+    for shared in (True, False):
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        ddp = dist.DistributedDataParallel(
+            model, gradient_as_bucket_view=True, shared_host_buckets=shared)
+        x, y = batch(RANK, 2)
+        nn.functional.mse_loss(ddp(x), y).backward()
+        for p in model.parameters():
+            assert in_shared_host_memory(p.grad.data_ptr()) == shared, \
+                f"shared_host_buckets={shared}"
+
     class WithUnused(nn.Module):
         def __init__(self):
             super().__init__()
@@ -757,6 +769,19 @@ def shared_host_mappings():
     """How many mappings of libcomm's shared host memory this process has."""
     with open("/proc/self/maps") as maps:
         return sum("libcomm-shared-host" in line for line in maps)
+
+
+def in_shared_host_memory(address):
+    """Whether `address` lies in a mapping of libcomm's shared host
+    memory."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "libcomm-shared-host" not in line:
+                continue
+            begin, end = (int(x, 16) for x in line.split()[0].split("-"))
+            if begin <= address < end:
+                return True
+    return False
 
 
 def shared_host(flavour_name):

@@ -74,13 +74,22 @@ class DistributedDataParallel(nn.Module):
     them after each backward; optimizer.zero_grad() in either form works.
     `comm_hook` ("fp16" or "bf16") is libcomm's shortcut for
     register_comm_hook with torch's fp16/bf16 compression hooks.
+
+    `shared_host_buckets` (libcomm's, True by default): a CPU module's
+    buckets lie in shared host memory (commdist.shared_host_array), which
+    ranks on one host read from each other directly; every rank must agree,
+    or all use ordinary memory. A process forked after construction (a
+    DataLoader worker) then shares the buckets with its parent instead of
+    copying them on write: with gradient_as_bucket_view, a child that
+    writes a gradient (zero_grad) writes the parent's. Pass False to keep
+    torch's copy-on-write behaviour there.
     """
 
     def __init__(self, module, device_ids=None, output_device=None, dim=0,
                  broadcast_buffers=True, process_group=None, bucket_cap_mb=25,
                  find_unused_parameters=False, check_reduction=False,
                  gradient_as_bucket_view=False, static_graph=False,
-                 comm_hook=None):
+                 comm_hook=None, shared_host_buckets=True):
         super().__init__()
         from . import _group, get_backend
 
@@ -108,6 +117,7 @@ class DistributedDataParallel(nn.Module):
         # Whether the step under way communicates, as its forward decided.
         self._sync_step = True
         self._bucket_cap_mb = float(bucket_cap_mb)
+        self._shared_host_buckets = bool(shared_host_buckets)
         self._hook = _HOOKS[comm_hook]
         self._hook_registered = False
         self._check_devices(device_ids, output_device,
@@ -216,7 +226,8 @@ class DistributedDataParallel(nn.Module):
             [n for n, _ in buffers], [b for _, b in buffers],
             self._bucket_cap_mb, self.gradient_as_bucket_view,
             self.find_unused_parameters or self.static_graph,
-            self.broadcast_buffers, self._hook)
+            self.broadcast_buffers, self._hook,
+            shared_host_buckets=self._shared_host_buckets)
         if self.gradient_as_bucket_view:
             from torch.utils.dlpack import from_dlpack
             for index, p in enumerate(self._params):

@@ -118,7 +118,9 @@ DistributedDataParallel::DistributedDataParallel(
           p.name + "'");
     }
   }
-  check_same_parameters();
+  plan_buckets();
+  Tensor shared_block = shared_host_block();
+  if (!check_same_parameters(shared_block.defined())) shared_block = Tensor();
   // Every rank starts from rank 0's state.
   std::vector<std::shared_ptr<Work>> works;
   for (Parameter& p : parameters_)
@@ -126,7 +128,7 @@ DistributedDataParallel::DistributedDataParallel(
   for (Buffer& b : buffers_)
     works.push_back(group_->broadcast(b.data, {.root = 0}));
   for (auto& w : works) w->wait();
-  build_buckets();
+  allocate_buckets(shared_block);
   reset_step();
 }
 
@@ -141,12 +143,14 @@ DistributedDataParallel::~DistributedDataParallel() {
   }
 }
 
-void DistributedDataParallel::check_same_parameters() {
+bool DistributedDataParallel::check_same_parameters(bool shares_host_buckets) {
   // Each rank describes its parameters, then its buffers, one line each;
   // the descriptions are gathered through the group (on the parameters'
   // device, so that an NCCL-only group can carry them). Buffers are
   // broadcast from rank 0 at every synchronised forward, so ranks that
   // disagree on them would fail later in a collective that names none.
+  // Each rank's word on its host buckets travels with the length of its
+  // description.
   std::string mine;
   for (const Parameter& p : parameters_) {
     mine += "'" + p.name + "' " + dtype_name(p.data.dtype()) + " " +
@@ -159,14 +163,19 @@ void DistributedDataParallel::check_same_parameters() {
   const Device device =
       parameters_.empty() ? Device::cpu() : parameters_.front().data.device();
   const int world = group_->size();
-  Tensor length =
-      Tensor::full({1}, static_cast<double>(mine.size()), DType::kI64, device);
-  Tensor lengths = Tensor::zeros({world}, DType::kI64, device);
-  group_->all_gather_into(lengths, length)->wait();
-  const Tensor host_lengths = lengths.to(Device::cpu());
+  Tensor header = Tensor::zeros({2}, DType::kI64);
+  header.data<std::int64_t>()[0] = static_cast<std::int64_t>(mine.size());
+  header.data<std::int64_t>()[1] = shares_host_buckets ? 1 : 0;
+  Tensor headers = Tensor::zeros({2 * world}, DType::kI64, device);
+  group_->all_gather_into(headers, header.to(device))->wait();
+  const Tensor host_headers = headers.to(Device::cpu());
+  const std::int64_t* header_of = host_headers.data<std::int64_t>();
   std::int64_t longest = 0;
-  for (int r = 0; r < world; ++r)
-    longest = std::max(longest, host_lengths.data<std::int64_t>()[r]);
+  bool every_rank_shares = true;
+  for (int r = 0; r < world; ++r) {
+    longest = std::max(longest, header_of[2 * r]);
+    every_rank_shares = every_rank_shares && header_of[2 * r + 1] == 1;
+  }
   Tensor text = Tensor::zeros({longest}, DType::kU8);
   std::memcpy(text.data_ptr(), mine.data(), mine.size());
   Tensor all = Tensor::zeros({longest * world}, DType::kU8, device);
@@ -178,9 +187,8 @@ void DistributedDataParallel::check_same_parameters() {
     const auto* begin =
         reinterpret_cast<const char*>(host_all.data<std::uint8_t>()) +
         r * longest;
-    described.push_back(split_lines(std::string(
-        begin,
-        static_cast<std::size_t>(host_lengths.data<std::int64_t>()[r]))));
+    described.push_back(split_lines(
+        std::string(begin, static_cast<std::size_t>(header_of[2 * r]))));
   }
   std::size_t most = 0;
   for (const auto& d : described) most = std::max(most, d.size());
@@ -209,9 +217,10 @@ void DistributedDataParallel::check_same_parameters() {
           "(names, dtypes, shapes) in the same order");
     }
   }
+  return every_rank_shares;
 }
 
-void DistributedDataParallel::build_buckets() {
+void DistributedDataParallel::plan_buckets() {
   double cap = options_.first_bucket_mb * kMiB;
   Bucket* current = nullptr;
   std::size_t current_bytes = 0;
@@ -238,20 +247,78 @@ void DistributedDataParallel::build_buckets() {
     current->elements += static_cast<std::size_t>(p.data.numel());
     current_bytes += bytes;
   }
-  const bool on_host =
-      std::any_of(buckets_.begin(), buckets_.end(),
-                  [](const auto& bucket) { return bucket->device.is_cpu(); });
-  bool shared_host =
-      options_.shared_host_buckets && on_host && group_->size() > 1;
-  if (shared_host) {
-    // Every rank's buckets in shared memory or none: ranks that differ
-    // would fail each all_reduce on the address mark.
-    Tensor everywhere =
-        Tensor::full({1}, allocate_buckets(true) ? 1 : 0, DType::kI32);
-    group_->all_reduce(everywhere, {.op = ReduceOp::kMin})->wait();
-    shared_host = everywhere.data<std::int32_t>()[0] == 1;
+}
+
+namespace {
+
+// Where each bucket's sent tensor starts in the shared block: a cache line
+// of its own, so that no two buckets' reductions write one line.
+constexpr std::size_t kBucketAlignment = 64;
+
+std::size_t aligned(std::size_t bytes) {
+  return (bytes + kBucketAlignment - 1) / kBucketAlignment * kBucketAlignment;
+}
+
+}  // namespace
+
+DType DistributedDataParallel::sent_dtype(const Bucket& bucket) const {
+  switch (options_.comm_hook) {
+    case CommHook::kAllReduce: return bucket.dtype;
+    case CommHook::kFp16Compress: return DType::kF16;
+    case CommHook::kBf16Compress: return DType::kBF16;
   }
-  if (!shared_host) allocate_buckets(false);
+  return bucket.dtype;
+}
+
+Tensor DistributedDataParallel::shared_host_block() const {
+  const bool every_bucket_on_host =
+      std::all_of(buckets_.begin(), buckets_.end(),
+                  [](const auto& bucket) { return bucket->device.is_cpu(); });
+  if (!options_.shared_host_buckets || group_->size() < 2 || buckets_.empty() ||
+      !every_bucket_on_host) {
+    return Tensor();
+  }
+  std::size_t bytes = 0;
+  for (const auto& bucket : buckets_) {
+    bytes += aligned(bucket->elements * dtype_size(sent_dtype(*bucket)));
+  }
+  try {
+    return Tensor::shared_host_zeros({static_cast<std::int64_t>(bytes)},
+                                     DType::kU8);
+  } catch (const SystemError& e) {
+    COMM_LOG_WARN(
+        "DistributedDataParallel: buckets in ordinary memory on every rank, "
+        "since this rank could not allocate shared host memory for them: {}",
+        e.what());
+    return Tensor();
+  }
+}
+
+void DistributedDataParallel::allocate_buckets(const Tensor& shared_block) {
+  auto* next = shared_block.defined()
+                   ? static_cast<std::uint8_t*>(shared_block.data_ptr())
+                   : nullptr;
+  for (auto& bucket : buckets_) {
+    const Shape shape{static_cast<std::int64_t>(bucket->elements)};
+    const DType sent = sent_dtype(*bucket);
+    Tensor in_block;
+    if (next != nullptr) {
+      // The view keeps the block alive.
+      in_block = Tensor::from_blob(next, shape, sent, Device::cpu(),
+                                   [shared_block](void*) {});
+      next += aligned(bucket->elements * dtype_size(sent));
+    }
+    if (options_.comm_hook == CommHook::kAllReduce) {
+      bucket->flat = in_block.defined()
+                         ? in_block
+                         : Tensor::zeros(shape, bucket->dtype, bucket->device);
+    } else {
+      bucket->flat = Tensor::zeros(shape, bucket->dtype, bucket->device);
+      bucket->compressed = in_block.defined()
+                               ? in_block
+                               : Tensor::zeros(shape, sent, bucket->device);
+    }
+  }
   if (options_.gradient_as_bucket_view) {
     for (auto& bucket_pointer : buckets_) {
       const Bucket& bucket = *bucket_pointer;
@@ -265,39 +332,6 @@ void DistributedDataParallel::build_buckets() {
       }
     }
   }
-}
-
-// Allocates every bucket's tensors, the host ones in shared host memory
-// when `shared_host`. Returns false, having logged why, when the kernel
-// refused shared memory for one; those buckets are left in ordinary memory.
-bool DistributedDataParallel::allocate_buckets(bool shared_host) {
-  bool all_shared = true;
-  auto allocate = [&](std::size_t elements, DType dtype, Device device) {
-    const Shape shape{static_cast<std::int64_t>(elements)};
-    if (shared_host && device.is_cpu() && all_shared) {
-      try {
-        return Tensor::shared_host_zeros(shape, dtype);
-      } catch (const SystemError& e) {
-        COMM_LOG_WARN(
-            "DistributedDataParallel: buckets in ordinary memory on every "
-            "rank, since this rank could not allocate shared host memory: {}",
-            e.what());
-        all_shared = false;
-      }
-    }
-    return Tensor::zeros(shape, dtype, device);
-  };
-  for (auto& bucket : buckets_) {
-    bucket->flat = allocate(bucket->elements, bucket->dtype, bucket->device);
-    if (options_.comm_hook != CommHook::kAllReduce) {
-      bucket->compressed =
-          allocate(bucket->elements,
-                   options_.comm_hook == CommHook::kFp16Compress ? DType::kF16
-                                                                 : DType::kBF16,
-                   bucket->device);
-    }
-  }
-  return all_shared;
 }
 
 std::size_t DistributedDataParallel::index_of(const std::string& name) const {

@@ -68,14 +68,16 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
   CommHook comm_hook = CommHook::kAllReduce;
-  // Whether host buckets lie in shared host memory
-  // (libcomm/shared_host_memory.h), where the ranks of one host read each
-  // other's buckets directly with a plain copy. The group keeps them there
-  // only where every rank could allocate them: one rank whose kernel
-  // refused (no memfd, out of descriptors) puts every rank's buckets in
-  // ordinary memory, since ranks that disagree would fail each all_reduce
-  // with a MismatchError. A process forked after construction shares
-  // these buckets with its parent rather than copying them on write.
+  // Whether the host buckets that the all_reduces send lie in shared host
+  // memory (libcomm/shared_host_memory.h), one block for them all, where
+  // the ranks of one host read each other's buckets directly with a plain
+  // copy. The group keeps them there only where every rank asks for it,
+  // has every bucket on the host and could allocate the block; otherwise
+  // every rank's buckets are ordinary memory, since ranks that differ would
+  // fail each all_reduce with a MismatchError. A process forked after
+  // construction shares these buckets with its parent rather than copying
+  // them on write: with gradient_as_bucket_view, a child that writes a
+  // gradient writes the parent's.
   bool shared_host_buckets = true;
 };
 
@@ -151,9 +153,21 @@ class COMM_API DistributedDataParallel {
 
  private:
   struct Bucket;
-  void check_same_parameters();
-  void build_buckets();
-  bool allocate_buckets(bool shared_host);
+  // Throws InvalidArgument naming the first parameter or buffer that
+  // differs across ranks. Returns whether every rank `shares_host_buckets`.
+  bool check_same_parameters(bool shares_host_buckets);
+  // Lays the parameters out in buckets, allocating nothing.
+  void plan_buckets();
+  // The tensor a bucket's all_reduce sends: its gradients' dtype, or the
+  // compression hook's.
+  DType sent_dtype(const Bucket& bucket) const;
+  // One block of shared host memory for every bucket's sent tensor, where
+  // the option asks for it, the group has peers and every bucket is on the
+  // host; undefined otherwise, and where the kernel refuses (logged).
+  Tensor shared_host_block() const;
+  // Allocates the buckets, their sent tensors in `shared_block` when it is
+  // defined, and makes the gradients views into them where the option asks.
+  void allocate_buckets(const Tensor& shared_block);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void reset_step();
