@@ -150,12 +150,19 @@ def reduce_reference(key, rank, world):
     return result.to(dtype)
 
 
-def test_every_collective_matches_gloo(tmp_path):
-    world = 2
+def results_on_both(tmp_path, scenario, world, **run_args):
+    """Runs `scenario` on gloo, then on libcomm; returns each backend's
+    results, per rank."""
     results = {}
     for backend in ["gloo", "libcomm"]:
-        out = run_ranks(tmp_path, "collectives", backend, world=world)
+        out = run_ranks(tmp_path, scenario, backend, world=world, **run_args)
         results[backend] = [load(out, rank) for rank in range(world)]
+    return results
+
+
+def test_every_collective_matches_gloo(tmp_path):
+    world = 2
+    results = results_on_both(tmp_path, "collectives", world)
     for rank in range(world):
         gloo, libcomm = results["gloo"][rank], results["libcomm"][rank]
         assert gloo.keys() == libcomm.keys()
@@ -210,12 +217,9 @@ def test_collectives_on_shared_host_memory_match_gloo(tmp_path, world):
     threshold at one byte), against gloo on ordinary tensors, both on
     whole numbers (exact in any order of summation, so that three ranks
     compare too). The worker checks that it mapped its peers' memory."""
-    results = {}
-    for backend in ["gloo", "libcomm"]:
-        out = run_ranks(
-            tmp_path, "collectives", backend, world=world, variant="shared",
-            extra_env={"COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES": "1"})
-        results[backend] = [load(out, rank) for rank in range(world)]
+    results = results_on_both(
+        tmp_path, "collectives", world, variant="shared",
+        extra_env={"COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES": "1"})
     for rank in range(world):
         gloo, libcomm = results["gloo"][rank], results["libcomm"][rank]
         assert gloo.keys() == libcomm.keys()
