@@ -47,7 +47,8 @@ COMM_API void reduce_into(ReduceOp op, Tensor& dst, const Tensor& src);
 // the sum rather than the sum after it: float16 only, whose range (65504)
 // a sum of n contributions would overflow where their average fits. NCCL's
 // average divides first too (it premultiplies every floating type); the
-// other types keep one rounding, the division's, after an exact-range sum.
+// other types sum first, which their range holds, and round once more, in
+// the division.
 constexpr bool averages_divided_first(DType dtype) {
   return dtype == DType::kF16;
 }
