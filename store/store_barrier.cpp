@@ -7,6 +7,7 @@
 #include "libcomm/detail/log.h"
 #include "libcomm/detail/socket.h"
 #include "libcomm/error.h"
+#include "store/watched_wait.h"
 
 namespace comm {
 namespace {
@@ -43,10 +44,10 @@ void leave_failed(const StoreBarrier& barrier) {
   }
 }
 
-}  // namespace
-
-std::string arrive_and_wait(const StoreBarrier& barrier,
-                            std::chrono::milliseconds timeout, bool marked) {
+// arrive_and_wait, but for what its failures name.
+std::string arrive_and_wait_on_store(const StoreBarrier& barrier,
+                                     std::chrono::milliseconds timeout,
+                                     bool marked) {
   Store& store = barrier.store;
   const std::string complete_key = barrier.prefix + "complete";
   if (!marked) {
@@ -61,27 +62,34 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
   // One blocking get rather than a wait and then a get: every waiting rank
   // receives the outcome in the same answer that wakes it, so that a rank
   // that fails and takes a store server down with it cannot cut anyone off
-  // between the two. In slices (a tenth of the timeout, from 1 to 30 s),
-  // so that a rank that waits long says for whom after each, rather than
-  // stay silent until the timeout.
+  // between the two. It says for whom it waits after each tenth of the
+  // timeout (from 1 to 30 s) rather than stay silent until the timeout,
+  // and with a watch it waits in shorter slices and asks the watch after
+  // each.
   const Store::Duration report_every =
       store.resumes_after_timeout()
           ? std::clamp<Store::Duration>(timeout / 10, std::chrono::seconds(1),
                                         std::chrono::seconds(30))
           : timeout;
+  const bool watched =
+      barrier.watch != nullptr && store.resumes_after_timeout();
+  const Store::Duration slice =
+      watched ? std::min(report_every, kWatchEvery) : report_every;
+  const auto start = detail::Clock::now();
   const auto deadline = detail::deadline_after(timeout);
+  auto next_report = start + report_every;
+  int reports = 0;
   std::string outcome;
   // Bounded by the deadline: each round waits a slice or less.
-  for (Store::Duration waited{0};;) {
+  for (;;) {
     const auto left = std::chrono::duration_cast<Store::Duration>(
         deadline - detail::Clock::now());
     try {
       outcome = store.get_string(
-          complete_key,
-          std::max(Store::Duration(1), std::min(left, report_every)));
+          complete_key, std::max(Store::Duration(1), std::min(left, slice)));
       break;
     } catch (const TimeoutError&) {
-      if (left <= report_every) {
+      if (left <= slice) {
         // A store that a timed-out wait leaves out of step cannot be asked
         // whom it waited for.
         throw TimeoutError(barrier.what + " timed out after " +
@@ -90,24 +98,49 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
                                 ? arrivals(barrier)
                                 : std::string("some ranks did not arrive")));
       }
-      waited += report_every;
-      // The missing ranks from rank 0 alone; the others say how many
-      // arrived, in one request (every rank asking for every rank would
-      // make N^2 requests of the store per slice).
-      const std::string seen =
-          barrier.rank == 0
-              ? arrivals(barrier)
-              : std::to_string(store.add(barrier.prefix + "arrived", 0)) +
-                    " of " + std::to_string(barrier.size) + " ranks arrived";
-      COMM_LOG_WARN("{}: rank {} has waited {} of its {}: {}", barrier.what,
-                    barrier.rank, format_duration(waited),
-                    format_duration(timeout), seen);
     }
+    if (watched) {
+      try {
+        barrier.watch();
+      } catch (const Error&) {
+        if (!store.check({complete_key})) throw;
+      }
+    }
+    const auto now = detail::Clock::now();
+    if (now < next_report) continue;
+    next_report += report_every;
+    // The missing ranks from rank 0 alone; the others say how many
+    // arrived, in one request (every rank asking for every rank would
+    // make N^2 requests of the store per slice).
+    const std::string seen =
+        barrier.rank == 0
+            ? arrivals(barrier)
+            : std::to_string(store.add(barrier.prefix + "arrived", 0)) +
+                  " of " + std::to_string(barrier.size) + " ranks arrived";
+    COMM_LOG_WARN("{}: rank {} has waited {} of its {}: {}", barrier.what,
+                  barrier.rank, format_duration(++reports * report_every),
+                  format_duration(timeout), seen);
   }
   if (outcome == kJoined) return "";
   leave_failed(barrier);
   return outcome.starts_with(kFailed) ? outcome.substr(kFailed.size())
                                       : outcome;
+}
+
+}  // namespace
+
+std::string arrive_and_wait(const StoreBarrier& barrier,
+                            std::chrono::milliseconds timeout, bool marked) {
+  try {
+    return arrive_and_wait_on_store(barrier, timeout, marked);
+  } catch (const TimeoutError&) {
+    throw;
+  } catch (const Error&) {
+    // The store's server may have gone with a rank that found a peer dead
+    // first; the watch names that peer.
+    if (barrier.watch != nullptr) barrier.watch();
+    throw;
+  }
 }
 
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,

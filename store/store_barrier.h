@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "store/store.h"
@@ -18,6 +19,14 @@ struct StoreBarrier {
   int rank = 0;
   int size = 1;
   std::string what;  // "rendezvous": how log lines and errors name it
+  // Where set, called every kWatchEvery (watched_wait.h) while the barrier
+  // is incomplete, on a store that resumes after a timed-out wait; it ends
+  // the wait by throwing (a peer that died: it will never arrive). What it
+  // throws once the barrier has completed is ignored, since a rank may end
+  // as soon as it has seen the outcome. It is also called where the store
+  // fails, before that failure is passed on: the store's server may have
+  // gone with a rank that found the death first.
+  std::function<void()> watch = nullptr;
 };
 
 // Marks `barrier.rank` arrived (its "rank/R" key too, unless `marked`: the

@@ -1,0 +1,38 @@
+// Waiting on a store while watching what the store cannot see. A set-up
+// waits for keys that its peers publish, and a peer that dies before it
+// publishes one looks to the store like a slow peer: its waiters would
+// learn of it only at their deadline. A watched wait asks the caller, in
+// between slices of the wait, whether to go on (whether the peers it waits
+// for still live, say).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "libcomm/detail/socket.h"
+#include "store/store.h"
+
+namespace comm {
+
+// How long each slice of a watched wait lasts: a dead peer is noticed
+// within about this, at the cost of one request to the store per slice.
+inline constexpr Store::Duration kWatchEvery = std::chrono::milliseconds(200);
+
+// The values of `keys`, as Store::multi_get gives them, waiting until
+// `deadline`. Where the store resumes after a timed-out wait
+// (Store::resumes_after_timeout) it waits in slices of `slice` and calls
+// `watch` after each slice that ended with a key missing; `watch` ends the
+// wait by throwing. Another store is waited on in one piece, and `watch`
+// is never called. Throws TimeoutError, naming the keys and the whole
+// wait, at the deadline. Where the store fails (its server went away, say),
+// `watch` is called before the failure is passed on, so that a store that
+// a dead peer's process took down with it is reported as that death.
+std::vector<Bytes> multi_get_watched(Store& store,
+                                     const std::vector<std::string>& keys,
+                                     detail::Clock::time_point deadline,
+                                     const std::function<void()>& watch,
+                                     Store::Duration slice = kWatchEvery);
+
+}  // namespace comm

@@ -1,0 +1,141 @@
+// Waits on a store that watch something besides it: multi_get_watched
+// (watched_wait.h) on every store, and a StoreBarrier's watch.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "libcomm/error.h"
+#include "store/hash_store.h"
+#include "store/store_barrier.h"
+#include "store/tcp_store.h"
+#include "store/watched_wait.h"
+#include "support/forwarding_store.h"
+
+using comm::Store;
+using comm::to_bytes;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Two clients of one store of `kind`: a HashStore, or a TCPStore whose
+// server the first hosts in this process.
+std::pair<std::shared_ptr<Store>, std::shared_ptr<Store>> two_clients(
+    const std::string& kind) {
+  if (kind == "hash") {
+    auto store = std::make_shared<comm::HashStore>(30s);
+    return {store, store};
+  }
+  comm::TCPStoreOptions options;
+  options.port = 0;
+  options.is_server = true;
+  options.timeout = 30s;
+  options.token = "";
+  auto host = std::make_shared<comm::TCPStore>(options);
+  options.port = host->port();
+  options.is_server = false;
+  return {host, std::make_shared<comm::TCPStore>(options)};
+}
+
+// A store over another that says a timed-out wait leaves it out of step,
+// as one over PyTorch's does.
+class StoreOutOfStepAfterTimeout final : public comm::testing::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+
+ private:
+  bool do_resumes_after_timeout() override { return false; }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a watched wait asks its watch between slices and ends where it throws",
+    "[store]") {
+  const auto [first, second] =
+      two_clients(GENERATE(as<std::string>{}, "hash", "tcp"));
+  Store& store = *first;
+  const auto soon = comm::detail::deadline_after(30s);
+  SECTION("the value, once a peer sets it, with the watch asked meanwhile") {
+    std::thread setter([other = second] {
+      std::this_thread::sleep_for(300ms);
+      other->set("late", to_bytes("here"));
+    });
+    int asked = 0;
+    const auto values = comm::multi_get_watched(
+        store, {"late"}, soon, [&] { ++asked; }, 50ms);
+    setter.join();
+    CHECK(comm::to_string(values.at(0)) == "here");
+    CHECK(asked >= 1);
+  }
+  SECTION("the watch's error, long before the deadline") {
+    int asked = 0;
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(comm::multi_get_watched(
+                        store, {"never"}, soon,
+                        [&] {
+                          if (++asked == 3) {
+                            throw comm::PeerError(1, "rank 1 died");
+                          }
+                        },
+                        50ms),
+                    comm::PeerError);
+    CHECK(asked == 3);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+  }
+  SECTION("a TimeoutError naming the key and the whole wait") {
+    try {
+      comm::multi_get_watched(
+          store, {"never"}, comm::detail::deadline_after(400ms), [] {}, 50ms);
+      FAIL("no timeout");
+    } catch (const comm::TimeoutError& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::Contains("'never'"));
+      // The whole wait, not the last slice's 50 ms.
+      CHECK_THAT(e.what(),
+                 Catch::Matchers::Matches(
+                     "timed out after ([3-9][0-9]{2} ms|[0-9.]+ s) .*"));
+    }
+  }
+  SECTION("a store out of step after a timeout is waited on in one piece") {
+    StoreOutOfStepAfterTimeout out_of_step(store);
+    int asked = 0;
+    CHECK_THROWS_AS(
+        comm::multi_get_watched(
+            out_of_step, {"never"}, comm::detail::deadline_after(300ms),
+            [&] { ++asked; }, 50ms),
+        comm::TimeoutError);
+    CHECK(asked == 0);
+  }
+}
+
+TEST_CASE(
+    "a barrier's watch ends the wait while the barrier is incomplete, and "
+    "not once it has completed",
+    "[store]") {
+  auto store = std::make_shared<comm::HashStore>(30s);
+  SECTION("incomplete: the watch's error") {
+    int asked = 0;
+    const comm::StoreBarrier barrier{*store, "b/", 0, 2, "test barrier", [&] {
+                                       if (++asked == 2)
+                                         throw comm::PeerError(1,
+                                                               "rank 1 died");
+                                     }};
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS(comm::arrive_and_wait(barrier, 30s), comm::PeerError);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+  }
+  SECTION("complete: the outcome, whatever the watch says after") {
+    // The watch lets rank 1 arrive, the last, and then says it died, as a
+    // rank does that leaves as soon as it has seen the outcome.
+    const comm::StoreBarrier late{*store, "b/", 1, 2, "test barrier"};
+    const comm::StoreBarrier barrier{
+        *store, "b/", 0, 2, "test barrier", [&] {
+          REQUIRE(comm::arrive_and_wait(late, 10s) == "");
+          throw comm::PeerError(1, "rank 1 left");
+        }};
+    CHECK(comm::arrive_and_wait(barrier, 30s) == "");
+  }
+}
