@@ -29,6 +29,7 @@
 #include "libcomm/error.h"
 #include "libcomm/int_param.h"
 #include "libcomm/optional_int_param.h"
+#include "store/watched_wait.h"
 
 namespace comm::shm {
 namespace {
@@ -608,6 +609,24 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     local_count_ = 1;
     return;
   }
+  // Each peer is watched through the set-up (see "Liveness" in the
+  // header) from here on, with a pidfd its hello replaces.
+  for (int r : local_ranks_) {
+    if (r == rank) continue;
+    peers_[r].pidfd =
+        static_cast<int>(::syscall(SYS_pidfd_open, peers_[r].pid, 0));
+    if (peers_[r].pidfd >= 0) continue;
+    const int error = errno;
+    if (error == ESRCH) {
+      throw PeerError(r, "shared memory: rank " + std::to_string(r) + " (pid " +
+                             std::to_string(peers_[r].pid) +
+                             ") on this host exited before rank " +
+                             std::to_string(rank) + " set up with it");
+    }
+    throw SystemError(error, "shared memory: pidfd_open of rank " +
+                                 std::to_string(r) + " (pid " +
+                                 std::to_string(peers_[r].pid) + ")");
+  }
   const SegmentLayout layout(capacity);
   segment_bytes_ = layout.bytes(writers);
   // Closed on every way out: once the peers have it, their mappings and the
@@ -686,8 +705,10 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     if (r == rank) continue;
     unsent.push_back(r);
     unheard.push_back(r);
-    const std::string published_inbox = store.get_string(
-        inbox_key(r), std::chrono::milliseconds(remaining_ms(deadline) + 1));
+    const std::string published_inbox =
+        to_string(multi_get_watched(store, {inbox_key(r)}, deadline, [&] {
+          throw_if_exited(local_ranks_, "waiting for its shared-memory inbox");
+        })[0]);
     if (published_inbox.starts_with(kFailedInbox)) {
       throw PeerError(
           r, "shared memory: rank " + std::to_string(r) +
@@ -724,6 +745,15 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
           errno != ETOOMANYREFS) {
         const int error = errno;
+        // A peer's inbox closes as its process ends, a moment before its
+        // pidfd says so, or as it fails the set-up, maybe because another
+        // peer died: that one is the one to name.
+        if (error == ECONNREFUSED) {
+          pollfd end{peers_[*it].pidfd, POLLIN, 0};
+          (void)::poll(&end, 1, std::min(1000, remaining_ms(deadline)));
+          throw_if_exited(local_ranks_, "sending rank " + std::to_string(*it) +
+                                            " its segment");
+        }
         throw SystemError(error, "shared memory: sending rank " +
                                      std::to_string(rank) +
                                      "'s segment to "
@@ -844,6 +874,8 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
                      static_cast<std::size_t>(lane) * ring_footprint(capacity),
                  capacity, peer.doorbells[lane], waking);
       }
+      // The peer's own pidfd replaces the one that watched its set-up.
+      close_fd(peer.pidfd);
       peer.pidfd = fds[3];
       if (probing && refusal.empty()) {
         std::uint64_t probe = 0;
@@ -873,10 +905,15 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
           (missing.empty() ? std::string("its local peers") : missing) +
           " on this host");
     }
-    pollfd entry{inbox.fd(), POLLIN, 0};
+    // The inbox, and every peer's pidfd: a peer that dies ends the set-up.
+    std::vector<pollfd> entries{{inbox.fd(), POLLIN, 0}};
+    for (int r : local_ranks_) {
+      if (r != rank) entries.push_back({peers_[r].pidfd, POLLIN, 0});
+    }
     (void)::poll(
-        &entry, 1,
+        entries.data(), entries.size(),
         std::min(unsent.empty() ? 1 << 30 : 10, remaining_ms(deadline)));
+    throw_if_exited(local_ranks_, "trading segments with its local peers");
   }
   COMM_LOG_DEBUG(
       "shared memory: rank {} shares {} rings of {} bytes with {} "
@@ -905,8 +942,10 @@ void LocalPeers::agree_on_single_copy(Store& store, int size, bool able,
     keys.push_back("shm/copy/" + std::to_string(r));
   std::vector<Bytes> said;
   try {
-    said = store.multi_get(
-        keys, std::chrono::milliseconds(remaining_ms(deadline) + 1));
+    said = multi_get_watched(store, keys, deadline, [&] {
+      throw_if_exited(local_ranks_,
+                      "waiting for its word on reading each other's memory");
+    });
   } catch (const TimeoutError&) {
     std::string missing;
     for (int r = 0; r < size; ++r) {
@@ -937,6 +976,32 @@ bool LocalPeers::exited(int peer) const {
   if (fd < 0) return false;  // this rank itself
   pollfd entry{fd, POLLIN, 0};
   return ::poll(&entry, 1, 0) == 1;
+}
+
+void LocalPeers::throw_if_exited(std::span<const int> peers,
+                                 const std::string& doing) const {
+  std::vector<pollfd> ends;
+  std::vector<int> watched;
+  for (int peer : peers) {
+    if (peer == rank_ || !peers_[peer].local || peers_[peer].pidfd < 0) {
+      continue;
+    }
+    ends.push_back({peers_[peer].pidfd, POLLIN, 0});
+    watched.push_back(peer);
+  }
+  int ended;
+  do {
+    ended = ::poll(ends.data(), ends.size(), 0);
+  } while (ended < 0 && errno == EINTR);
+  if (ended <= 0) return;
+  for (std::size_t i = 0; i < ends.size(); ++i) {
+    if (ends[i].revents == 0) continue;
+    const int peer = watched[i];
+    throw PeerError(peer, "shared memory: rank " + std::to_string(peer) +
+                              " (pid " + std::to_string(peers_[peer].pid) +
+                              ") on this host exited while rank " +
+                              std::to_string(rank_) + " was " + doing);
+  }
 }
 
 int LocalPeers::read_memory(int peer, std::uint64_t address, void* into,

@@ -37,7 +37,13 @@
 // came from could be that of a process that took the pid since the peer
 // died. A rank that destroys its links while its process
 // lives closes every ring it shares instead. Both are what a closed socket
-// is to the TCP channels.
+// is to the TCP channels. Until a peer's own pidfd arrives, one opened
+// from the pid the peer published moments before watches it, so that the
+// set-up's waits (for the peer's inbox, its segment, its word on single
+// copy, and the mesh's connections after them: throw_if_exited) end with
+// a PeerError naming a peer that died, rather than at the deadline. Only
+// a peer that died and whose pid another process took before this rank
+// opened it escapes that watch, and is found at the deadline.
 //
 // Single copy. Where every rank of the group is local, each rank also
 // tries to read a word that each peer published the address of
@@ -124,7 +130,9 @@ class LocalPeers {
   // other rank's, and sets up shared memory with the local ones. `job`
   // tells this group's datagrams from any other's. Throws InvalidArgument
   // when COMM_TRANSPORT=shm and some rank is not local (naming it),
-  // TimeoutError naming the local ranks not heard from by `deadline`.
+  // PeerError naming a local rank whose process ended or that failed to set
+  // up (see publish_failure), and TimeoutError naming the local ranks not
+  // heard from by `deadline`.
   LocalPeers(Store& store, int rank, int size, std::uint64_t job,
              detail::Clock::time_point deadline);
   // Closes every ring (waking the peers), then unmaps and closes.
@@ -178,6 +186,11 @@ class LocalPeers {
   const Doorbell& doorbell(int lane) const { return *doorbells_[lane]; }
   // Readable once `peer`'s process has ended.
   int pidfd(int peer) const { return peers_[peer].pidfd; }
+  // Throws PeerError naming the first rank of `peers` that is local and
+  // whose process has ended, saying that this rank was `doing` ("waiting
+  // for its address") when it found out; returns where none has. One poll.
+  void throw_if_exited(std::span<const int> peers,
+                       const std::string& doing) const;
   pid_t pid(int peer) const { return peers_[peer].pid; }
 
   // Whether every rank of the group is local and every one of them can

@@ -25,6 +25,7 @@
 #include "libcomm/int_param.h"
 #include "libcomm/string_param.h"
 #include "store/store_barrier.h"
+#include "store/watched_wait.h"
 
 namespace comm::tcp {
 namespace {
@@ -161,6 +162,30 @@ bool is_loopback_host(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
+// Connects to the listener of `peer`, a local peer of this rank.
+detail::Socket connect_to_local_peer(const shm::LocalPeers& local, int peer,
+                                     const std::string& host,
+                                     std::uint16_t port,
+                                     detail::Clock::time_point deadline) {
+  // A local peer listens from before it publishes its address until it
+  // dies or fails the set-up, so a refusal that lasts a slice means one of
+  // those. Every local peer is watched, not only this one: a peer that
+  // found another dead closes its listener and lingers a moment in the
+  // set-up's barrier, and the one that died is the one to name.
+  // Bounded by the deadline: each round connects for a slice at most.
+  for (;;) {
+    const auto slice_end =
+        std::min(deadline, detail::deadline_after(kWatchEvery));
+    try {
+      return detail::Socket::connect(host, port, slice_end, "TCP backend");
+    } catch (const TimeoutError&) {
+      if (slice_end == deadline) throw;
+      local.throw_if_exited(local.local_ranks(),
+                            "connecting to rank " + std::to_string(peer));
+    }
+  }
+}
+
 }  // namespace
 
 std::string listen_address() {
@@ -233,8 +258,13 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
                            " of a group of " + std::to_string(size);
   const StoreBarrier started{store, "tcp/started/", rank, size,
                              "TCP backend set-up"};
-  const StoreBarrier connected{store, "tcp/connected/", rank, size,
-                               "TCP backend set-up"};
+  const StoreBarrier connected{
+      store, "tcp/connected/", rank, size, "TCP backend set-up", [this] {
+        if (local_ != nullptr) {
+          local_->throw_if_exited(local_->local_ranks(),
+                                  "waiting for every rank to connect");
+        }
+      }};
   // Three per peer at least (three sockets, or a socket, a pidfd and two
   // eventfds), and then exactly what is left once locality is known.
   const auto peers = static_cast<std::uint64_t>(size - 1);
@@ -250,6 +280,20 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   try {
     connect_all(store, group, job, deadline, *claim);
   } catch (const Error& e) {
+    // A failure that a local peer's death caused (its listener closed, a
+    // connection to it reset, the store it hosted gone) is reported as
+    // that death, unless it blames that peer already.
+    if (local_ != nullptr) {
+      try {
+        local_->throw_if_exited(local_->local_ranks(), "setting up the group");
+      } catch (const PeerError& dead) {
+        const auto* blamed = dynamic_cast<const PeerError*>(&e);
+        if (blamed == nullptr || blamed->peer_rank() != dead.peer_rank()) {
+          fail_barrier(connected, dead.what());
+          throw;
+        }
+      }
+    }
     fail_barrier(connected, e.what());
     throw;
   }
@@ -315,9 +359,17 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
   store.set_string("tcp/addr/" + std::to_string(rank),
                    detail::host_port(host, port));
 
+  // The set-up's waits end early, with a PeerError, where a local peer
+  // died (LocalPeers' "Liveness").
+  const auto watch_local_peers = [&](const std::string& doing) {
+    local_->throw_if_exited(local_->local_ranks(), doing);
+  };
   for (int peer = 0; peer < rank; ++peer) {
-    const std::string address = store.get_string(
-        "tcp/addr/" + std::to_string(peer), left_until(deadline));
+    const std::string address = to_string(multi_get_watched(
+        store, {"tcp/addr/" + std::to_string(peer)}, deadline, [&] {
+          watch_local_peers("waiting for the address of rank " +
+                            std::to_string(peer));
+        })[0]);
     std::uint16_t peer_port = 0;
     const std::string peer_host = split_host(address, &peer_port);
     if (!local_->is_local(peer)) {
@@ -325,8 +377,12 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
     }
     for (int channel = 0; channel < kChannels; ++channel) {
       if (!over_socket(peer, channel)) continue;
-      detail::Socket connection = detail::Socket::connect(
-          peer_host, peer_port, deadline, "TCP backend");
+      detail::Socket connection =
+          local_->is_local(peer)
+              ? connect_to_local_peer(*local_, peer, peer_host, peer_port,
+                                      deadline)
+              : detail::Socket::connect(peer_host, peer_port, deadline,
+                                        "TCP backend");
       connect_handshake(connection, group, channel, peer, peer_names_[peer],
                         deadline);
       sockets_[peer][channel] = std::move(connection);
@@ -360,11 +416,24 @@ void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
       expected += over_socket(peer, channel) ? 1 : 0;
     }
   }
-  // Bounded by the deadline: each round waits in poll for a connection.
+  // Bounded by the deadline: each round waits in poll for a connection,
+  // or for a local peer that still owes one to end (LocalPeers' pidfds).
+  std::vector<pollfd> entries;
+  std::vector<int> owing;
   while (expected > 0) {
-    pollfd entry{listener, POLLIN, 0};
-    const int ready = poll(&entry, 1, remaining_ms(deadline));
+    entries.assign(1, {listener, POLLIN, 0});
+    owing.clear();
+    for (int peer = rank_ + 1; peer < size_; ++peer) {
+      if (local_->is_local(peer) && !sockets_[peer][kChannels - 1].valid()) {
+        entries.push_back({local_->pidfd(peer), POLLIN, 0});
+        owing.push_back(peer);
+      }
+    }
+    const int ready =
+        poll(entries.data(), entries.size(), remaining_ms(deadline));
     if (ready < 0 && errno == EINTR) continue;
+    local_->throw_if_exited(owing, "waiting for its connection");
+    if (ready > 0 && entries[0].revents == 0) continue;
     if (ready <= 0) {
       std::string missing;
       for (int peer = rank_ + 1; peer < size_; ++peer) {

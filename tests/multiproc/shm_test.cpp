@@ -2,7 +2,8 @@
 // ranks use it (their memory maps show the memfd segments), that a rank
 // killed with SIGKILL is a PeerError naming it on every other rank within
 // 5 s and leaves nothing in /dev/shm, on the rings and on the single-copy
-// algorithms that read the peers' memory, that ranks that cannot read a
+// algorithms that read the peers' memory, and at any point of the
+// group's set-up, that ranks that cannot read a
 // peer's memory agree to use the rings, that COMM_TRANSPORT=shm refuses a
 // group spanning hosts, and that a group spanning two hosts (two network
 // namespaces of two ranks each, made and removed here) uses shared memory
@@ -32,8 +33,11 @@
 #include <thread>
 #include <vector>
 
+#include "libcomm/detail/socket.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
+#include "store/tcp_store.h"
+#include "support/forwarding_store.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
 #include "support/shared_host_mappings.h"
@@ -410,6 +414,64 @@ TEST_CASE(
   });
   // At once, not at the set-up's deadline (30 s).
   CHECK(comm::testing::check_exit_codes(ranks, -1, 0, 60s) < 10);
+}
+
+namespace {
+
+// A rank's store that ends the rank's process with SIGKILL as soon as it
+// has set a key ending in `fatal_key`: a rank that dies at that point of
+// the group's set-up.
+class DyingStore final : public comm::testing::ForwardingStore {
+ public:
+  DyingStore(comm::Store& inner, std::string fatal_key)
+      : ForwardingStore(inner), fatal_key_(std::move(fatal_key)) {}
+
+ private:
+  void do_set(const std::string& key, const comm::Bytes& value) override {
+    ForwardingStore::do_set(key, value);
+    if (key.ends_with(fatal_key_)) raise(SIGKILL);
+  }
+
+  std::string fatal_key_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a local rank killed at any point of the group's set-up is a PeerError "
+    "naming it within 5 s",
+    "[shm][multiproc][failure]") {
+  // Rank 1 dies right after it publishes, in turn: its identity (before its
+  // inbox), its inbox (before its segment), its word on single copy
+  // (before its address), its address (before its connections), and its
+  // arrival at the set-up's last barrier. Its peers wait for it at each
+  // point, with a deadline of 60 s.
+  const char* fatal_key = GENERATE("shm/host/1", "shm/inbox/1", "shm/copy/1",
+                                   "tcp/addr/1", "tcp/connected/rank/1");
+  INFO("rank 1 dies after setting " << fatal_key);
+  const int world = 3, victim = 1;
+  const std::uint16_t port = comm::detail::free_loopback_port();
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", "shm", 1);
+    try {
+      comm::TCPStoreOptions options;
+      options.port = port;
+      options.is_server = rank == 0;
+      options.timeout = 60s;
+      auto tcp = std::make_shared<comm::TCPStore>(options);
+      std::shared_ptr<comm::Store> store = tcp;
+      if (rank == victim) store = std::make_shared<DyingStore>(*tcp, fatal_key);
+      comm::ProcessGroup group(store, rank, world, "tcp", 60s);
+      return kWrongResult;  // a group without rank 1's part
+    } catch (...) {
+      return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                              victim);
+    }
+  });
+  REQUIRE(ranks[victim]->wait(60s) == 128 + SIGKILL);
+  const auto died = std::chrono::steady_clock::now();
+  CHECK(comm::testing::check_exit_codes(ranks, victim, kPeerErrorNamingVictim,
+                                        60s, died) < 5.5);
 }
 
 TEST_CASE(
