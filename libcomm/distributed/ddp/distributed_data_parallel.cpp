@@ -63,6 +63,14 @@ std::vector<std::string> split_lines(const std::string& text) {
   return lines;
 }
 
+// Where each bucket's sent tensor starts in the shared block: a cache line
+// of its own, so that no two buckets' reductions write one line.
+constexpr std::size_t kBucketAlignment = 64;
+
+std::size_t aligned(std::size_t bytes) {
+  return (bytes + kBucketAlignment - 1) / kBucketAlignment * kBucketAlignment;
+}
+
 }  // namespace
 
 struct DistributedDataParallel::Bucket {
@@ -248,18 +256,6 @@ void DistributedDataParallel::plan_buckets() {
     current_bytes += bytes;
   }
 }
-
-namespace {
-
-// Where each bucket's sent tensor starts in the shared block: a cache line
-// of its own, so that no two buckets' reductions write one line.
-constexpr std::size_t kBucketAlignment = 64;
-
-std::size_t aligned(std::size_t bytes) {
-  return (bytes + kBucketAlignment - 1) / kBucketAlignment * kBucketAlignment;
-}
-
-}  // namespace
 
 DType DistributedDataParallel::sent_dtype(const Bucket& bucket) const {
   switch (options_.comm_hook) {
