@@ -44,28 +44,21 @@ void leave_failed(const StoreBarrier& barrier) {
   }
 }
 
-// arrive_and_wait, but for what its failures name.
-std::string arrive_and_wait_on_store(const StoreBarrier& barrier,
-                                     std::chrono::milliseconds timeout,
-                                     bool marked) {
+// The barrier's outcome, waited for until `deadline`. One blocking get
+// rather than a wait and then a get: every waiting rank receives the
+// outcome in the same answer that wakes it, so that a rank that fails and
+// takes a store server down with it cannot cut anyone off between the
+// two. It says for whom it waits after each tenth of the timeout (from 1
+// to 30 s) rather than stay silent until the timeout, and with a watch it
+// waits in shorter slices and asks `watch` after each. `ask` makes a
+// store request, asking the watch where the store fails.
+template <typename Watch, typename Ask>
+std::string wait_for_outcome(const StoreBarrier& barrier,
+                             std::chrono::milliseconds timeout,
+                             detail::Clock::time_point deadline,
+                             const Watch& watch, const Ask& ask) {
   Store& store = barrier.store;
   const std::string complete_key = barrier.prefix + "complete";
-  if (!marked) {
-    store.set_string(barrier.prefix + "rank/" + std::to_string(barrier.rank),
-                     "arrived");
-  }
-  // A set, not a compare-and-set, which c10d's TCPStore (1.13) does not
-  // wake waiters for; the count says which rank is last, once.
-  if (store.add(barrier.prefix + "arrived", 1) == barrier.size) {
-    store.set_string(complete_key, std::string(kJoined));
-  }
-  // One blocking get rather than a wait and then a get: every waiting rank
-  // receives the outcome in the same answer that wakes it, so that a rank
-  // that fails and takes a store server down with it cannot cut anyone off
-  // between the two. It says for whom it waits after each tenth of the
-  // timeout (from 1 to 30 s) rather than stay silent until the timeout,
-  // and with a watch it waits in shorter slices and asks the watch after
-  // each.
   const Store::Duration report_every =
       store.resumes_after_timeout()
           ? std::clamp<Store::Duration>(timeout / 10, std::chrono::seconds(1),
@@ -75,19 +68,17 @@ std::string arrive_and_wait_on_store(const StoreBarrier& barrier,
       barrier.watch != nullptr && store.resumes_after_timeout();
   const Store::Duration slice =
       watched ? std::min(report_every, kWatchEvery) : report_every;
-  const auto start = detail::Clock::now();
-  const auto deadline = detail::deadline_after(timeout);
-  auto next_report = start + report_every;
+  auto next_report = detail::Clock::now() + report_every;
   int reports = 0;
-  std::string outcome;
   // Bounded by the deadline: each round waits a slice or less.
   for (;;) {
     const auto left = std::chrono::duration_cast<Store::Duration>(
         deadline - detail::Clock::now());
     try {
-      outcome = store.get_string(
-          complete_key, std::max(Store::Duration(1), std::min(left, slice)));
-      break;
+      return ask([&] {
+        return store.get_string(
+            complete_key, std::max(Store::Duration(1), std::min(left, slice)));
+      });
     } catch (const TimeoutError&) {
       if (left <= slice) {
         // A store that a timed-out wait leaves out of step cannot be asked
@@ -99,15 +90,8 @@ std::string arrive_and_wait_on_store(const StoreBarrier& barrier,
                                 : std::string("some ranks did not arrive")));
       }
     }
-    if (watched) {
-      try {
-        barrier.watch();
-      } catch (const Error&) {
-        if (!store.check({complete_key})) throw;
-      }
-    }
-    const auto now = detail::Clock::now();
-    if (now < next_report) continue;
+    if (watched) watch();
+    if (detail::Clock::now() < next_report) continue;
     next_report += report_every;
     // The missing ranks from rank 0 alone; the others say how many
     // arrived, in one request (every rank asking for every rank would
@@ -121,26 +105,73 @@ std::string arrive_and_wait_on_store(const StoreBarrier& barrier,
                   barrier.rank, format_duration(++reports * report_every),
                   format_duration(timeout), seen);
   }
-  if (outcome == kJoined) return "";
-  leave_failed(barrier);
-  return outcome.starts_with(kFailed) ? outcome.substr(kFailed.size())
-                                      : outcome;
 }
 
 }  // namespace
 
 std::string arrive_and_wait(const StoreBarrier& barrier,
                             std::chrono::milliseconds timeout, bool marked) {
-  try {
-    return arrive_and_wait_on_store(barrier, timeout, marked);
-  } catch (const TimeoutError&) {
-    throw;
-  } catch (const Error&) {
-    // The store's server may have gone with a rank that found a peer dead
-    // first; the watch names that peer.
-    if (barrier.watch != nullptr) barrier.watch();
-    throw;
+  Store& store = barrier.store;
+  const std::string complete_key = barrier.prefix + "complete";
+  // The watch, believed only while the barrier is incomplete: a rank may
+  // end as soon as it has read the outcome. Also asked where the store
+  // fails, as its server may have gone with a rank that found a death
+  // first.
+  const auto watch = [&] {
+    try {
+      barrier.watch();
+    } catch (const Error&) {
+      bool complete = false;
+      try {
+        complete = store.check({complete_key});
+      } catch (const Error&) {
+        // The store is gone too: the watch's error is the one to report.
+      }
+      if (!complete) throw;
+    }
+  };
+  // A store request, with the watch asked where the store fails.
+  const auto ask = [&](auto&& request) {
+    try {
+      return request();
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const Error&) {
+      if (barrier.watch != nullptr) watch();
+      throw;
+    }
+  };
+  ask([&] {
+    if (!marked) {
+      store.set_string(barrier.prefix + "rank/" + std::to_string(barrier.rank),
+                       "arrived");
+    }
+    // A set, not a compare-and-set, which c10d's TCPStore (1.13) does not
+    // wake waiters for; the count says which rank is last, once.
+    if (store.add(barrier.prefix + "arrived", 1) == barrier.size) {
+      store.set_string(complete_key, std::string(kJoined));
+    }
+    return 0;
+  });
+  const auto deadline = detail::deadline_after(timeout);
+  std::string outcome;
+  if (barrier.watch != nullptr && !store.resumes_after_timeout()) {
+    // A store that a timed-out wait would leave out of step is asked
+    // whether the outcome is there instead (watched_wait.h).
+    try {
+      outcome = to_string(
+          multi_get_watched(store, {complete_key}, deadline, watch).at(0));
+    } catch (const TimeoutError&) {
+      throw TimeoutError(barrier.what + " timed out after " +
+                         format_duration(timeout) + ": " + arrivals(barrier));
+    }
+  } else {
+    outcome = wait_for_outcome(barrier, timeout, deadline, watch, ask);
   }
+  if (outcome == kJoined) return "";
+  leave_failed(barrier);
+  return outcome.starts_with(kFailed) ? outcome.substr(kFailed.size())
+                                      : outcome;
 }
 
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,

@@ -19,13 +19,15 @@ struct StoreBarrier {
   int rank = 0;
   int size = 1;
   std::string what;  // "rendezvous": how log lines and errors name it
-  // Where set, called every kWatchEvery (watched_wait.h) while the barrier
-  // is incomplete, on a store that resumes after a timed-out wait; it ends
-  // the wait by throwing (a peer that died: it will never arrive). What it
-  // throws once the barrier has completed is ignored, since a rank may end
-  // as soon as it has seen the outcome. It is also called where the store
-  // fails, before that failure is passed on: the store's server may have
-  // gone with a rank that found the death first.
+  // Where set, called every kWatchEvery or so (watched_wait.h) while the
+  // barrier is incomplete; it ends the wait by throwing (a peer that died:
+  // it will never arrive). A store that a timed-out wait would leave out
+  // of step is then asked whether the barrier is complete rather than
+  // waited on. What the watch throws once the barrier has completed is
+  // ignored, since a rank may end as soon as it has seen the outcome. It
+  // is also called where the store fails, before that failure is passed
+  // on: the store's server may have gone with a rank that found the death
+  // first.
   std::function<void()> watch = nullptr;
 };
 

@@ -21,14 +21,16 @@ namespace comm {
 inline constexpr Store::Duration kWatchEvery = std::chrono::milliseconds(200);
 
 // The values of `keys`, as Store::multi_get gives them, waiting until
-// `deadline`. Where the store resumes after a timed-out wait
-// (Store::resumes_after_timeout) it waits in slices of `slice` and calls
-// `watch` after each slice that ended with a key missing; `watch` ends the
-// wait by throwing. Another store is waited on in one piece, and `watch`
-// is never called. Throws TimeoutError, naming the keys and the whole
-// wait, at the deadline. Where the store fails (its server went away, say),
-// `watch` is called before the failure is passed on, so that a store that
-// a dead peer's process took down with it is reported as that death.
+// `deadline` and calling `watch` every `slice` or so while a key is
+// missing; `watch` ends the wait by throwing. Where the store resumes
+// after a timed-out wait (Store::resumes_after_timeout) it waits in slices;
+// on another store, where a timed-out wait would leave it out of step, it
+// asks whether the keys are set (Store::check), pausing between asks from
+// 1 ms, doubled each time, up to `slice`. Throws TimeoutError, naming the
+// keys and the whole wait, at the deadline. Where the store fails (its
+// server went away, say), `watch` is called before the failure is passed
+// on, so that a store that a dead peer's process took down with it is
+// reported as that death. Without a watch, one multi_get.
 std::vector<Bytes> multi_get_watched(Store& store,
                                      const std::vector<std::string>& keys,
                                      detail::Clock::time_point deadline,
