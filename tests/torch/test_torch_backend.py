@@ -301,6 +301,26 @@ def test_killed_rank_fails_the_others_within_5s_naming_it(tmp_path):
         assert re.search(rf"\brank {world - 1}\b", message), message
 
 
+@pytest.mark.parametrize("published", ["shm.inbox.2", "shm.copy.2",
+                                       "tcp.addr.2"])
+def test_rank_killed_in_setup_fails_the_others_naming_it(tmp_path, published):
+    # Rank 2 dies right after it publishes its inbox, its word on single
+    # copy or its address: the waits of the others' set-up ask torch's
+    # store, which a timed-out wait would leave out of step, and watch rank
+    # 2's process meanwhile. (Its arrival at the last barrier is not a
+    # point a thread can stop it at: the rank may complete the barrier
+    # first, and torch's own barrier after it waits for the dead rank.)
+    world = 3
+    out = run_ranks(tmp_path, "die_in_setup", "libcomm", world=world,
+                    init="env", variant=published, expect_exit={2: 17},
+                    extra_env={"COMM_TRANSPORT": "shm"})
+    for rank in range(world - 1):
+        seconds, kind, message = read_error(out, rank)
+        assert "RuntimeError" in kind.split(","), (kind, message)
+        assert seconds < 5, (seconds, message)
+        assert re.search(r"\brank 2\b", message), message
+
+
 def test_mismatch_raises_on_every_rank(tmp_path):
     world = 2
     out = run_ranks(tmp_path, "mismatch", "libcomm", world=world)

@@ -11,7 +11,9 @@ an error saves the error's message and how long it took to arrive.
 
 import os
 import sys
+import threading
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -524,9 +526,39 @@ def scenario_unsupported(out_dir, _variant):
     torch.save(messages, os.path.join(out_dir, f"rank{RANK}.pt"))
 
 
+def die_in_setup(out_dir, backend, init_method, published):
+    """Rank WORLD-1 exits hard as soon as it has published `published`, a
+    key of libcomm's set-up with dots for slashes; the others'
+    init_process_group must raise, naming it. A thread of the rank watches
+    for the key through a client of its own of the env:// store, under the
+    prefixes torch 1.13 gives the default group's keys."""
+    assert init_method == "env://", init_method
+    if RANK == WORLD - 1:
+        watcher = dist.TCPStore(os.environ["MASTER_ADDR"],
+                                int(os.environ["MASTER_PORT"]),
+                                is_master=False, timeout=timedelta(seconds=60))
+        key = "default_pg/0/pg/torch/" + published.replace(".", "/")
+
+        def die():
+            watcher.wait([key])
+            os._exit(17)
+        threading.Thread(target=die, daemon=True).start()
+    started = time.monotonic()
+    try:
+        init(backend, init_method)
+    except RuntimeError as error:
+        save_error(out_dir, error, started)
+        os._exit(0)
+    if RANK == WORLD - 1:
+        time.sleep(60)  # its watcher ends it
+    raise AssertionError("the group was created without rank WORLD-1")
+
+
 def main():
     scenario, backend, init_method, out_dir = sys.argv[1:5]
     variant = sys.argv[5] if len(sys.argv) > 5 else ""
+    if scenario == "die_in_setup":
+        die_in_setup(out_dir, backend, init_method, variant)
     init(backend, init_method)
     globals()["scenario_" + scenario](out_dir, variant)
     dist.destroy_process_group()

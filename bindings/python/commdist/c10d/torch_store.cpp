@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -13,15 +14,21 @@ namespace {
 constexpr const char* kName = "torch.distributed store";
 
 // Runs one call of the c10d store, rethrowing its error as a comm::Error
-// that says which call failed.
+// that says which call failed. c10d's stores throw c10::Error, and their
+// sockets std::system_error where the connection fails (a store server
+// gone with its process): both are the store's failure.
 template <typename Call>
 auto translate(const char* what, const std::string& key, Call&& call) {
+  const auto failed = [&](const char* why) {
+    return comm::BackendError(std::string(kName) + ": " + what + " of key '" +
+                              key + "' failed: " + why);
+  };
   try {
     return call();
   } catch (const c10::Error& error) {
-    throw comm::BackendError(std::string(kName) + ": " + what + " of key '" +
-                             key +
-                             "' failed: " + error.what_without_backtrace());
+    throw failed(error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    throw failed(error.what());
   }
 }
 
@@ -73,12 +80,17 @@ void TorchStore::do_wait(const std::vector<std::string>& keys,
     bool present = false;
     try {
       present = store_->check(keys);
-    } catch (const c10::Error&) {
+    } catch (const std::exception&) {
+      // Not known to be there: the timeout is the error to report.
     }
     if (!present) comm::throw_store_timeout(kName, keys, bounded);
     throw comm::BackendError(std::string(kName) + ": wait for " +
                              comm::quote_keys(keys) +
                              " failed: " + error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    throw comm::BackendError(std::string(kName) + ": wait for " +
+                             comm::quote_keys(keys) +
+                             " failed: " + error.what());
   }
 }
 
