@@ -182,11 +182,11 @@ void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
       barrier.store.set_string(complete_key, std::string(kFailed) + problem);
     }
     leave_failed(barrier);
-    // A store that a timed-out wait leaves unusable is not waited on: the
-    // failing rank has no more use for it, but a caller might.
-    if (barrier.store.resumes_after_timeout()) {
-      barrier.store.wait({barrier.prefix + "all_left"}, linger);
-    }
+    // A store that a timed-out wait would leave unusable is asked rather
+    // than waited on (watched_wait.h): the failing rank has no more use
+    // for it, but a caller might.
+    multi_get_watched(barrier.store, {barrier.prefix + "all_left"},
+                      detail::deadline_after(linger), [] {});
   } catch (const Error&) {
     // The store is gone, or some rank is not coming to read the news.
   }

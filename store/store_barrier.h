@@ -47,8 +47,7 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
 // then waits, up to `linger`, until every rank has left it (returned the
 // failure from arrive_and_wait, or failed it too): a rank that hosts the
 // store takes it down as it exits, and the others should have read why
-// first (where the store resumes after a timeout). Never throws for a store
-// that is gone already.
+// first. Never throws for a store that is gone already.
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
                   std::chrono::milliseconds linger = std::chrono::seconds(2));
 

@@ -710,6 +710,11 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
           throw_if_exited(local_ranks_, "waiting for its shared-memory inbox");
         })[0]);
     if (published_inbox.starts_with(kFailedInbox)) {
+      // A failure that a local peer's death caused is reported as that
+      // death.
+      throw_if_exited(local_ranks_, "waiting for the inbox of rank " +
+                                        std::to_string(r) +
+                                        ", which failed to set up");
       throw PeerError(
           r, "shared memory: rank " + std::to_string(r) +
                  " on this host failed to set up: " +

@@ -15,8 +15,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <optional>
 #include <random>
+#include <string_view>
 
 #include "backends/tcp/rank_handshake.h"
 #include "libcomm/detail/descriptors.h"
@@ -57,11 +60,25 @@ std::chrono::milliseconds left_until(detail::Clock::time_point deadline) {
 }
 
 // Throws where a barrier of the set-up ended with another rank's failure.
+// A set-up that failed on a peer's death posts that peer's number beside
+// its reason in the last barrier, so that the others name it too: by the
+// time they look, the reporting rank may have left as well.
+constexpr std::string_view kDeathMark = "death of rank ";
+
+std::string death_report(const PeerError& death) {
+  return std::string(kDeathMark) + std::to_string(death.peer_rank()) + ": " +
+         death.what();
+}
+
 void expect_every_rank(const std::string& problem, const std::string& name) {
-  if (!problem.empty()) {
-    throw PeerError(
-        -1, name + " cannot set it up, as another rank failed: " + problem);
+  if (problem.empty()) return;
+  if (problem.starts_with(kDeathMark)) {
+    const std::size_t colon = problem.find(": ");
+    throw PeerError(std::stoi(problem.substr(kDeathMark.size())),
+                    problem.substr(colon + 2));
   }
+  throw PeerError(
+      -1, name + " cannot set it up, as another rank failed: " + problem);
 }
 
 void set_nonblocking(int fd) {
@@ -258,13 +275,10 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
                            " of a group of " + std::to_string(size);
   const StoreBarrier started{store, "tcp/started/", rank, size,
                              "TCP backend set-up"};
-  const StoreBarrier connected{
-      store, "tcp/connected/", rank, size, "TCP backend set-up", [this] {
-        if (local_ != nullptr) {
-          local_->throw_if_exited(local_->local_ranks(),
-                                  "waiting for every rank to connect");
-        }
-      }};
+  // The last barrier watches the local peers, where there are any, once
+  // they are known (LocalPeers' "Liveness").
+  StoreBarrier connected{store, "tcp/connected/", rank, size,
+                         "TCP backend set-up"};
   // Three per peer at least (three sockets, or a socket, a pidfd and two
   // eventfds), and then exactly what is left once locality is known.
   const auto peers = static_cast<std::uint64_t>(size - 1);
@@ -283,22 +297,46 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     // A failure that a local peer's death caused (its listener closed, a
     // connection to it reset, the store it hosted gone) is reported as
     // that death, unless it blames that peer already.
+    const std::exception_ptr failure = std::current_exception();
+    const auto* blamed = dynamic_cast<const PeerError*>(&e);
     if (local_ != nullptr) {
       try {
         local_->throw_if_exited(local_->local_ranks(), "setting up the group");
       } catch (const PeerError& dead) {
-        const auto* blamed = dynamic_cast<const PeerError*>(&e);
         if (blamed == nullptr || blamed->peer_rank() != dead.peer_rank()) {
-          fail_barrier(connected, dead.what());
+          fail_barrier(connected, death_report(dead));
           throw;
         }
+        fail_barrier(connected, death_report(*blamed));
+        std::rethrow_exception(failure);
       }
     }
     fail_barrier(connected, e.what());
     throw;
   }
   claim.reset();
-  expect_every_rank(arrive_and_wait(connected, left_until(deadline)), name);
+  if (local_->local_count() > 1) {
+    connected.watch = [this] {
+      local_->throw_if_exited(local_->local_ranks(),
+                              "waiting for every rank to connect");
+    };
+  }
+  std::string outcome;
+  try {
+    outcome = arrive_and_wait(connected, left_until(deadline));
+  } catch (const PeerError& e) {
+    // Ended for the others too, and this rank lingers a moment, so that
+    // the store it may host outlives their look at the dead rank.
+    fail_barrier(connected, death_report(e));
+    throw;
+  }
+  // Another rank's failure that a local peer's death caused is reported
+  // as that death.
+  if (!outcome.empty() && !outcome.starts_with(kDeathMark) &&
+      connected.watch != nullptr) {
+    connected.watch();
+  }
+  expect_every_rank(outcome, name);
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
 }
 
@@ -360,16 +398,20 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
                    detail::host_port(host, port));
 
   // The set-up's waits end early, with a PeerError, where a local peer
-  // died (LocalPeers' "Liveness").
-  const auto watch_local_peers = [&](const std::string& doing) {
-    local_->throw_if_exited(local_->local_ranks(), doing);
-  };
+  // died (LocalPeers' "Liveness"); a rank with none asks the store nothing
+  // more for that.
+  const bool watching = local_->local_count() > 1;
   for (int peer = 0; peer < rank; ++peer) {
+    std::function<void()> watch;
+    if (watching) {
+      watch = [&] {
+        local_->throw_if_exited(
+            local_->local_ranks(),
+            "waiting for the address of rank " + std::to_string(peer));
+      };
+    }
     const std::string address = to_string(multi_get_watched(
-        store, {"tcp/addr/" + std::to_string(peer)}, deadline, [&] {
-          watch_local_peers("waiting for the address of rank " +
-                            std::to_string(peer));
-        })[0]);
+        store, {"tcp/addr/" + std::to_string(peer)}, deadline, watch)[0]);
     std::uint16_t peer_port = 0;
     const std::string peer_host = split_host(address, &peer_port);
     if (!local_->is_local(peer)) {
@@ -417,22 +459,19 @@ void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
     }
   }
   // Bounded by the deadline: each round waits in poll for a connection,
-  // or for a local peer that still owes one to end (LocalPeers' pidfds).
+  // or for any local peer to end (LocalPeers' pidfds): one that has
+  // connected already, or that never will, dooms the set-up as surely.
   std::vector<pollfd> entries;
-  std::vector<int> owing;
   while (expected > 0) {
     entries.assign(1, {listener, POLLIN, 0});
-    owing.clear();
-    for (int peer = rank_ + 1; peer < size_; ++peer) {
-      if (local_->is_local(peer) && !sockets_[peer][kChannels - 1].valid()) {
-        entries.push_back({local_->pidfd(peer), POLLIN, 0});
-        owing.push_back(peer);
-      }
+    for (int peer : local_->local_ranks()) {
+      if (peer != rank_) entries.push_back({local_->pidfd(peer), POLLIN, 0});
     }
     const int ready =
         poll(entries.data(), entries.size(), remaining_ms(deadline));
     if (ready < 0 && errno == EINTR) continue;
-    local_->throw_if_exited(owing, "waiting for its connection");
+    local_->throw_if_exited(local_->local_ranks(),
+                            "waiting for connections from higher ranks");
     if (ready > 0 && entries[0].revents == 0) continue;
     if (ready <= 0) {
       std::string missing;

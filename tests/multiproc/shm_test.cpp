@@ -441,28 +441,34 @@ TEST_CASE(
     "a local rank killed at any point of the group's set-up is a PeerError "
     "naming it within 5 s",
     "[shm][multiproc][failure]") {
-  // Rank 1 dies right after it publishes, in turn: its identity (before its
-  // inbox), its inbox (before its segment), its word on single copy
-  // (before its address), its address (before its connections), and its
-  // arrival at the set-up's last barrier. Its peers wait for it at each
-  // point, with a deadline of 60 s.
-  const char* fatal_key = GENERATE("shm/host/1", "shm/inbox/1", "shm/copy/1",
-                                   "tcp/addr/1", "tcp/connected/rank/1");
-  INFO("rank 1 dies after setting " << fatal_key);
-  const int world = 3, victim = 1;
+  // Rank 2 of 4 dies right after it publishes, in turn: its identity
+  // (before its inbox), its inbox (before its segment), its word on single
+  // copy (before its address), its address (before its connections), and
+  // its arrival at the set-up's last barrier. Its peers wait for it at each
+  // point, with a deadline of 60 s. Each rank keeps its store until its
+  // process ends, as a program does: rank 0's, which hosts the server,
+  // then goes when rank 0 has found the death, and ranks 1 and 3 must
+  // still name rank 2, not rank 0.
+  const char* fatal_key = GENERATE("shm/host/2", "shm/inbox/2", "shm/copy/2",
+                                   "tcp/addr/2", "tcp/connected/rank/2");
+  INFO("rank 2 dies after setting " << fatal_key);
+  const int world = 4, victim = 2;
   const std::uint16_t port = comm::detail::free_loopback_port();
   auto ranks = comm::testing::start_ranks(world, [&](int rank) {
     setenv("COMM_TRANSPORT", "shm", 1);
+    // Never destroyed: the process ends with _exit.
+    static std::shared_ptr<comm::Store> kept;
     try {
       comm::TCPStoreOptions options;
       options.port = port;
       options.is_server = rank == 0;
       options.timeout = 60s;
       auto tcp = std::make_shared<comm::TCPStore>(options);
+      kept = tcp;
       std::shared_ptr<comm::Store> store = tcp;
       if (rank == victim) store = std::make_shared<DyingStore>(*tcp, fatal_key);
       comm::ProcessGroup group(store, rank, world, "tcp", 60s);
-      return kWrongResult;  // a group without rank 1's part
+      return kWrongResult;  // a group without rank 2's part
     } catch (...) {
       return comm::testing::failure_exit_code(std::current_exception(), rank,
                                               victim);

@@ -58,6 +58,22 @@ class StoreOutOfStepAfterTimeout final : public comm::testing::ForwardingStore {
   }
 };
 
+// A store over another whose waits and asks fail, as a client's do once
+// the server has gone.
+class StoreThatFails final : public comm::testing::ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+
+ private:
+  std::vector<comm::Bytes> do_multi_get(const std::vector<std::string>&,
+                                        Duration) override {
+    throw comm::BackendError("the store's server went away");
+  }
+  bool do_check(const std::vector<std::string>&) override {
+    throw comm::BackendError("the store's server went away");
+  }
+};
+
 // Two clients of one store of `kind`: a HashStore; a TCPStore whose server
 // the first hosts in this process; or, "out of step", the first a
 // StoreOutOfStepAfterTimeout over a HashStore, the second that HashStore.
@@ -171,4 +187,23 @@ TEST_CASE(
   }
   if (clients.out_of_step != nullptr)
     CHECK(clients.out_of_step->timed_out == 0);
+}
+
+TEST_CASE("a store that fails asks the watch before its failure is passed on",
+          "[store]") {
+  comm::HashStore inner(30s);
+  StoreThatFails failing(inner);
+  const auto soon = comm::detail::deadline_after(30s);
+  // The store's server went with a rank that found a peer dead: the death
+  // is what the caller hears.
+  CHECK_THROWS_AS(
+      comm::multi_get_watched(failing, {"key"}, soon,
+                              [] { throw comm::PeerError(1, "rank 1 died"); }),
+      comm::PeerError);
+  // Nobody died: the store's own failure.
+  int asked = 0;
+  CHECK_THROWS_AS(
+      comm::multi_get_watched(failing, {"key"}, soon, [&] { ++asked; }),
+      comm::BackendError);
+  CHECK(asked == 1);
 }
