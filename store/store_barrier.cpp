@@ -132,14 +132,8 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
   };
   // A store request, with the watch asked where the store fails.
   const auto ask = [&](auto&& request) {
-    try {
-      return request();
-    } catch (const TimeoutError&) {
-      throw;
-    } catch (const Error&) {
-      if (barrier.watch != nullptr) watch();
-      throw;
-    }
+    if (barrier.watch == nullptr) return request();
+    return ask_store(watch, request);
   };
   ask([&] {
     if (!marked) {

@@ -24,21 +24,6 @@ Store::Duration left_until(detail::Clock::time_point deadline) {
       " waiting for " + quote_keys(keys));
 }
 
-// What `request` to the store returns. Where the store fails, but for a
-// timeout, `watch` is asked first: the store's server may have gone with a
-// rank that found the death first.
-template <typename Request>
-auto ask_store(const std::function<void()>& watch, Request&& request) {
-  try {
-    return request();
-  } catch (const TimeoutError&) {
-    throw;
-  } catch (const Error&) {
-    watch();
-    throw;
-  }
-}
-
 std::vector<Bytes> wait_in_slices(Store& store,
                                   const std::vector<std::string>& keys,
                                   detail::Clock::time_point deadline,

@@ -12,9 +12,26 @@
 #include <vector>
 
 #include "libcomm/detail/socket.h"
+#include "libcomm/error.h"
 #include "store/store.h"
 
 namespace comm {
+
+// What `request`, a call to a store, returns. Where the store fails, but
+// for a timeout, `watch` is called before the failure is passed on: the
+// store's server may have gone with a rank that found the death first, and
+// the watch names that death.
+template <typename Watch, typename Request>
+auto ask_store(const Watch& watch, Request&& request) {
+  try {
+    return request();
+  } catch (const TimeoutError&) {
+    throw;
+  } catch (const Error&) {
+    watch();
+    throw;
+  }
+}
 
 // How long each slice of a watched wait lasts: a dead peer is noticed
 // within about this, at the cost of one request to the store per slice.
