@@ -16,6 +16,13 @@ namespace {
 constexpr std::string_view kJoined = "ok";
 constexpr std::string_view kFailed = "failed: ";
 
+// The outcome that the value of "complete" stands for: "" or the reason.
+std::string outcome_of(const std::string& complete) {
+  if (complete == kJoined) return "";
+  return complete.starts_with(kFailed) ? complete.substr(kFailed.size())
+                                       : complete;
+}
+
 // "3 of 4 ranks arrived; missing rank 1", asked of the store, one request
 // per rank.
 std::string arrivals(const StoreBarrier& barrier) {
@@ -67,7 +74,7 @@ std::string wait_for_outcome(const StoreBarrier& barrier,
   const bool watched =
       barrier.watch != nullptr && store.resumes_after_timeout();
   const Store::Duration slice =
-      watched ? std::min(report_every, kWatchEvery) : report_every;
+      watched ? std::min(report_every, barrier.watch_every) : report_every;
   auto next_report = detail::Clock::now() + report_every;
   int reports = 0;
   // Bounded by the deadline: each round waits a slice or less.
@@ -153,8 +160,9 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
     // A store that a timed-out wait would leave out of step is asked
     // whether the outcome is there instead (watched_wait.h).
     try {
-      outcome = to_string(
-          multi_get_watched(store, {complete_key}, deadline, watch).at(0));
+      outcome = to_string(multi_get_watched(store, {complete_key}, deadline,
+                                            watch, barrier.watch_every)
+                              .at(0));
     } catch (const TimeoutError&) {
       throw TimeoutError(barrier.what + " timed out after " +
                          format_duration(timeout) + ": " + arrivals(barrier));
@@ -164,16 +172,26 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
   }
   if (outcome == kJoined) return "";
   leave_failed(barrier);
-  return outcome.starts_with(kFailed) ? outcome.substr(kFailed.size())
-                                      : outcome;
+  return outcome_of(outcome);
+}
+
+std::optional<std::string> completed_outcome(const StoreBarrier& barrier) {
+  const std::string complete_key = barrier.prefix + "complete";
+  if (!barrier.store.check({complete_key})) return std::nullopt;
+  return outcome_of(barrier.store.get_string(complete_key));
 }
 
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
-                  std::chrono::milliseconds linger) {
+                  std::chrono::milliseconds linger, int dead_rank) {
   try {
     const std::string complete_key = barrier.prefix + "complete";
     if (!barrier.store.check({complete_key})) {
       barrier.store.set_string(complete_key, std::string(kFailed) + problem);
+    }
+    if (dead_rank >= 0 &&
+        barrier.store.add(barrier.prefix + "dead/" + std::to_string(dead_rank),
+                          1) == 1) {
+      leave_failed(barrier);  // on the dead rank's behalf
     }
     leave_failed(barrier);
     // A store that a timed-out wait would leave unusable is asked rather

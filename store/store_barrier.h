@@ -7,9 +7,11 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "store/store.h"
+#include "store/watched_wait.h"
 
 namespace comm {
 
@@ -29,6 +31,8 @@ struct StoreBarrier {
   // on: the store's server may have gone with a rank that found the death
   // first.
   std::function<void()> watch = nullptr;
+  // How often the watch is called: each call costs the store a request.
+  Store::Duration watch_every = kWatchEvery;
 };
 
 // Marks `barrier.rank` arrived (its "rank/R" key too, unless `marked`: the
@@ -42,13 +46,23 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
                             std::chrono::milliseconds timeout,
                             bool marked = false);
 
+// The outcome of `barrier` where it has completed, as arrive_and_wait
+// returns it ("" when all arrived, or the failing rank's reason), without
+// waiting and without counting this rank in or out; nullopt while it has
+// not. One or two store requests.
+std::optional<std::string> completed_outcome(const StoreBarrier& barrier);
+
 // Ends `barrier` for every rank waiting at it or still to come, which
 // returns `problem` from arrive_and_wait (an outcome already set stays), and
 // then waits, up to `linger`, until every rank has left it (returned the
 // failure from arrive_and_wait, or failed it too): a rank that hosts the
 // store takes it down as it exits, and the others should have read why
-// first. Never throws for a store that is gone already.
+// first. `dead_rank`, where the problem is that rank's death, will never
+// leave, and is counted out once, by the first rank to report it, so that
+// the others need not linger for it. Never throws for a store that is gone
+// already.
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
-                  std::chrono::milliseconds linger = std::chrono::seconds(2));
+                  std::chrono::milliseconds linger = std::chrono::seconds(2),
+                  int dead_rank = -1);
 
 }  // namespace comm

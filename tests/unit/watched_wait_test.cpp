@@ -207,3 +207,57 @@ TEST_CASE("a store that fails asks the watch before its failure is passed on",
       comm::BackendError);
   CHECK(asked == 1);
 }
+
+TEST_CASE(
+    "a barrier's outcome is there to see without waiting once it completes, "
+    "and not before",
+    "[store]") {
+  const TwoClients clients =
+      two_clients(GENERATE(as<std::string>{}, "hash", "out of step"));
+  Store& store = *clients.first;
+  SECTION("failed") {
+    const comm::StoreBarrier barrier{store, "f/", 0, 2, "test barrier"};
+    CHECK_FALSE(comm::completed_outcome(barrier).has_value());
+    const comm::StoreBarrier failing{*clients.second, "f/", 1, 2,
+                                     "test barrier"};
+    comm::fail_barrier(failing, "rank 1 cannot listen", 0ms);
+    CHECK(comm::completed_outcome(barrier) == "rank 1 cannot listen");
+    // Looking counted no one in or out: the rank still meets the outcome
+    // where it waits.
+    CHECK(comm::arrive_and_wait(barrier, 10s) == "rank 1 cannot listen");
+  }
+  SECTION("joined") {
+    const comm::StoreBarrier barrier{store, "j/", 0, 1, "test barrier"};
+    CHECK_FALSE(comm::completed_outcome(barrier).has_value());
+    REQUIRE(comm::arrive_and_wait(barrier, 10s) == "");
+    CHECK(comm::completed_outcome(barrier) == "");
+  }
+  if (clients.out_of_step != nullptr)
+    CHECK(clients.out_of_step->timed_out == 0);
+}
+
+TEST_CASE(
+    "a rank that fails a barrier on a death lingers for the live ranks only",
+    "[store]") {
+  const TwoClients clients =
+      two_clients(GENERATE(as<std::string>{}, "hash", "out of step"));
+  // Ranks 0 and 1 of 4 both found rank 3 dead; rank 2 arrives, reads the
+  // failure and leaves. Rank 3 never will, and rank 0 must not wait out
+  // its linger for it.
+  const comm::StoreBarrier finder{*clients.first, "d/", 0, 4, "test barrier"};
+  const comm::StoreBarrier other_finder{*clients.second, "d/", 1, 4,
+                                        "test barrier"};
+  const comm::StoreBarrier reader{*clients.second, "d/", 2, 4, "test barrier"};
+  std::thread others([&] {
+    std::this_thread::sleep_for(100ms);
+    comm::fail_barrier(other_finder, "rank 3 died", 0ms, 3);
+    CHECK(comm::arrive_and_wait(reader, 10s) == "rank 3 died");
+  });
+  const auto start = std::chrono::steady_clock::now();
+  comm::fail_barrier(finder, "rank 3 died", 20s, 3);
+  const auto lingered = std::chrono::steady_clock::now() - start;
+  others.join();
+  CHECK(lingered < 10s);
+  // Each live rank out once, and the dead one once, though two reported it.
+  CHECK(clients.second->add("d/left", 0) == 4);
+}
