@@ -37,7 +37,7 @@
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
 #include "store/tcp_store.h"
-#include "support/forwarding_store.h"
+#include "support/dying_store.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
 #include "support/shared_host_mappings.h"
@@ -416,27 +416,6 @@ TEST_CASE(
   CHECK(comm::testing::check_exit_codes(ranks, -1, 0, 60s) < 10);
 }
 
-namespace {
-
-// A rank's store that ends the rank's process with SIGKILL as soon as it
-// has set a key ending in `fatal_key`: a rank that dies at that point of
-// the group's set-up.
-class DyingStore final : public comm::testing::ForwardingStore {
- public:
-  DyingStore(comm::Store& inner, std::string fatal_key)
-      : ForwardingStore(inner), fatal_key_(std::move(fatal_key)) {}
-
- private:
-  void do_set(const std::string& key, const comm::Bytes& value) override {
-    ForwardingStore::do_set(key, value);
-    if (key.ends_with(fatal_key_)) raise(SIGKILL);
-  }
-
-  std::string fatal_key_;
-};
-
-}  // namespace
-
 TEST_CASE(
     "a local rank killed at any point of the group's set-up is a PeerError "
     "naming it within 5 s",
@@ -466,7 +445,9 @@ TEST_CASE(
       auto tcp = std::make_shared<comm::TCPStore>(options);
       kept = tcp;
       std::shared_ptr<comm::Store> store = tcp;
-      if (rank == victim) store = std::make_shared<DyingStore>(*tcp, fatal_key);
+      if (rank == victim) {
+        store = std::make_shared<comm::testing::DyingStore>(*tcp, fatal_key);
+      }
       comm::ProcessGroup group(store, rank, world, "tcp", 60s);
       return kWrongResult;  // a group without rank 2's part
     } catch (...) {
