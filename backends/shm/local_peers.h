@@ -43,8 +43,9 @@
 // copy, and the mesh's connections after them: throw_if_exited) end with
 // a PeerError naming a peer that died, rather than at the deadline. Only
 // a peer that died and whose pid another process took before this rank
-// opened it escapes that watch; it, and a death that holds this rank in a
-// wait on a rank of another host, are found at the deadline.
+// opened it escapes that watch; once it has published its address, the
+// mesh finds it as it finds a rank of another host (tcp/mesh.h,
+// "Liveness during the set-up").
 //
 // Single copy. Where every rank of the group is local, each rank also
 // tries to read a word that each peer published the address of

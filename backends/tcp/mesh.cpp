@@ -65,9 +65,23 @@ std::chrono::milliseconds left_until(detail::Clock::time_point deadline) {
 // time they look, the reporting rank may have left as well.
 constexpr std::string_view kDeathMark = "death of rank ";
 
-std::string death_report(const PeerError& death) {
-  return std::string(kDeathMark) + std::to_string(death.peer_rank()) + ": " +
-         death.what();
+// How often a set-up wait looks at the last barrier for another rank's
+// failure, and how long each slice of a wait lasts on a rank with no local
+// peer: each look and each slice of a store wait cost the store a request.
+constexpr auto kLookAtBarrierEvery = std::chrono::seconds(1);
+// How long a peer's listener must refuse connections before the peer is
+// taken for gone. A rank listens from before it publishes its address, so
+// any refusal means it has closed its listener; the wait leaves the
+// closing rank time to post its reason in the barrier first.
+constexpr auto kRefusedFor = std::chrono::seconds(1);
+
+// Fails `barrier` with `death`, the dead rank's number beside its reason,
+// and counts that rank out of it.
+void report_death(const StoreBarrier& barrier, const PeerError& death) {
+  fail_barrier(barrier,
+               std::string(kDeathMark) + std::to_string(death.peer_rank()) +
+                   ": " + death.what(),
+               std::chrono::seconds(2), death.peer_rank());
 }
 
 void expect_every_rank(const std::string& problem, const std::string& name) {
@@ -179,31 +193,23 @@ bool is_loopback_host(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
-// Connects to the listener of `peer`, a local peer of this rank.
-detail::Socket connect_to_local_peer(const shm::LocalPeers& local, int peer,
-                                     const std::string& host,
-                                     std::uint16_t port,
-                                     detail::Clock::time_point deadline) {
-  // A local peer listens from before it publishes its address until it
-  // dies or fails the set-up, so a refusal that lasts a slice means one of
-  // those. Every local peer is watched, not only this one: a peer that
-  // found another dead closes its listener and lingers a moment in the
-  // set-up's barrier, and the one that died is the one to name.
-  // Bounded by the deadline: each round connects for a slice at most.
-  for (;;) {
-    const auto slice_end =
-        std::min(deadline, detail::deadline_after(kWatchEvery));
-    try {
-      return detail::Socket::connect(host, port, slice_end, "TCP backend");
-    } catch (const TimeoutError&) {
-      if (slice_end == deadline) throw;
-      local.throw_if_exited(local.local_ranks(),
-                            "connecting to rank " + std::to_string(peer));
-    }
-  }
-}
-
 }  // namespace
+
+struct Mesh::SetUp {
+  const StoreBarrier& connected;
+  const std::string& name;  // "TCP backend: rank 2 of a group of 4"
+  // How long each slice of a wait lasts: shorter where there are local
+  // peers, whose deaths are seen without asking the store.
+  Store::Duration slice = kLookAtBarrierEvery;
+  // When the last barrier is next looked at for another rank's failure.
+  detail::Clock::time_point next_look{};
+  // Set while this rank waits at the last barrier, which sees its outcome
+  // by itself.
+  bool at_barrier = false;
+  // A peer found gone (its connection hung up, or its listener closed),
+  // which the others hear of as a death; -1 while none.
+  int gone = -1;
+};
 
 std::string listen_address() {
   if (auto explicit_address = kListenAddress.get()) return *explicit_address;
@@ -291,8 +297,9 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     throw;
   }
   expect_every_rank(arrive_and_wait(started, left_until(deadline)), name);
+  SetUp set_up{connected, name};
   try {
-    connect_all(store, group, job, deadline, *claim);
+    connect_all(store, group, job, deadline, *claim, set_up);
   } catch (const Error& e) {
     // A failure that a local peer's death caused (its listener closed, a
     // connection to it reset, the store it hosted gone) is reported as
@@ -304,37 +311,43 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
         local_->throw_if_exited(local_->local_ranks(), "setting up the group");
       } catch (const PeerError& dead) {
         if (blamed == nullptr || blamed->peer_rank() != dead.peer_rank()) {
-          fail_barrier(connected, death_report(dead));
+          report_death(connected, dead);
           throw;
         }
-        fail_barrier(connected, death_report(*blamed));
+        report_death(connected, *blamed);
         std::rethrow_exception(failure);
       }
     }
-    fail_barrier(connected, e.what());
+    // A peer of another host that hung up or stopped listening is named to
+    // the others as a local death is.
+    if (blamed != nullptr && set_up.gone >= 0 &&
+        blamed->peer_rank() == set_up.gone) {
+      report_death(connected, *blamed);
+    } else {
+      fail_barrier(connected, e.what());
+    }
     throw;
   }
   claim.reset();
-  if (local_->local_count() > 1) {
-    connected.watch = [this] {
-      local_->throw_if_exited(local_->local_ranks(),
-                              "waiting for every rank to connect");
-    };
-  }
+  set_up.at_barrier = true;
+  connected.watch = [&] {
+    throw_if_set_up_failed(set_up, "waiting for every rank to connect");
+  };
+  connected.watch_every = set_up.slice;
   std::string outcome;
   try {
     outcome = arrive_and_wait(connected, left_until(deadline));
   } catch (const PeerError& e) {
     // Ended for the others too, and this rank lingers a moment, so that
     // the store it may host outlives their look at the dead rank.
-    fail_barrier(connected, death_report(e));
+    report_death(connected, e);
     throw;
   }
   // Another rank's failure that a local peer's death caused is reported
   // as that death.
-  if (!outcome.empty() && !outcome.starts_with(kDeathMark) &&
-      connected.watch != nullptr) {
-    connected.watch();
+  if (!outcome.empty() && !outcome.starts_with(kDeathMark)) {
+    local_->throw_if_exited(local_->local_ranks(),
+                            "waiting for every rank to connect");
   }
   expect_every_rank(outcome, name);
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
@@ -342,7 +355,7 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
 
 void Mesh::connect_all(Store& store, const GroupIdentity& group,
                        std::uint64_t job, detail::Clock::time_point deadline,
-                       detail::DescriptorClaim& claim) {
+                       detail::DescriptorClaim& claim, SetUp& set_up) {
   const int rank = rank_;
   const int size = size_;
   const auto peers = static_cast<std::uint64_t>(size - 1);
@@ -397,21 +410,18 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
   store.set_string("tcp/addr/" + std::to_string(rank),
                    detail::host_port(host, port));
 
-  // The set-up's waits end early, with a PeerError, where a local peer
-  // died (LocalPeers' "Liveness"); a rank with none asks the store nothing
-  // more for that.
-  const bool watching = local_->local_count() > 1;
+  // The set-up's waits end early where it cannot complete ("Liveness
+  // during the set-up", mesh.h); local peers' deaths are seen without the
+  // store, so a rank with some watches more often.
+  if (local_->local_count() > 1) set_up.slice = kWatchEvery;
   for (int peer = 0; peer < rank; ++peer) {
-    std::function<void()> watch;
-    if (watching) {
-      watch = [&] {
-        local_->throw_if_exited(
-            local_->local_ranks(),
-            "waiting for the address of rank " + std::to_string(peer));
-      };
-    }
-    const std::string address = to_string(multi_get_watched(
-        store, {"tcp/addr/" + std::to_string(peer)}, deadline, watch)[0]);
+    const auto watch = [&] {
+      throw_if_set_up_failed(
+          set_up, "waiting for the address of rank " + std::to_string(peer));
+    };
+    const std::string address =
+        to_string(multi_get_watched(store, {"tcp/addr/" + std::to_string(peer)},
+                                    deadline, watch, set_up.slice)[0]);
     std::uint16_t peer_port = 0;
     const std::string peer_host = split_host(address, &peer_port);
     if (!local_->is_local(peer)) {
@@ -420,17 +430,13 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
     for (int channel = 0; channel < kChannels; ++channel) {
       if (!over_socket(peer, channel)) continue;
       detail::Socket connection =
-          local_->is_local(peer)
-              ? connect_to_local_peer(*local_, peer, peer_host, peer_port,
-                                      deadline)
-              : detail::Socket::connect(peer_host, peer_port, deadline,
-                                        "TCP backend");
+          connect_to_peer(peer, peer_host, peer_port, deadline, set_up);
       connect_handshake(connection, group, channel, peer, peer_names_[peer],
                         deadline);
       sockets_[peer][channel] = std::move(connection);
     }
   }
-  accept_from_higher_ranks(listener.fd(), group, deadline);
+  accept_from_higher_ranks(listener.fd(), group, deadline, set_up);
   local_->read_hosts(store, deadline);
   for (int peer = 0; peer < size; ++peer) {
     for (detail::Socket& connection : sockets_[peer]) {
@@ -450,8 +456,96 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
   }
 }
 
+detail::Socket Mesh::connect_to_peer(int peer, const std::string& host,
+                                     std::uint16_t port,
+                                     detail::Clock::time_point deadline,
+                                     SetUp& set_up) {
+  const std::string doing = "connecting to rank " + std::to_string(peer);
+  // Since when every slice's attempts ended refused; max() while not.
+  auto refused_since = detail::Clock::time_point::max();
+  // Bounded by the deadline: each round connects for a slice at most.
+  for (;;) {
+    const auto slice_start = detail::Clock::now();
+    const auto slice_end = std::min(deadline, slice_start + set_up.slice);
+    int last_error = 0;
+    try {
+      return detail::Socket::connect(host, port, slice_end, "TCP backend",
+                                     &last_error);
+    } catch (const TimeoutError&) {
+      if (slice_end == deadline) throw;
+    }
+    throw_if_set_up_failed(set_up, doing);
+    if (last_error != ECONNREFUSED) {
+      // Silence: a slow network, or a stopped host, waited for.
+      refused_since = detail::Clock::time_point::max();
+      continue;
+    }
+    refused_since = std::min(refused_since, slice_start);
+    if (detail::Clock::now() - refused_since < kRefusedFor) continue;
+    throw_if_set_up_failed(set_up, doing, /*look_now=*/true);
+    set_up.gone = peer;
+    throw PeerError(peer, "TCP backend: " + peer_names_[peer] +
+                              " refused rank " + std::to_string(rank_) +
+                              "'s connections for " +
+                              format_duration(kRefusedFor) +
+                              ": it has closed its listener, so it exited "
+                              "or failed its set-up");
+  }
+}
+
+int Mesh::first_hung_up_peer() const {
+  std::vector<pollfd> entries;
+  std::vector<int> owners;
+  for (int peer = 0; peer < size_; ++peer) {
+    for (const detail::Socket& connection : sockets_[peer]) {
+      if (!connection.valid()) continue;
+      entries.push_back({connection.fd(), POLLRDHUP, 0});
+      owners.push_back(peer);
+    }
+  }
+  if (entries.empty() || poll(entries.data(), entries.size(), 0) <= 0) {
+    return -1;
+  }
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    if ((entries[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      return owners[i];
+    }
+  }
+  return -1;
+}
+
+void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
+                                  bool look_now) {
+  if (local_->local_count() > 1) {
+    local_->throw_if_exited(local_->local_ranks(), doing);
+  }
+  const int hung_up = first_hung_up_peer();
+  const auto now = detail::Clock::now();
+  if (hung_up >= 0 || look_now ||
+      (!set_up.at_barrier && now >= set_up.next_look)) {
+    set_up.next_look = now + kLookAtBarrierEvery;
+    // A rank that fails posts its reason before it closes its sockets, so
+    // a peer that hung up with a reason is reported with that reason.
+    std::optional<std::string> outcome;
+    try {
+      outcome = completed_outcome(set_up.connected);
+    } catch (const Error&) {
+      if (hung_up < 0) throw;  // the store's failure, as without the watch
+    }
+    if (outcome) expect_every_rank(*outcome, set_up.name);
+  }
+  if (hung_up >= 0) {
+    set_up.gone = hung_up;
+    throw PeerError(hung_up, "TCP backend: " + peer_names_[hung_up] +
+                                 " closed its connection while rank " +
+                                 std::to_string(rank_) + " was " + doing +
+                                 ": it exited or failed its set-up");
+  }
+}
+
 void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
-                                    detail::Clock::time_point deadline) {
+                                    detail::Clock::time_point deadline,
+                                    SetUp& set_up) {
   int expected = 0;
   for (int peer = rank_ + 1; peer < size_; ++peer) {
     for (int channel = 0; channel < kChannels; ++channel) {
@@ -459,19 +553,29 @@ void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
     }
   }
   // Bounded by the deadline: each round waits in poll for a connection,
-  // or for any local peer to end (LocalPeers' pidfds): one that has
-  // connected already, or that never will, dooms the set-up as surely.
+  // for any local peer to end (LocalPeers' pidfds: one that has connected
+  // already, or that never will, dooms the set-up as surely), or for the
+  // slice to pass, after which it watches the set-up.
+  const std::string doing = "waiting for connections from higher ranks";
+  const int slice_ms = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(set_up.slice)
+          .count());
+  auto next_watch = detail::Clock::now() + set_up.slice;
   std::vector<pollfd> entries;
   while (expected > 0) {
     entries.assign(1, {listener, POLLIN, 0});
     for (int peer : local_->local_ranks()) {
       if (peer != rank_) entries.push_back({local_->pidfd(peer), POLLIN, 0});
     }
-    const int ready =
-        poll(entries.data(), entries.size(), remaining_ms(deadline));
+    const int ready = poll(entries.data(), entries.size(),
+                           std::min(slice_ms, remaining_ms(deadline)));
     if (ready < 0 && errno == EINTR) continue;
-    local_->throw_if_exited(local_->local_ranks(),
-                            "waiting for connections from higher ranks");
+    local_->throw_if_exited(local_->local_ranks(), doing);
+    if (detail::Clock::now() >= next_watch) {
+      throw_if_set_up_failed(set_up, doing);
+      next_watch = detail::Clock::now() + set_up.slice;
+    }
+    if (ready == 0 && detail::Clock::now() < deadline) continue;
     if (ready > 0 && entries[0].revents == 0) continue;
     if (ready <= 0) {
       std::string missing;

@@ -20,6 +20,20 @@
 // point-to-point channels over shared-memory rings instead, and are
 // connected by the control channel only: a channel is either a socket or a
 // ring (ring() says which), never both.
+//
+// Liveness during the set-up: every wait of it (for a peer's address, a
+// connection to a peer or from one, the last barrier) is cut into slices,
+// and between slices the rank looks for what dooms the set-up: a local
+// peer that exited (shm::LocalPeers' "Liveness"), a peer whose connection
+// hung up (it exited, or failed its set-up), a peer whose listener refuses
+// connections for a second (a rank listens from before it publishes its
+// address until it exits or fails), and, once a second, another rank's
+// failure posted in the last barrier (each rank that fails posts its
+// reason there, with a dead peer's number where a death caused it). So a
+// rank of any host that dies once it has published its address is named
+// by every other rank within seconds, not at the deadline. A stopped rank,
+// or a host whose network drops the packets, is still waited for until the
+// deadline, as is a rank that dies before it publishes its address.
 #pragma once
 
 #include <array>
@@ -148,13 +162,34 @@ class Mesh {
   void shutdown_all();
 
  private:
+  // What the set-up's waits watch (throw_if_set_up_failed).
+  struct SetUp;
+
   // Maps the local peers' rings, connects to every lower rank and accepts
   // every higher one, updating `claim` once it knows which are local.
   void connect_all(Store& store, const GroupIdentity& group, std::uint64_t job,
                    detail::Clock::time_point deadline,
-                   detail::DescriptorClaim& claim);
+                   detail::DescriptorClaim& claim, SetUp& set_up);
   void accept_from_higher_ranks(int listener, const GroupIdentity& group,
-                                detail::Clock::time_point deadline);
+                                detail::Clock::time_point deadline,
+                                SetUp& set_up);
+  // Connects to `peer`'s listener at host:port, in slices, watching the
+  // set-up between them; a refusal that lasts a second is a PeerError
+  // naming the peer.
+  detail::Socket connect_to_peer(int peer, const std::string& host,
+                                 std::uint16_t port,
+                                 detail::Clock::time_point deadline,
+                                 SetUp& set_up);
+  // Throws where the set-up cannot complete ("Liveness during the set-up"
+  // above), saying that this rank was `doing` ("connecting to rank 3")
+  // when it found out: a PeerError naming a local peer that exited or a
+  // peer whose connection hung up, or the failure another rank posted in
+  // the last barrier, which is looked at once a second, where a peer hung
+  // up, and where `look_now`. Returns where nothing is wrong.
+  void throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
+                              bool look_now = false);
+  // The first peer one of whose sockets has hung up, or -1. One poll.
+  int first_hung_up_peer() const;
 
   // Whether `channel` to `peer` is a socket.
   bool over_socket(int peer, int channel) const;

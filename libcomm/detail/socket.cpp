@@ -127,7 +127,8 @@ void Socket::set_no_delay() {
 }
 
 Socket Socket::connect(const std::string& host, std::uint16_t port,
-                       Clock::time_point deadline, const std::string& what) {
+                       Clock::time_point deadline, const std::string& what,
+                       int* last_error_out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -176,6 +177,7 @@ Socket Socket::connect(const std::string& host, std::uint16_t port,
         std::min<Clock::duration>(sleep, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
+  if (last_error_out != nullptr) *last_error_out = last_error;
   throw TimeoutError(
       what + ": could not connect to " + host_port(host, port) + " after " +
       std::to_string(attempts) + " attempts over " +

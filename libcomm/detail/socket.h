@@ -28,9 +28,12 @@ class COMM_API Socket {
   // retrying while the peer is not there yet (refused, unreachable, reset)
   // with exponential backoff and jitter, until `deadline`. Then throws
   // TimeoutError naming `what`, host:port, the attempts, the time spent and
-  // the last error. A host name that does not resolve is InvalidArgument.
+  // the last error, which it also leaves in `*last_error` where given (a
+  // caller that connects in slices tells a refusal from silence by it). A
+  // host name that does not resolve is InvalidArgument.
   static Socket connect(const std::string& host, std::uint16_t port,
-                        Clock::time_point deadline, const std::string& what);
+                        Clock::time_point deadline, const std::string& what,
+                        int* last_error = nullptr);
 
   int fd() const { return fd_; }
   bool valid() const { return fd_ >= 0; }

@@ -15,6 +15,8 @@
 // MismatchError.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -31,8 +33,11 @@
 #include "libcomm/detail/socket.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
+#include "store/tcp_store.h"
 #include "support/child_process.h"
+#include "support/dying_store.h"
 #include "support/namespace_pair.h"
+#include "support/rank_processes.h"
 #include "support/temp_path.h"
 
 using comm::DType;
@@ -477,6 +482,61 @@ TEST_CASE("ranks that name different roots of a scatter across hosts fail",
     INFO("rank " << rank);
     CHECK(ranks[rank]->wait(60s) == 0);
   }
+}
+
+// Rank 3 of two hosts of two ranks dies right after it publishes its
+// address (its local peer, rank 2, waits for its connection; ranks 0 and
+// 1, on the other host, too) or its arrival at the set-up's last barrier.
+// Rank 2 finds the death through rank 3's pidfd, and ranks 0 and 1 learn
+// it from the barrier, or from rank 3's connections hanging up: each
+// names rank 3 within seconds, not at the set-up's deadline.
+TEST_CASE(
+    "a rank killed during the set-up of a group across hosts is named by "
+    "every rank within 5 s",
+    "[hierarchy][multiproc][hosts][failure]") {
+  NamespacePair hosts;
+  if (!hosts.ok()) {
+    WARN("SKIPPED: " << hosts.why());
+    return;
+  }
+  const char* fatal_key = GENERATE("tcp/addr/3", "tcp/connected/rank/3");
+  INFO("rank 3 dies after setting " << fatal_key);
+  constexpr int world = 4, victim = 3;
+  const std::vector<int> host_of{0, 0, 1, 1};
+  // Rank 0's namespace is fresh: any port is free there.
+  const auto port = static_cast<std::uint16_t>(29533);
+  comm::testing::RankProcesses ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    ranks.push_back(std::make_unique<ChildProcess>([=, &hosts] {
+      if (!hosts.enter(host_of[rank])) return 97;
+      setenv("COMM_TCP_ADDR", NamespacePair::address(host_of[rank]).c_str(), 1);
+      // Never destroyed: the process ends with _exit.
+      static std::shared_ptr<comm::Store> kept;
+      try {
+        comm::TCPStoreOptions options;
+        options.host = NamespacePair::address(0);
+        options.port = port;
+        options.is_server = rank == 0;
+        options.timeout = 60s;
+        auto tcp = std::make_shared<comm::TCPStore>(options);
+        kept = tcp;
+        std::shared_ptr<comm::Store> store = tcp;
+        if (rank == victim) {
+          store = std::make_shared<comm::testing::DyingStore>(*tcp, fatal_key);
+        }
+        comm::ProcessGroup group(store, rank, world, "tcp", 60s);
+        return 1;  // a group without rank 3
+      } catch (...) {
+        return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                                victim);
+      }
+    }));
+  }
+  REQUIRE(ranks[victim]->wait(60s) == 128 + SIGKILL);
+  const auto died = std::chrono::steady_clock::now();
+  CHECK(comm::testing::check_exit_codes(ranks, victim,
+                                        comm::testing::kPeerErrorNamingVictim,
+                                        60s, died) < 5.5);
 }
 
 TEST_CASE("uneven hosts, three ranks and one: every collective, the same bits",

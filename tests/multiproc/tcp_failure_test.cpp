@@ -2,8 +2,9 @@
 // SIGKILL in the middle of a collective, a rank stopped with SIGSTOP (named
 // by the heartbeats, or by the operation's timeout), a rank that computes
 // longer than the heartbeat timeout, a rank that arrives after the others
-// timed out, a network cut between two network namespaces, the CPU a rank
-// spends blocked in a barrier, and open-file limits too low for a group.
+// timed out, a network cut between two network namespaces, a rank killed
+// during the group's set-up, the CPU a rank spends blocked in a barrier, and
+// open-file limits too low for a group.
 //
 // The heartbeat tests set COMM_HEARTBEAT_TIMEOUT to 2 s in their ranks;
 // LIVENESS_HEARTBEAT_S (a variable of this test only) sets another value,
@@ -17,13 +18,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
+#include "libcomm/detail/socket.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
+#include "store/tcp_store.h"
 #include "support/child_process.h"
+#include "support/dying_store.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
 #include "support/temp_path.h"
@@ -228,6 +233,52 @@ TEST_CASE(
       "(COMM_HEARTBEAT_TIMEOUT=%d s, operation timeout 300 s)\n",
       slowest, heartbeat);
   CHECK(slowest < heartbeat + 3.0);
+}
+
+TEST_CASE(
+    "a rank killed at any point of the TCP set-up is a PeerError naming it "
+    "within 5 s",
+    "[tcp][multiproc][failure]") {
+  // Over TCP alone, as between hosts, with no pidfd to watch: rank 2 of 4
+  // dies right after it publishes its address (rank 3 then finds its
+  // listener closed while ranks 0 and 1 wait for its connections), or
+  // its arrival at the set-up's last barrier (its connections hang up).
+  // Each rank keeps its store until its process ends, as a program does.
+  const char* fatal_key = GENERATE("tcp/addr/2", "tcp/connected/rank/2");
+  INFO("rank 2 dies after setting " << fatal_key);
+  const int world = 4, victim = 2;
+  const std::uint16_t port = comm::detail::free_loopback_port();
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", "tcp", 1);
+    // Never destroyed: the process ends with _exit.
+    static std::shared_ptr<comm::Store> kept;
+    try {
+      comm::TCPStoreOptions options;
+      options.port = port;
+      options.is_server = rank == 0;
+      options.timeout = 60s;
+      auto tcp = std::make_shared<comm::TCPStore>(options);
+      kept = tcp;
+      std::shared_ptr<comm::Store> store = tcp;
+      if (rank == victim) {
+        store = std::make_shared<comm::testing::DyingStore>(*tcp, fatal_key);
+      }
+      comm::ProcessGroup group(store, rank, world, "tcp", 60s);
+      return kOtherError;  // a group without rank 2
+    } catch (...) {
+      return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                              victim);
+    }
+  });
+  REQUIRE(ranks[victim]->wait(60s) == 128 + SIGKILL);
+  const auto died = std::chrono::steady_clock::now();
+  const double slowest = comm::testing::check_exit_codes(
+      ranks, victim, kPeerErrorNamingVictim, 60s, died);
+  std::printf(
+      "rank 2 killed after setting %s: every other rank failed %.2f s after "
+      "it (set-up deadline 60 s)\n",
+      fatal_key, slowest);
+  CHECK(slowest < 5.5);
 }
 
 TEST_CASE("a rank blocked in a barrier uses almost no CPU",
