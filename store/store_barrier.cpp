@@ -43,11 +43,16 @@ std::string arrivals(const StoreBarrier& barrier) {
          list;
 }
 
-// Counts this rank out of a barrier that failed; the last rank out says
-// so, for the lingering ones.
-void leave_failed(const StoreBarrier& barrier) {
-  if (barrier.store.add(barrier.prefix + "left", 1) == barrier.size) {
-    barrier.store.set_string(barrier.prefix + "all_left", "yes");
+// Counts `rank` out of a barrier that failed, once however often it is
+// asked (a rank leaves, and the reporters of its death count it out); the
+// last rank out says so, for the lingering ones.
+void leave_failed(const StoreBarrier& barrier, int rank) {
+  Store& store = barrier.store;
+  if (store.add(barrier.prefix + "left/" + std::to_string(rank), 1) != 1) {
+    return;
+  }
+  if (store.add(barrier.prefix + "left", 1) == barrier.size) {
+    store.set_string(barrier.prefix + "all_left", "yes");
   }
 }
 
@@ -171,7 +176,7 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
     outcome = wait_for_outcome(barrier, timeout, deadline, watch, ask);
   }
   if (outcome == kJoined) return "";
-  leave_failed(barrier);
+  leave_failed(barrier, barrier.rank);
   return outcome_of(outcome);
 }
 
@@ -188,12 +193,8 @@ void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
     if (!barrier.store.check({complete_key})) {
       barrier.store.set_string(complete_key, std::string(kFailed) + problem);
     }
-    if (dead_rank >= 0 &&
-        barrier.store.add(barrier.prefix + "dead/" + std::to_string(dead_rank),
-                          1) == 1) {
-      leave_failed(barrier);  // on the dead rank's behalf
-    }
-    leave_failed(barrier);
+    if (dead_rank >= 0) leave_failed(barrier, dead_rank);
+    leave_failed(barrier, barrier.rank);
     // A store that a timed-out wait would leave unusable is asked rather
     // than waited on (watched_wait.h): the failing rank has no more use
     // for it, but a caller might.

@@ -58,9 +58,9 @@ std::optional<std::string> completed_outcome(const StoreBarrier& barrier);
 // failure from arrive_and_wait, or failed it too): a rank that hosts the
 // store takes it down as it exits, and the others should have read why
 // first. `dead_rank`, where the problem is that rank's death, will never
-// leave, and is counted out once, by the first rank to report it, so that
-// the others need not linger for it. Never throws for a store that is gone
-// already.
+// leave, and is counted out on its behalf (each rank is counted out once,
+// however many report it or whether it left first), so that the others
+// need not linger for it. Never throws for a store that is gone already.
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
                   std::chrono::milliseconds linger = std::chrono::seconds(2),
                   int dead_rank = -1);

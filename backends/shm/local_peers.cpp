@@ -618,10 +618,10 @@ void LocalPeers::set_up(Store& store, int size, std::uint64_t job,
     if (peers_[r].pidfd >= 0) continue;
     const int error = errno;
     if (error == ESRCH) {
-      throw PeerError(r, "shared memory: rank " + std::to_string(r) + " (pid " +
-                             std::to_string(peers_[r].pid) +
-                             ") on this host exited before rank " +
-                             std::to_string(rank) + " set up with it");
+      throw PeerGone(r, "shared memory: rank " + std::to_string(r) + " (pid " +
+                            std::to_string(peers_[r].pid) +
+                            ") on this host exited before rank " +
+                            std::to_string(rank) + " set up with it");
     }
     throw SystemError(error, "shared memory: pidfd_open of rank " +
                                  std::to_string(r) + " (pid " +
@@ -1002,10 +1002,10 @@ void LocalPeers::throw_if_exited(std::span<const int> peers,
   for (std::size_t i = 0; i < ends.size(); ++i) {
     if (ends[i].revents == 0) continue;
     const int peer = watched[i];
-    throw PeerError(peer, "shared memory: rank " + std::to_string(peer) +
-                              " (pid " + std::to_string(peers_[peer].pid) +
-                              ") on this host exited while rank " +
-                              std::to_string(rank_) + " was " + doing);
+    throw PeerGone(peer, "shared memory: rank " + std::to_string(peer) +
+                             " (pid " + std::to_string(peers_[peer].pid) +
+                             ") on this host exited while rank " +
+                             std::to_string(rank_) + " was " + doing);
   }
 }
 

@@ -83,6 +83,7 @@
 #include "backends/shm/doorbell.h"
 #include "backends/shm/ring.h"
 #include "libcomm/detail/socket.h"
+#include "libcomm/error.h"
 #include "libcomm/shared_host_memory.h"
 #include "store/store.h"
 
@@ -91,6 +92,15 @@ namespace comm::shm {
 // The independent byte streams between two local ranks: lane 0 carries
 // collectives, lane 1 point-to-point messages (as the TCP channels do).
 inline constexpr int kLanes = 2;
+
+// A PeerError that says the peer's process has gone: it exited (its
+// pidfd said so), or it closed its connection during the set-up with no
+// reason posted. The set-up reports it to the other ranks as the peer's
+// death, which they name it for; any other PeerError travels as a reason.
+class PeerGone : public PeerError {
+ public:
+  using PeerError::PeerError;
+};
 
 // What COMM_TRANSPORT asks for.
 enum class Transport { kAuto, kTcp, kShm };

@@ -70,26 +70,30 @@ constexpr std::string_view kDeathMark = "death of rank ";
 // peer: each look and each slice of a store wait cost the store a request.
 constexpr auto kLookAtBarrierEvery = std::chrono::seconds(1);
 // How long a peer's listener must refuse connections before the peer is
-// taken for gone. A rank listens from before it publishes its address, so
-// any refusal means it has closed its listener; the wait leaves the
-// closing rank time to post its reason in the barrier first.
+// taken for gone. A rank listens from before it publishes its address
+// until it exits, or fails and has posted why, so any refusal means one of
+// those; the second is a margin for an address that reaches the peer only
+// after a while.
 constexpr auto kRefusedFor = std::chrono::seconds(1);
 
 // Fails `barrier` with `death`, the dead rank's number beside its reason,
 // and counts that rank out of it.
-void report_death(const StoreBarrier& barrier, const PeerError& death) {
+void report_death(const StoreBarrier& barrier, const shm::PeerGone& death) {
   fail_barrier(barrier,
                std::string(kDeathMark) + std::to_string(death.peer_rank()) +
                    ": " + death.what(),
                std::chrono::seconds(2), death.peer_rank());
 }
 
-void expect_every_rank(const std::string& problem, const std::string& name) {
+void expect_every_rank(const std::string& problem, const std::string& name,
+                       int rank) {
   if (problem.empty()) return;
   if (problem.starts_with(kDeathMark)) {
     const std::size_t colon = problem.find(": ");
-    throw PeerError(std::stoi(problem.substr(kDeathMark.size())),
-                    problem.substr(colon + 2));
+    const int dead = std::stoi(problem.substr(kDeathMark.size()));
+    // Another rank took this one for dead (its connection to it broke): no
+    // rank to name from here.
+    if (dead != rank) throw PeerError(dead, problem.substr(colon + 2));
   }
   throw PeerError(
       -1, name + " cannot set it up, as another rank failed: " + problem);
@@ -206,9 +210,12 @@ struct Mesh::SetUp {
   // Set while this rank waits at the last barrier, which sees its outcome
   // by itself.
   bool at_barrier = false;
-  // A peer found gone (its connection hung up, or its listener closed),
-  // which the others hear of as a death; -1 while none.
-  int gone = -1;
+  // This rank's listener and the connection it is opening, kept here so
+  // that where the set-up fails they close only once the failure has been
+  // posted: a peer that then finds them closed finds the reason too, and
+  // does not take this rank for dead.
+  detail::Socket listener;
+  detail::Socket in_flight;
 };
 
 std::string listen_address() {
@@ -296,7 +303,7 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     fail_barrier(started, e.what());
     throw;
   }
-  expect_every_rank(arrive_and_wait(started, left_until(deadline)), name);
+  expect_every_rank(arrive_and_wait(started, left_until(deadline)), name, rank);
   SetUp set_up{connected, name};
   try {
     connect_all(store, group, job, deadline, *claim, set_up);
@@ -309,26 +316,30 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     if (local_ != nullptr) {
       try {
         local_->throw_if_exited(local_->local_ranks(), "setting up the group");
-      } catch (const PeerError& dead) {
+      } catch (const shm::PeerGone& dead) {
         if (blamed == nullptr || blamed->peer_rank() != dead.peer_rank()) {
           report_death(connected, dead);
           throw;
         }
-        report_death(connected, *blamed);
+        report_death(connected, dead);
         std::rethrow_exception(failure);
       }
     }
-    // A peer of another host that hung up or stopped listening is named to
-    // the others as a local death is.
-    if (blamed != nullptr && set_up.gone >= 0 &&
-        blamed->peer_rank() == set_up.gone) {
-      report_death(connected, *blamed);
+    // A peer found gone (a local one whose set-up of shared memory saw it
+    // exit, one of another host that hung up or stopped listening) is
+    // named to the others as dead.
+    if (const auto* gone = dynamic_cast<const shm::PeerGone*>(&e)) {
+      report_death(connected, *gone);
     } else {
       fail_barrier(connected, e.what());
     }
     throw;
+  } catch (const std::exception& e) {
+    fail_barrier(connected, name + ": " + e.what());
+    throw;
   }
   claim.reset();
+  set_up.listener.close();  // every peer has connected
   set_up.at_barrier = true;
   connected.watch = [&] {
     throw_if_set_up_failed(set_up, "waiting for every rank to connect");
@@ -337,10 +348,15 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   std::string outcome;
   try {
     outcome = arrive_and_wait(connected, left_until(deadline));
-  } catch (const PeerError& e) {
+  } catch (const shm::PeerGone& e) {
     // Ended for the others too, and this rank lingers a moment, so that
     // the store it may host outlives their look at the dead rank.
     report_death(connected, e);
+    throw;
+  } catch (const std::exception& e) {
+    // A timeout, say: posted before this rank's sockets close, so that no
+    // peer takes it for dead.
+    fail_barrier(connected, e.what());
     throw;
   }
   // Another rank's failure that a local peer's death caused is reported
@@ -349,7 +365,7 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     local_->throw_if_exited(local_->local_ranks(),
                             "waiting for every rank to connect");
   }
-  expect_every_rank(outcome, name);
+  expect_every_rank(outcome, name, rank);
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
 }
 
@@ -391,8 +407,9 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
     throw InvalidArgument("TCP backend: cannot listen on '" + host +
                           "' (COMM_TCP_ADDR): " + gai_strerror(status));
   }
-  detail::Socket listener(
-      ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  set_up.listener =
+      detail::Socket(::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const detail::Socket& listener = set_up.listener;
   const int one = 1;
   setsockopt(listener.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   const bool bound =
@@ -424,16 +441,29 @@ void Mesh::connect_all(Store& store, const GroupIdentity& group,
                                     deadline, watch, set_up.slice)[0]);
     std::uint16_t peer_port = 0;
     const std::string peer_host = split_host(address, &peer_port);
+    // The peer answers once it reaches its accept loop; one that closes
+    // the connection first, with no reason posted, is gone.
+    const auto handshake_watch = [&](bool closed) {
+      const std::string doing =
+          "waiting for rank " + std::to_string(peer) + " to answer";
+      throw_if_set_up_failed(set_up, doing, /*look_now=*/closed);
+      if (!closed) return;
+      throw shm::PeerGone(peer, "TCP backend: " + peer_names_[peer] +
+                                    " closed the connection while rank " +
+                                    std::to_string(rank_) + " was " + doing +
+                                    ": it exited or failed its set-up");
+    };
     if (!local_->is_local(peer)) {
       peer_names_[peer] = "rank " + std::to_string(peer) + " (" + address + ")";
     }
     for (int channel = 0; channel < kChannels; ++channel) {
       if (!over_socket(peer, channel)) continue;
-      detail::Socket connection =
+      set_up.in_flight =
           connect_to_peer(peer, peer_host, peer_port, deadline, set_up);
-      connect_handshake(connection, group, channel, peer, peer_names_[peer],
-                        deadline);
-      sockets_[peer][channel] = std::move(connection);
+      connect_handshake(set_up.in_flight, group, channel, peer,
+                        peer_names_[peer], deadline, handshake_watch,
+                        set_up.slice);
+      sockets_[peer][channel] = std::move(set_up.in_flight);
     }
   }
   accept_from_higher_ranks(listener.fd(), group, deadline, set_up);
@@ -483,13 +513,13 @@ detail::Socket Mesh::connect_to_peer(int peer, const std::string& host,
     refused_since = std::min(refused_since, slice_start);
     if (detail::Clock::now() - refused_since < kRefusedFor) continue;
     throw_if_set_up_failed(set_up, doing, /*look_now=*/true);
-    set_up.gone = peer;
-    throw PeerError(peer, "TCP backend: " + peer_names_[peer] +
-                              " refused rank " + std::to_string(rank_) +
-                              "'s connections for " +
-                              format_duration(kRefusedFor) +
-                              ": it has closed its listener, so it exited "
-                              "or failed its set-up");
+    throw shm::PeerGone(peer, "TCP backend: nothing accepted rank " +
+                                  std::to_string(rank_) + "'s connections to " +
+                                  peer_names_[peer] + " for " +
+                                  format_duration(kRefusedFor) +
+                                  ": it exited or failed its set-up, or the "
+                                  "address it published (COMM_TCP_ADDR) does "
+                                  "not reach it from here");
   }
 }
 
@@ -517,7 +547,19 @@ int Mesh::first_hung_up_peer() const {
 void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
                                   bool look_now) {
   if (local_->local_count() > 1) {
-    local_->throw_if_exited(local_->local_ranks(), doing);
+    try {
+      local_->throw_if_exited(local_->local_ranks(), doing);
+    } catch (const shm::PeerGone&) {
+      // A peer that failed posted why before it exited.
+      std::optional<std::string> outcome;
+      try {
+        outcome = completed_outcome(set_up.connected);
+      } catch (const Error&) {
+        // The store went with a dead rank: the death is the news.
+      }
+      if (outcome) expect_every_rank(*outcome, set_up.name, rank_);
+      throw;
+    }
   }
   const int hung_up = first_hung_up_peer();
   const auto now = detail::Clock::now();
@@ -532,14 +574,13 @@ void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
     } catch (const Error&) {
       if (hung_up < 0) throw;  // the store's failure, as without the watch
     }
-    if (outcome) expect_every_rank(*outcome, set_up.name);
+    if (outcome) expect_every_rank(*outcome, set_up.name, rank_);
   }
   if (hung_up >= 0) {
-    set_up.gone = hung_up;
-    throw PeerError(hung_up, "TCP backend: " + peer_names_[hung_up] +
-                                 " closed its connection while rank " +
-                                 std::to_string(rank_) + " was " + doing +
-                                 ": it exited or failed its set-up");
+    throw shm::PeerGone(hung_up, "TCP backend: " + peer_names_[hung_up] +
+                                     " closed its connection while rank " +
+                                     std::to_string(rank_) + " was " + doing +
+                                     ": it exited or failed its set-up");
   }
 }
 

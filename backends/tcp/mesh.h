@@ -22,14 +22,17 @@
 // ring (ring() says which), never both.
 //
 // Liveness during the set-up: every wait of it (for a peer's address, a
-// connection to a peer or from one, the last barrier) is cut into slices,
-// and between slices the rank looks for what dooms the set-up: a local
-// peer that exited (shm::LocalPeers' "Liveness"), a peer whose connection
-// hung up (it exited, or failed its set-up), a peer whose listener refuses
-// connections for a second (a rank listens from before it publishes its
-// address until it exits or fails), and, once a second, another rank's
-// failure posted in the last barrier (each rank that fails posts its
-// reason there, with a dead peer's number where a death caused it). So a
+// connection to a peer, the peer's answer to it, the connections from
+// higher ranks, the last barrier) is cut into slices, and between slices
+// the rank looks for what dooms the set-up: a local peer that exited
+// (shm::LocalPeers' "Liveness"), a peer whose connection hung up or that
+// closed one before answering, a peer whose listener refuses connections
+// for a second, and, once a second, another rank's failure posted in the
+// last barrier. A rank that fails posts its reason there (with a dead
+// peer's number where a death caused the failure) before any of its
+// sockets closes, and a rank looks there before it names a peer whose
+// socket closed or whose process exited, so a peer that failed is
+// reported with its reason, and only one that died is named as dead. So a
 // rank of any host that dies once it has published its address is named
 // by every other rank within seconds, not at the deadline. A stopped rank,
 // or a host whose network drops the packets, is still waited for until the

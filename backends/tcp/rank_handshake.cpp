@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -57,7 +58,27 @@ void send_byte(detail::Socket& connection, std::uint8_t byte) {
 
 void connect_handshake(detail::Socket& connection, const GroupIdentity& group,
                        int channel, int peer, const std::string& peer_name,
-                       detail::Clock::time_point deadline) {
+                       detail::Clock::time_point deadline,
+                       const std::function<void(bool closed)>& watch,
+                       detail::Clock::duration slice) {
+  // A closed or reset connection is a PeerError from send_all and
+  // recv_all; the watch hears of it first.
+  const auto exchange = [&](auto&& step) {
+    try {
+      step();
+    } catch (const PeerError&) {
+      if (watch) watch(true);
+      throw;
+    }
+  };
+  const auto send = [&](const void* data, std::size_t size) {
+    exchange(
+        [&] { connection.send_all(data, size, deadline, peer_name, peer); });
+  };
+  const auto receive = [&](void* data, std::size_t size) {
+    exchange(
+        [&] { connection.recv_all(data, size, deadline, peer_name, peer); });
+  };
   const bool authenticated = !group.key.empty();
   Hello hello;
   hello.channel = static_cast<std::uint8_t>(channel);
@@ -66,9 +87,15 @@ void connect_handshake(detail::Socket& connection, const GroupIdentity& group,
   hello.rank = group.rank;
   hello.size = group.size;
   hello.nonce = detail::random_nonce();
-  connection.send_all(&hello, sizeof(hello), deadline, peer_name, peer);
+  send(&hello, sizeof(hello));
+  // Bounded by the deadline: each round waits a slice at most.
+  while (watch && detail::Clock::now() < deadline &&
+         !connection.wait_readable(
+             std::min(deadline, detail::Clock::now() + slice))) {
+    watch(false);
+  }
   std::uint8_t answer = kRefused;
-  connection.recv_all(&answer, 1, deadline, peer_name, peer);
+  receive(&answer, 1);
   if (answer == kRefused) {
     throw PeerError(peer, peer_name +
                               " refused our connection (a rank of another "
@@ -90,19 +117,18 @@ void connect_handshake(detail::Socket& connection, const GroupIdentity& group,
                               "key (COMM_STORE_TOKEN); an impostor?");
   }
   detail::Nonce accepting_nonce{};
-  connection.recv_all(accepting_nonce.data(), accepting_nonce.size(), deadline,
-                      peer_name, peer);
+  receive(accepting_nonce.data(), accepting_nonce.size());
   const detail::Mac mine =
       mac_of(group.key, "connector", hello, accepting_nonce);
-  connection.send_all(mine.data(), mine.size(), deadline, peer_name, peer);
-  connection.recv_all(&answer, 1, deadline, peer_name, peer);
+  send(mine.data(), mine.size());
+  receive(&answer, 1);
   if (answer != kAccepted) {
     throw PeerError(peer, peer_name +
                               " refused our proof of the job's key: its "
                               "COMM_STORE_TOKEN differs from ours");
   }
   detail::Mac theirs{};
-  connection.recv_all(theirs.data(), theirs.size(), deadline, peer_name, peer);
+  receive(theirs.data(), theirs.size());
   const detail::Mac expected =
       mac_of(group.key, "acceptor", hello, accepting_nonce);
   if (!detail::equal_in_constant_time(expected.data(), expected.size(),

@@ -42,10 +42,17 @@ struct GroupIdentity {
 
 // Opens `connection` to `peer` as `group.rank` on `channel`. Throws
 // PeerError naming the peer when it refuses, or when it does not prove that
-// it holds the key; TimeoutError at the deadline.
+// it holds the key; TimeoutError at the deadline. The peer answers once it
+// accepts, which may be long after the connection was made: where given,
+// `watch(false)` is called every `slice` while this rank waits for the
+// first answer, and `watch(true)` where the peer closes or resets the
+// connection in the middle of the handshake, before that is passed on; the
+// watch ends the handshake by throwing.
 void connect_handshake(detail::Socket& connection, const GroupIdentity& group,
                        int channel, int peer, const std::string& peer_name,
-                       detail::Clock::time_point deadline);
+                       detail::Clock::time_point deadline,
+                       const std::function<void(bool closed)>& watch = nullptr,
+                       detail::Clock::duration slice = std::chrono::seconds(1));
 
 struct AcceptedPeer {
   int rank = 0;

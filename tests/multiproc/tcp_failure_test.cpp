@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "libcomm/detail/socket.h"
 #include "libcomm/distributed/process_group.h"
@@ -29,6 +30,7 @@
 #include "store/tcp_store.h"
 #include "support/child_process.h"
 #include "support/dying_store.h"
+#include "support/forwarding_store.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
 #include "support/temp_path.h"
@@ -279,6 +281,70 @@ TEST_CASE(
       "it (set-up deadline 60 s)\n",
       fatal_key, slowest);
   CHECK(slowest < 5.5);
+}
+
+namespace {
+
+// A rank's store that holds the rank for `delay` before it sets a key
+// ending in `slow_key`: a rank that arrives late at that point of the set-up.
+class SlowStore final : public comm::testing::ForwardingStore {
+ public:
+  SlowStore(comm::Store& inner, std::string slow_key,
+            std::chrono::milliseconds delay)
+      : ForwardingStore(inner), slow_key_(std::move(slow_key)), delay_(delay) {}
+
+ private:
+  void do_set(const std::string& key, const comm::Bytes& value) override {
+    if (key.ends_with(slow_key_)) std::this_thread::sleep_for(delay_);
+    ForwardingStore::do_set(key, value);
+  }
+
+  std::string slow_key_;
+  std::chrono::milliseconds delay_;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a rank that times out in the set-up is not taken for dead by the others",
+    "[tcp][multiproc][failure]") {
+  // Rank 2 of 3 reaches the set-up's last barrier 4 s late; rank 0, whose
+  // set-up timeout is 2 s, gives up first and exits. Rank 1 must hear rank
+  // 0's reason (rank 2 missing), not take rank 0, whose connections close
+  // as it exits, for dead.
+  constexpr int kTakenForDead = kFirstTestExitCode;
+  const int world = 3, late = 2;
+  const std::uint16_t port = comm::detail::free_loopback_port();
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", "tcp", 1);
+    static std::shared_ptr<comm::Store> kept;
+    try {
+      comm::TCPStoreOptions options;
+      options.port = port;
+      options.is_server = rank == 0;
+      options.timeout = 30s;
+      auto tcp = std::make_shared<comm::TCPStore>(options);
+      kept = tcp;
+      std::shared_ptr<comm::Store> store = tcp;
+      if (rank == late) {
+        store = std::make_shared<SlowStore>(*tcp, "tcp/connected/rank/2", 4s);
+      }
+      comm::ProcessGroup group(store, rank, world, "tcp", rank == 0 ? 2s : 20s);
+      return kOtherError;  // a group though rank 0 gave up
+    } catch (const comm::PeerError& e) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+      if (e.peer_rank() == 0) return kTakenForDead;
+      return std::string(e.what()).find("missing rank 2") != std::string::npos
+                 ? 0
+                 : kOtherError;
+    } catch (...) {
+      return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                              late);
+    }
+  });
+  CHECK(ranks[0]->wait(60s) == kTimeoutNamingVictim);
+  CHECK(ranks[1]->wait(60s) == 0);
+  ranks[2]->wait(60s);  // fails as it can, the group gone
 }
 
 TEST_CASE("a rank blocked in a barrier uses almost no CPU",

@@ -260,4 +260,8 @@ TEST_CASE(
   CHECK(lingered < 10s);
   // Each live rank out once, and the dead one once, though two reported it.
   CHECK(clients.second->add("d/left", 0) == 4);
+  // However often a rank leaves or is reported: a dead rank that had left
+  // by itself first is not counted twice either.
+  comm::fail_barrier(other_finder, "rank 3 died", 0ms, 3);
+  CHECK(clients.second->add("d/left", 0) == 4);
 }
