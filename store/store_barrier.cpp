@@ -43,17 +43,29 @@ std::string arrivals(const StoreBarrier& barrier) {
          list;
 }
 
-// Counts `rank` out of a barrier that failed, once however often it is
-// asked (a rank leaves, and the reporters of its death count it out); the
-// last rank out says so, for the lingering ones.
-void leave_failed(const StoreBarrier& barrier, int rank) {
+// Counts `rank` out of a barrier that failed: itself, or, `on_behalf` of a
+// dead rank, only where that rank was not counted out yet (it left before
+// it died, or another rank reported it); the last rank out says so, for
+// the lingering ones.
+void leave_failed(const StoreBarrier& barrier, int rank, bool on_behalf) {
   Store& store = barrier.store;
-  if (store.add(barrier.prefix + "left/" + std::to_string(rank), 1) != 1) {
-    return;
-  }
+  const bool first =
+      store.add(barrier.prefix + "left/" + std::to_string(rank), 1) == 1;
+  if (on_behalf && !first) return;
   if (store.add(barrier.prefix + "left", 1) == barrier.size) {
     store.set_string(barrier.prefix + "all_left", "yes");
   }
+}
+
+// Decides the barrier's outcome once: the first value offered for
+// "complete" wins, and returns. It is set again, the same, since c10d's
+// TCPStore (1.13) wakes no waiter for a compare-and-set.
+std::string settle(const StoreBarrier& barrier, const std::string& value) {
+  const std::string complete_key = barrier.prefix + "complete";
+  const Bytes winner =
+      barrier.store.compare_set(complete_key, {}, to_bytes(value));
+  barrier.store.set(complete_key, winner);
+  return to_string(winner);
 }
 
 // The barrier's outcome, waited for until `deadline`. One blocking get
@@ -93,8 +105,12 @@ std::string wait_for_outcome(const StoreBarrier& barrier,
       });
     } catch (const TimeoutError&) {
       if (left <= slice) {
-        // A store that a timed-out wait leaves out of step cannot be asked
+        // The last rank may have arrived as the wait ran out; a store that
+        // a timed-out wait leaves out of step cannot be asked that, nor
         // whom it waited for.
+        if (store.resumes_after_timeout() && completed_outcome(barrier) == "") {
+          return std::string(kJoined);
+        }
         throw TimeoutError(barrier.what + " timed out after " +
                            format_duration(timeout) + ": " +
                            (store.resumes_after_timeout()
@@ -152,10 +168,10 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
       store.set_string(barrier.prefix + "rank/" + std::to_string(barrier.rank),
                        "arrived");
     }
-    // A set, not a compare-and-set, which c10d's TCPStore (1.13) does not
-    // wake waiters for; the count says which rank is last, once.
+    // The count says which rank is last, once; a failure posted first
+    // stays.
     if (store.add(barrier.prefix + "arrived", 1) == barrier.size) {
-      store.set_string(complete_key, std::string(kJoined));
+      settle(barrier, std::string(kJoined));
     }
     return 0;
   });
@@ -169,6 +185,8 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
                                             watch, barrier.watch_every)
                               .at(0));
     } catch (const TimeoutError&) {
+      // The last rank may have arrived as the wait ran out.
+      if (const auto last = completed_outcome(barrier); last == "") return "";
       throw TimeoutError(barrier.what + " timed out after " +
                          format_duration(timeout) + ": " + arrivals(barrier));
     }
@@ -176,7 +194,7 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
     outcome = wait_for_outcome(barrier, timeout, deadline, watch, ask);
   }
   if (outcome == kJoined) return "";
-  leave_failed(barrier, barrier.rank);
+  leave_failed(barrier, barrier.rank, false);
   return outcome_of(outcome);
 }
 
@@ -189,12 +207,9 @@ std::optional<std::string> completed_outcome(const StoreBarrier& barrier) {
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
                   std::chrono::milliseconds linger, int dead_rank) {
   try {
-    const std::string complete_key = barrier.prefix + "complete";
-    if (!barrier.store.check({complete_key})) {
-      barrier.store.set_string(complete_key, std::string(kFailed) + problem);
-    }
-    if (dead_rank >= 0) leave_failed(barrier, dead_rank);
-    leave_failed(barrier, barrier.rank);
+    settle(barrier, std::string(kFailed) + problem);
+    if (dead_rank >= 0) leave_failed(barrier, dead_rank, true);
+    leave_failed(barrier, barrier.rank, false);
     // A store that a timed-out wait would leave unusable is asked rather
     // than waited on (watched_wait.h): the failing rank has no more use
     // for it, but a caller might.

@@ -37,7 +37,10 @@ struct StoreBarrier {
 
 // Marks `barrier.rank` arrived (its "rank/R" key too, unless `marked`: the
 // caller set it itself) and waits until every rank has, or one failed the
-// barrier. Returns "" when all arrived, or the failing rank's reason. Logs a
+// barrier. The outcome is decided once: whichever of the last arrival and
+// a failure (fail_barrier) comes first stands for every rank. Returns ""
+// when all arrived, or the failing rank's reason; a wait that runs out as
+// the last rank arrives returns "" too. Logs a
 // warning after each tenth of `timeout` (1 to 30 s) that it waits, rank 0
 // naming the missing ranks and the others counting them (where the store
 // resumes after a timeout), and throws TimeoutError naming them at

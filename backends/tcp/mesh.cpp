@@ -71,9 +71,10 @@ constexpr std::string_view kDeathMark = "death of rank ";
 constexpr auto kLookAtBarrierEvery = std::chrono::seconds(1);
 // How long a peer's listener must refuse connections before the peer is
 // taken for gone. A rank listens from before it publishes its address
-// until it exits, or fails and has posted why, so any refusal means one of
-// those; the second is a margin for an address that reaches the peer only
-// after a while.
+// until every higher rank has connected to it, or until it exits, or fails
+// and has posted why, so a refusal to a higher rank means one of those;
+// the second is a margin for an address that reaches the peer only after
+// a while.
 constexpr auto kRefusedFor = std::chrono::seconds(1);
 
 // Fails `barrier` with `death`, the dead rank's number beside its reason,
@@ -305,6 +306,8 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   }
   expect_every_rank(arrive_and_wait(started, left_until(deadline)), name, rank);
   SetUp set_up{connected, name};
+  // Where this rank posts a reason of its own, who it is.
+  const std::string who = "rank " + std::to_string(rank) + ": ";
   try {
     connect_all(store, group, job, deadline, *claim, set_up);
   } catch (const Error& e) {
@@ -313,7 +316,14 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     // that death, unless it blames that peer already.
     const std::exception_ptr failure = std::current_exception();
     const auto* blamed = dynamic_cast<const PeerError*>(&e);
-    if (local_ != nullptr) {
+    // Where another rank posted first, its reason stands.
+    bool posted = false;
+    try {
+      posted = completed_outcome(connected).has_value();
+    } catch (const Error&) {
+      // The store went, perhaps with a local peer that died.
+    }
+    if (!posted && local_ != nullptr) {
       try {
         local_->throw_if_exited(local_->local_ranks(), "setting up the group");
       } catch (const shm::PeerGone& dead) {
@@ -331,11 +341,11 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
     if (const auto* gone = dynamic_cast<const shm::PeerGone*>(&e)) {
       report_death(connected, *gone);
     } else {
-      fail_barrier(connected, e.what());
+      fail_barrier(connected, who + e.what());
     }
     throw;
   } catch (const std::exception& e) {
-    fail_barrier(connected, name + ": " + e.what());
+    fail_barrier(connected, who + e.what());
     throw;
   }
   claim.reset();
@@ -356,14 +366,8 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
   } catch (const std::exception& e) {
     // A timeout, say: posted before this rank's sockets close, so that no
     // peer takes it for dead.
-    fail_barrier(connected, e.what());
+    fail_barrier(connected, who + e.what());
     throw;
-  }
-  // Another rank's failure that a local peer's death caused is reported
-  // as that death.
-  if (!outcome.empty() && !outcome.starts_with(kDeathMark)) {
-    local_->throw_if_exited(local_->local_ranks(),
-                            "waiting for every rank to connect");
   }
   expect_every_rank(outcome, name, rank);
   COMM_LOG_DEBUG("TCP backend: rank {} connected to {} peers", rank, size - 1);
@@ -544,23 +548,26 @@ int Mesh::first_hung_up_peer() const {
   return -1;
 }
 
+void Mesh::throw_if_local_peer_exited(SetUp& set_up, const std::string& doing) {
+  if (local_->local_count() < 2) return;
+  try {
+    local_->throw_if_exited(local_->local_ranks(), doing);
+  } catch (const shm::PeerGone&) {
+    // A peer that failed posted why before it exited.
+    std::optional<std::string> outcome;
+    try {
+      outcome = completed_outcome(set_up.connected);
+    } catch (const Error&) {
+      // The store went with a dead rank: the death is the news.
+    }
+    if (outcome) expect_every_rank(*outcome, set_up.name, rank_);
+    throw;
+  }
+}
+
 void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
                                   bool look_now) {
-  if (local_->local_count() > 1) {
-    try {
-      local_->throw_if_exited(local_->local_ranks(), doing);
-    } catch (const shm::PeerGone&) {
-      // A peer that failed posted why before it exited.
-      std::optional<std::string> outcome;
-      try {
-        outcome = completed_outcome(set_up.connected);
-      } catch (const Error&) {
-        // The store went with a dead rank: the death is the news.
-      }
-      if (outcome) expect_every_rank(*outcome, set_up.name, rank_);
-      throw;
-    }
-  }
+  throw_if_local_peer_exited(set_up, doing);
   const int hung_up = first_hung_up_peer();
   const auto now = detail::Clock::now();
   if (hung_up >= 0 || look_now ||
@@ -572,7 +579,9 @@ void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
     try {
       outcome = completed_outcome(set_up.connected);
     } catch (const Error&) {
-      if (hung_up < 0) throw;  // the store's failure, as without the watch
+      // The store's failure, as without the watch, unless a peer is known
+      // gone (hung up here, or at the caller where it looks now).
+      if (hung_up < 0 && !look_now) throw;
     }
     if (outcome) expect_every_rank(*outcome, set_up.name, rank_);
   }
@@ -611,7 +620,7 @@ void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,
     const int ready = poll(entries.data(), entries.size(),
                            std::min(slice_ms, remaining_ms(deadline)));
     if (ready < 0 && errno == EINTR) continue;
-    local_->throw_if_exited(local_->local_ranks(), doing);
+    throw_if_local_peer_exited(set_up, doing);
     if (detail::Clock::now() >= next_watch) {
       throw_if_set_up_failed(set_up, doing);
       next_watch = detail::Clock::now() + set_up.slice;

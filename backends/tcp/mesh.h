@@ -191,6 +191,10 @@ class Mesh {
   // up, and where `look_now`. Returns where nothing is wrong.
   void throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
                               bool look_now = false);
+  // Throws PeerGone naming a local peer whose process has exited, or, where
+  // that peer (or another rank) posted a failure in the last barrier first,
+  // that failure. Returns where no local peer has exited.
+  void throw_if_local_peer_exited(SetUp& set_up, const std::string& doing);
   // The first peer one of whose sockets has hung up, or -1. One poll.
   int first_hung_up_peer() const;
 

@@ -260,8 +260,30 @@ TEST_CASE(
   CHECK(lingered < 10s);
   // Each live rank out once, and the dead one once, though two reported it.
   CHECK(clients.second->add("d/left", 0) == 4);
-  // However often a rank leaves or is reported: a dead rank that had left
-  // by itself first is not counted twice either.
-  comm::fail_barrier(other_finder, "rank 3 died", 0ms, 3);
-  CHECK(clients.second->add("d/left", 0) == 4);
+  // A rank that failed and left by itself, then died, and was reported:
+  // counted out once.
+  const comm::StoreBarrier left_first{*clients.second, "e/", 1, 2,
+                                      "test barrier"};
+  const comm::StoreBarrier reporter{*clients.first, "e/", 0, 2, "test barrier"};
+  comm::fail_barrier(left_first, "rank 1 cannot listen", 0ms);
+  comm::fail_barrier(reporter, "rank 1 died", 0ms, 1);
+  CHECK(clients.second->add("e/left", 0) == 2);
+}
+
+TEST_CASE(
+    "a barrier's outcome is decided once: a failure posted before the last "
+    "arrival stands for every rank",
+    "[store]") {
+  const TwoClients clients =
+      two_clients(GENERATE(as<std::string>{}, "hash", "tcp", "out of step"));
+  const comm::StoreBarrier first{*clients.first, "o/", 0, 2, "test barrier"};
+  const comm::StoreBarrier second{*clients.second, "o/", 1, 2, "test barrier"};
+  std::string seen_by_first;
+  std::thread rank0([&] { seen_by_first = comm::arrive_and_wait(first, 10s); });
+  // Rank 1 fails, then arrives all the same, the last: its arrival must
+  // not turn the failure into a success.
+  comm::fail_barrier(second, "rank 1 gave up", 0ms);
+  CHECK(comm::arrive_and_wait(second, 10s) == "rank 1 gave up");
+  rank0.join();
+  CHECK(seen_by_first == "rank 1 gave up");
 }
