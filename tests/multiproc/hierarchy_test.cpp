@@ -33,11 +33,10 @@
 #include "libcomm/detail/socket.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
-#include "store/tcp_store.h"
 #include "support/child_process.h"
-#include "support/dying_store.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
+#include "support/rank_stores.h"
 #include "support/temp_path.h"
 
 using comm::DType;
@@ -510,19 +509,12 @@ TEST_CASE(
     ranks.push_back(std::make_unique<ChildProcess>([=, &hosts] {
       if (!hosts.enter(host_of[rank])) return 97;
       setenv("COMM_TCP_ADDR", NamespacePair::address(host_of[rank]).c_str(), 1);
-      // Never destroyed: the process ends with _exit.
-      static std::shared_ptr<comm::Store> kept;
       try {
-        comm::TCPStoreOptions options;
-        options.host = NamespacePair::address(0);
-        options.port = port;
-        options.is_server = rank == 0;
-        options.timeout = 60s;
-        auto tcp = std::make_shared<comm::TCPStore>(options);
-        kept = tcp;
-        std::shared_ptr<comm::Store> store = tcp;
+        auto store = comm::testing::kept_rank_store(rank, port,
+                                                    NamespacePair::address(0));
         if (rank == victim) {
-          store = std::make_shared<comm::testing::DyingStore>(*tcp, fatal_key);
+          store =
+              std::make_shared<comm::testing::DyingStore>(*store, fatal_key);
         }
         comm::ProcessGroup group(store, rank, world, "tcp", 60s);
         return 1;  // a group without rank 3

@@ -36,10 +36,9 @@
 #include "libcomm/detail/socket.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
-#include "store/tcp_store.h"
-#include "support/dying_store.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
+#include "support/rank_stores.h"
 #include "support/shared_host_mappings.h"
 
 using comm::testing::kFirstTestExitCode;
@@ -435,18 +434,10 @@ TEST_CASE(
   const std::uint16_t port = comm::detail::free_loopback_port();
   auto ranks = comm::testing::start_ranks(world, [&](int rank) {
     setenv("COMM_TRANSPORT", "shm", 1);
-    // Never destroyed: the process ends with _exit.
-    static std::shared_ptr<comm::Store> kept;
     try {
-      comm::TCPStoreOptions options;
-      options.port = port;
-      options.is_server = rank == 0;
-      options.timeout = 60s;
-      auto tcp = std::make_shared<comm::TCPStore>(options);
-      kept = tcp;
-      std::shared_ptr<comm::Store> store = tcp;
+      auto store = comm::testing::kept_rank_store(rank, port);
       if (rank == victim) {
-        store = std::make_shared<comm::testing::DyingStore>(*tcp, fatal_key);
+        store = std::make_shared<comm::testing::DyingStore>(*store, fatal_key);
       }
       comm::ProcessGroup group(store, rank, world, "tcp", 60s);
       return kWrongResult;  // a group without rank 2's part

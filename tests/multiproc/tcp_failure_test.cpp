@@ -27,12 +27,10 @@
 #include "libcomm/detail/socket.h"
 #include "libcomm/distributed/process_group.h"
 #include "libcomm/error.h"
-#include "store/tcp_store.h"
 #include "support/child_process.h"
-#include "support/dying_store.h"
-#include "support/forwarding_store.h"
 #include "support/namespace_pair.h"
 #include "support/rank_processes.h"
+#include "support/rank_stores.h"
 #include "support/temp_path.h"
 
 using comm::testing::ChildProcess;
@@ -252,18 +250,10 @@ TEST_CASE(
   const std::uint16_t port = comm::detail::free_loopback_port();
   auto ranks = comm::testing::start_ranks(world, [&](int rank) {
     setenv("COMM_TRANSPORT", "tcp", 1);
-    // Never destroyed: the process ends with _exit.
-    static std::shared_ptr<comm::Store> kept;
     try {
-      comm::TCPStoreOptions options;
-      options.port = port;
-      options.is_server = rank == 0;
-      options.timeout = 60s;
-      auto tcp = std::make_shared<comm::TCPStore>(options);
-      kept = tcp;
-      std::shared_ptr<comm::Store> store = tcp;
+      auto store = comm::testing::kept_rank_store(rank, port);
       if (rank == victim) {
-        store = std::make_shared<comm::testing::DyingStore>(*tcp, fatal_key);
+        store = std::make_shared<comm::testing::DyingStore>(*store, fatal_key);
       }
       comm::ProcessGroup group(store, rank, world, "tcp", 60s);
       return kOtherError;  // a group without rank 2
@@ -283,28 +273,6 @@ TEST_CASE(
   CHECK(slowest < 5.5);
 }
 
-namespace {
-
-// A rank's store that holds the rank for `delay` before it sets a key
-// ending in `slow_key`: a rank that arrives late at that point of the set-up.
-class SlowStore final : public comm::testing::ForwardingStore {
- public:
-  SlowStore(comm::Store& inner, std::string slow_key,
-            std::chrono::milliseconds delay)
-      : ForwardingStore(inner), slow_key_(std::move(slow_key)), delay_(delay) {}
-
- private:
-  void do_set(const std::string& key, const comm::Bytes& value) override {
-    if (key.ends_with(slow_key_)) std::this_thread::sleep_for(delay_);
-    ForwardingStore::do_set(key, value);
-  }
-
-  std::string slow_key_;
-  std::chrono::milliseconds delay_;
-};
-
-}  // namespace
-
 TEST_CASE(
     "a rank that times out in the set-up is not taken for dead by the others",
     "[tcp][multiproc][failure]") {
@@ -317,17 +285,11 @@ TEST_CASE(
   const std::uint16_t port = comm::detail::free_loopback_port();
   auto ranks = comm::testing::start_ranks(world, [&](int rank) {
     setenv("COMM_TRANSPORT", "tcp", 1);
-    static std::shared_ptr<comm::Store> kept;
     try {
-      comm::TCPStoreOptions options;
-      options.port = port;
-      options.is_server = rank == 0;
-      options.timeout = 30s;
-      auto tcp = std::make_shared<comm::TCPStore>(options);
-      kept = tcp;
-      std::shared_ptr<comm::Store> store = tcp;
+      auto store = comm::testing::kept_rank_store(rank, port);
       if (rank == late) {
-        store = std::make_shared<SlowStore>(*tcp, "tcp/connected/rank/2", 4s);
+        store = std::make_shared<comm::testing::SlowStore>(
+            *store, "tcp/connected/rank/2", 4s);
       }
       comm::ProcessGroup group(store, rank, world, "tcp", rank == 0 ? 2s : 20s);
       return kOtherError;  // a group though rank 0 gave up
