@@ -58,14 +58,13 @@ void leave_failed(const StoreBarrier& barrier, int rank, bool on_behalf) {
 }
 
 // Decides the barrier's outcome once: the first value offered for
-// "complete" wins, and returns. It is set again, the same, since c10d's
+// "complete" wins. The winner is set again, unchanged, since c10d's
 // TCPStore (1.13) wakes no waiter for a compare-and-set.
-std::string settle(const StoreBarrier& barrier, const std::string& value) {
+void settle(const StoreBarrier& barrier, const std::string& value) {
   const std::string complete_key = barrier.prefix + "complete";
   const Bytes winner =
       barrier.store.compare_set(complete_key, {}, to_bytes(value));
   barrier.store.set(complete_key, winner);
-  return to_string(winner);
 }
 
 // The barrier's outcome, waited for until `deadline`. One blocking get

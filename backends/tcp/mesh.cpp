@@ -327,11 +327,10 @@ Mesh::Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout)
       try {
         local_->throw_if_exited(local_->local_ranks(), "setting up the group");
       } catch (const shm::PeerGone& dead) {
+        report_death(connected, dead);
         if (blamed == nullptr || blamed->peer_rank() != dead.peer_rank()) {
-          report_death(connected, dead);
           throw;
         }
-        report_death(connected, dead);
         std::rethrow_exception(failure);
       }
     }
@@ -553,16 +552,21 @@ void Mesh::throw_if_local_peer_exited(SetUp& set_up, const std::string& doing) {
   try {
     local_->throw_if_exited(local_->local_ranks(), doing);
   } catch (const shm::PeerGone&) {
-    // A peer that failed posted why before it exited.
-    std::optional<std::string> outcome;
-    try {
-      outcome = completed_outcome(set_up.connected);
-    } catch (const Error&) {
-      // The store went with a dead rank: the death is the news.
-    }
-    if (outcome) expect_every_rank(*outcome, set_up.name, rank_);
+    // A peer that failed posted why before it exited. A store that went
+    // with it leaves the death as the news.
+    throw_if_posted(set_up, /*store_failure_is_news=*/false);
     throw;
   }
+}
+
+void Mesh::throw_if_posted(SetUp& set_up, bool store_failure_is_news) const {
+  std::optional<std::string> outcome;
+  try {
+    outcome = completed_outcome(set_up.connected);
+  } catch (const Error&) {
+    if (store_failure_is_news) throw;
+  }
+  if (outcome) expect_every_rank(*outcome, set_up.name, rank_);
 }
 
 void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
@@ -574,16 +578,11 @@ void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
       (!set_up.at_barrier && now >= set_up.next_look)) {
     set_up.next_look = now + kLookAtBarrierEvery;
     // A rank that fails posts its reason before it closes its sockets, so
-    // a peer that hung up with a reason is reported with that reason.
-    std::optional<std::string> outcome;
-    try {
-      outcome = completed_outcome(set_up.connected);
-    } catch (const Error&) {
-      // The store's failure, as without the watch, unless a peer is known
-      // gone (hung up here, or at the caller where it looks now).
-      if (hung_up < 0 && !look_now) throw;
-    }
-    if (outcome) expect_every_rank(*outcome, set_up.name, rank_);
+    // a peer that hung up with a reason is reported with that reason. The
+    // store's own failure is passed on, as without the watch, unless a
+    // peer is known gone (hung up here, or at the caller where it looks
+    // now).
+    throw_if_posted(set_up, /*store_failure_is_news=*/hung_up < 0 && !look_now);
   }
   if (hung_up >= 0) {
     throw shm::PeerGone(hung_up, "TCP backend: " + peer_names_[hung_up] +

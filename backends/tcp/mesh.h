@@ -195,6 +195,11 @@ class Mesh {
   // that peer (or another rank) posted a failure in the last barrier first,
   // that failure. Returns where no local peer has exited.
   void throw_if_local_peer_exited(SetUp& set_up, const std::string& doing);
+  // Throws the failure posted in the last barrier, if one is: PeerError
+  // naming a rank posted dead, or one saying that another rank failed, and
+  // why. A store that does not answer is passed on where
+  // `store_failure_is_news`, and taken for nothing posted otherwise.
+  void throw_if_posted(SetUp& set_up, bool store_failure_is_news) const;
   // The first peer one of whose sockets has hung up, or -1. One poll.
   int first_hung_up_peer() const;
 
