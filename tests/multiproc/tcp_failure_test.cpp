@@ -278,13 +278,16 @@ TEST_CASE(
     "[tcp][multiproc][failure]") {
   // Rank 2 of 3 reaches the set-up's last barrier 4 s late; rank 0, whose
   // set-up timeout is 2 s, gives up first and exits. Rank 1 must hear rank
-  // 0's reason (rank 2 missing), not take rank 0, whose connections close
-  // as it exits, for dead.
+  // 0's reason (rank 2 missing), not take rank 0 for dead as it exits. Over
+  // TCP the others see rank 0's sockets hang up; with shared memory (every
+  // rank on this host) they see its process exit, through its pidfd.
+  const std::string transport = GENERATE("tcp", "auto");
+  CAPTURE(transport);
   constexpr int kTakenForDead = kFirstTestExitCode;
   const int world = 3, late = 2;
   const std::uint16_t port = comm::detail::free_loopback_port();
   auto ranks = comm::testing::start_ranks(world, [&](int rank) {
-    setenv("COMM_TRANSPORT", "tcp", 1);
+    setenv("COMM_TRANSPORT", transport.c_str(), 1);
     try {
       auto store = comm::testing::kept_rank_store(rank, port);
       if (rank == late) {
