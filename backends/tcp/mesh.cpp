@@ -71,11 +71,16 @@ constexpr std::string_view kDeathMark = "death of rank ";
 constexpr auto kLookAtBarrierEvery = std::chrono::seconds(1);
 // How long a peer's listener must refuse connections before the peer is
 // taken for gone. A rank listens from before it publishes its address
-// until every higher rank has connected to it, or until it exits, or fails
-// and has posted why, so a refusal to a higher rank means one of those;
-// the second is a margin for an address that reaches the peer only after
-// a while.
+// until it has connected to every lower rank and every higher rank has
+// connected to it, or until it exits, or fails and has posted why, so a
+// refusal to a rank whose connection it has not made, or not taken, means
+// one of those; the second is a margin for an address that reaches the
+// peer only after a while.
 constexpr auto kRefusedFor = std::chrono::seconds(1);
+// How long one probe of the highest rank's listener may take: a refusal
+// comes back within a round trip, and a probe that hears nothing in this
+// time is silence, which dooms nothing.
+constexpr auto kProbeFor = std::chrono::milliseconds(100);
 
 // Fails `barrier` with `death`, the dead rank's number beside its reason,
 // and counts that rank out of it.
@@ -217,6 +222,12 @@ struct Mesh::SetUp {
   // does not take this rank for dead.
   detail::Socket listener;
   detail::Socket in_flight;
+  // Rank 0's watch on the highest rank (throw_if_highest_rank_gone): its
+  // published address, once read, and since when its listener has refused
+  // every probe; max() while it has not.
+  std::string highest_address;
+  detail::Clock::time_point highest_refused_since =
+      detail::Clock::time_point::max();
 };
 
 std::string listen_address() {
@@ -574,8 +585,8 @@ void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
   throw_if_local_peer_exited(set_up, doing);
   const int hung_up = first_hung_up_peer();
   const auto now = detail::Clock::now();
-  if (hung_up >= 0 || look_now ||
-      (!set_up.at_barrier && now >= set_up.next_look)) {
+  const bool time_to_look = !set_up.at_barrier && now >= set_up.next_look;
+  if (hung_up >= 0 || look_now || time_to_look) {
     set_up.next_look = now + kLookAtBarrierEvery;
     // A rank that fails posts its reason before it closes its sockets, so
     // a peer that hung up with a reason is reported with that reason. The
@@ -590,6 +601,61 @@ void Mesh::throw_if_set_up_failed(SetUp& set_up, const std::string& doing,
                                      std::to_string(rank_) + " was " + doing +
                                      ": it exited or failed its set-up");
   }
+  if (time_to_look) throw_if_highest_rank_gone(set_up, doing);
+}
+
+void Mesh::throw_if_highest_rank_gone(SetUp& set_up, const std::string& doing) {
+  const int highest = size_ - 1;
+  if (rank_ != 0 || highest == 0 || local_->is_local(highest)) return;
+  bool connected = true;
+  for (int channel = 0; channel < kChannels; ++channel) {
+    if (over_socket(highest, channel) && !sockets_[highest][channel].valid()) {
+      connected = false;
+    }
+  }
+  // Once all its connections are in, their hang-ups are watched instead,
+  // and its listener may close.
+  if (connected) return;
+  if (set_up.highest_address.empty()) {
+    Store& store = set_up.connected.store;
+    const std::string key = "tcp/addr/" + std::to_string(highest);
+    // Not published yet: waited for, as a slow rank would be.
+    if (!store.check({key})) return;
+    set_up.highest_address = to_string(store.get(key));
+    peer_names_[highest] =
+        "rank " + std::to_string(highest) + " (" + set_up.highest_address + ")";
+  }
+  std::uint16_t port = 0;
+  const std::string host = split_host(set_up.highest_address, &port);
+  int last_error = 0;
+  try {
+    // A probe that connects lands in the listener's backlog, which the
+    // highest rank, having no higher ranks, never accepts from; it closes
+    // with the listener.
+    detail::Socket::connect(host, port, detail::deadline_after(kProbeFor),
+                            "TCP backend", &last_error);
+    last_error = 0;
+  } catch (const TimeoutError&) {
+    // Refused or unanswered: last_error says which.
+  } catch (const Error&) {
+    // An address this rank cannot reach (a route, say) says nothing of the
+    // highest rank, which connects to this one and not the other way.
+    last_error = 0;
+  }
+  const auto now = detail::Clock::now();
+  if (last_error != ECONNREFUSED) {
+    set_up.highest_refused_since = detail::Clock::time_point::max();
+    return;
+  }
+  set_up.highest_refused_since = std::min(set_up.highest_refused_since, now);
+  if (now - set_up.highest_refused_since < kRefusedFor) return;
+  throw_if_posted(set_up, /*store_failure_is_news=*/false);
+  throw shm::PeerGone(
+      highest,
+      "TCP backend: " + peer_names_[highest] + " refused rank 0's probes for " +
+          format_duration(kRefusedFor) + " while rank 0 was " + doing +
+          ", before it had connected: it exited or failed its set-up, or the "
+          "address it published (COMM_TCP_ADDR) does not reach it from here");
 }
 
 void Mesh::accept_from_higher_ranks(int listener, const GroupIdentity& group,

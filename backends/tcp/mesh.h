@@ -27,16 +27,18 @@
 // the rank looks for what dooms the set-up: a local peer that exited
 // (shm::LocalPeers' "Liveness"), a peer whose connection hung up or that
 // closed one before answering, a peer whose listener refuses connections
-// for a second, and, once a second, another rank's failure posted in the
-// last barrier. A rank that fails posts its reason there (with a dead
-// peer's number where a death caused the failure) before any of its
-// sockets closes, and a rank looks there before it names a peer whose
-// socket closed or whose process exited, so a peer that failed is
-// reported with its reason, and only one that died is named as dead. So a
-// rank of any host that dies once it has published its address is named
-// by every other rank within seconds, not at the deadline. A stopped rank,
-// or a host whose network drops the packets, is still waited for until the
-// deadline, as is a rank that dies before it publishes its address.
+// for a second (rank 0 probes the highest rank's, to which no rank
+// connects, until it has that rank's connections), and, once a second,
+// another rank's failure posted in the last barrier (except while this
+// rank waits at that barrier, which sees the outcome itself). A rank that fails
+// posts its reason there (with a dead peer's number where a death caused the
+// failure) before any of its sockets closes, and a rank looks there before it
+// names a peer whose socket closed or whose process exited, so a peer that
+// failed is reported with its reason, and only one that died is named as dead.
+// So a rank of any host that dies once it has published its address is named by
+// every other rank within seconds, not at the deadline. A stopped rank, or a
+// host whose network drops the packets, is still waited for until the deadline,
+// as is a rank that dies before it publishes its address.
 #pragma once
 
 #include <array>
@@ -86,8 +88,11 @@ Route route_between(const sockaddr_storage& mine,
 
 class Mesh {
  public:
-  // Connects to every other rank. Throws TimeoutError naming the ranks that
-  // did not connect within `timeout`.
+  // Connects to every other rank. Throws PeerError naming a peer that died
+  // during the set-up, or carrying the reason another rank failed it;
+  // InvalidArgument or SystemError for causes of this rank's own (its
+  // listening address, its descriptors); TimeoutError naming the ranks
+  // that did not connect within `timeout`.
   Mesh(Store& store, int rank, int size, std::chrono::milliseconds timeout);
   ~Mesh();
   Mesh(const Mesh&) = delete;
@@ -200,6 +205,13 @@ class Mesh {
   // why. A store that does not answer is passed on where
   // `store_failure_is_news`, and taken for nothing posted otherwise.
   void throw_if_posted(SetUp& set_up, bool store_failure_is_news) const;
+  // On rank 0, once a look: where the highest rank, on another host, has
+  // published its address but not yet made all its connections to rank 0
+  // (its listener is then open, if it lives), probes that listener, and
+  // throws PeerGone naming that rank where it has refused for a second.
+  // No other rank connects to the highest one, so without this its death
+  // before its first connection would be waited for until the deadline.
+  void throw_if_highest_rank_gone(SetUp& set_up, const std::string& doing);
   // The first peer one of whose sockets has hung up, or -1. One poll.
   int first_hung_up_peer() const;
 
