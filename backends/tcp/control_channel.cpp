@@ -167,6 +167,20 @@ bool ControlChannel::peer_closed(int peer) {
   return peers_[static_cast<std::size_t>(peer)].gone;
 }
 
+void ControlChannel::record_own_report(ControlMessage message) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reports_.push_back({mesh_.rank(), std::move(message)});
+  record_event();
+}
+
+std::optional<ControlChannel::Report> ControlChannel::report_from(int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Report& report : reports_) {
+    if (report.from == peer) return report;
+  }
+  return std::nullopt;
+}
+
 void ControlChannel::record_event() {
   events_.fetch_add(1, std::memory_order_release);
   const std::uint64_t one = 1;

@@ -115,6 +115,15 @@ class ControlChannel {
   // alarm_fd(). A failed send to the peer stops sending, not reading.
   bool peer_closed(int peer);
 
+  // Records `message` (a kAbort) as a failure report of this rank's own,
+  // so that this rank's collectives fail on it as the others' do: for a
+  // failure found outside any collective (a point-to-point peer lost).
+  void record_own_report(ControlMessage message);
+  // The first failure report `peer` sent, where one has been recorded.
+  // Unlike check(), it leaves the alarm as it is, for the steps that wait
+  // on it.
+  std::optional<Report> report_from(int peer);
+
   // Whether `peer`'s last answer said it had not started collective
   // `sequence` yet.
   bool answered_not_reached(int peer, std::uint64_t sequence);

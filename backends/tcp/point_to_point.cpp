@@ -10,9 +10,11 @@
 #include <cerrno>
 #include <cstring>
 #include <system_error>
+#include <thread>
 
 #include "backends/tcp/exchange.h"
 #include "libcomm/detail/copy_bytes.h"
+#include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 #include "libcomm/options.h"
 
@@ -23,10 +25,15 @@ bool would_block(int error) {
   return error == EAGAIN || error == EWOULDBLOCK || error == EINTR;
 }
 
+// How long a lost peer's report may take to arrive after its point-to-point
+// channel ends: its control connection's end says when it has.
+constexpr auto kLastWordsFor = std::chrono::milliseconds(500);
+
 }  // namespace
 
-PointToPoint::PointToPoint(Mesh& mesh)
+PointToPoint::PointToPoint(Mesh& mesh, ControlChannel& control)
     : mesh_(mesh),
+      control_(control),
       sends_(static_cast<std::size_t>(mesh.size())),
       incoming_(static_cast<std::size_t>(mesh.size())),
       broken_(static_cast<std::size_t>(mesh.size())) {
@@ -211,6 +218,80 @@ void PointToPoint::fail_peer(int peer, const std::exception_ptr& error) {
   in = Incoming{};
 }
 
+void PointToPoint::lose_peer(int peer, std::exception_ptr error) {
+  if (peer == mesh_.rank() || broken_[peer]) return fail_peer(peer, error);
+  bool gone = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const shm::PeerGone& e) {
+    gone = e.peer_rank() == peer;
+  } catch (...) {
+  }
+  // A peer that leaves while nothing names it (a receive from any rank
+  // pending, say) may have ended as the program meant it to.
+  const bool named =
+      !sends_[peer].empty() || incoming_[peer].header_done > 0 ||
+      std::any_of(receives_.begin(), receives_.end(),
+                  [&](const auto& op) { return op->peer == peer; });
+  if (!gone || !named) return fail_peer(peer, error);
+  // Not polled from now on; its operations fail in settle_lost().
+  broken_[peer] = error;
+  lost_.push_back({peer, std::move(error)});
+}
+
+void PointToPoint::settle_lost() {
+  // A lost peer's own report, if it made one before it went, arrives on
+  // its control connection, which another thread reads: wait until that
+  // connection has been read to its end too, or a moment (bounded).
+  const auto until = detail::deadline_after(kLastWordsFor);
+  for (const Lost& lost : lost_) {
+    while (!control_.peer_closed(lost.peer) && detail::Clock::now() < until) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stopping_) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  for (Lost& lost : lost_) {
+    std::string text = "lost";
+    int blamed = lost.peer;
+    try {
+      std::rethrow_exception(lost.error);
+    } catch (const std::exception& e) {
+      text = e.what();
+    }
+    // A peer that went after it had reported another rank lost (or a
+    // collective failed on a death) left because of that death.
+    if (auto cause = control_.report_from(lost.peer);
+        cause && cause->message.error == ErrorKind::kPeer &&
+        cause->message.blamed >= 0 && cause->message.blamed != lost.peer &&
+        cause->message.blamed != mesh_.rank()) {
+      blamed = cause->message.blamed;
+      text += "; it had reported: " + cause->message.text;
+      lost.error = std::make_exception_ptr(PeerError(blamed, text));
+    }
+    ControlMessage news;
+    news.kind = ControlKind::kAbort;
+    news.error = ErrorKind::kPeer;
+    news.blamed = blamed;
+    // Sequence 0 comes before every collective: each fails on it.
+    news.call =
+        CallInfo{Collective::kSend, 0, DType::kU8, 0, ReduceOp::kSum, -1};
+    news.text = "point-to-point traffic with " + mesh_.peer_name(lost.peer) +
+                " failed on rank " + std::to_string(mesh_.rank()) + ": " + text;
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Shut down meanwhile: stop() failed the operations already.
+    if (stopping_) break;
+    COMM_LOG_INFO("{}", news.text);
+    control_.record_own_report(news);
+    control_.broadcast(news, std::chrono::milliseconds(200));
+    broken_[lost.peer] = lost.error;
+    fail_peer(lost.peer, lost.error);
+  }
+  lost_.clear();
+}
+
 void PointToPoint::progress_send(int peer) {
   const int fd = mesh_.socket(peer, Channel::kPointToPoint).fd();
   shm::Ring* ring = mesh_.ring(peer, Channel::kPointToPoint, true);
@@ -223,10 +304,10 @@ void PointToPoint::progress_send(int peer) {
                                         op.bytes, op.payload_done);
     if (sent == 0) return;
     if (sent < 0) {
-      throw PeerError(peer,
-                      "sending to " + mesh_.peer_name(peer) +
-                          " failed: " + std::system_category().message(errno) +
-                          " (did it exit or crash?)");
+      throw shm::PeerGone(
+          peer, "sending to " + mesh_.peer_name(peer) +
+                    " failed: " + std::system_category().message(errno) +
+                    " (did it exit or crash?)");
     }
     complete(sends_[peer].front(), nullptr, -1);
     sends_[peer].pop_front();
@@ -254,13 +335,13 @@ void PointToPoint::progress_recv(int peer) {
                             ? read_some(*ring, &where, 1)
                             : recv(socket.fd(), target, room, MSG_DONTWAIT);
       if (n == 0) {
-        throw PeerError(peer,
-                        mesh_.peer_name(peer) +
-                            " closed its connection (did it exit or crash?)");
+        throw shm::PeerGone(peer, mesh_.peer_name(peer) +
+                                      " closed its connection (did it exit or "
+                                      "crash?)");
       }
       if (n < 0) {
         if (would_block(errno)) return;
-        throw PeerError(
+        throw shm::PeerGone(
             peer, "receiving from " + mesh_.peer_name(peer) +
                       " failed: " + std::system_category().message(errno));
       }
@@ -379,6 +460,7 @@ void PointToPoint::loop() {
   // earliest deadline passes. Rings are progressed at the top of each
   // round, and waited on with their flags raised (shm/ring.h).
   while (true) {
+    if (!lost_.empty()) settle_lost();
     detail::Clock::time_point earliest = detail::Clock::time_point::max();
     bool moved = false;
     {
@@ -477,7 +559,7 @@ void PointToPoint::loop() {
         if (!sends_[peer].empty()) progress_send(peer);
         if (wants_input(peer)) progress_recv(peer);
       } catch (...) {
-        fail_peer(peer, std::current_exception());
+        lose_peer(peer, std::current_exception());
       }
     }
     expire(detail::Clock::now());
@@ -497,7 +579,7 @@ bool PointToPoint::progress_ring(int peer) {
     if (!sends_[peer].empty()) progress_send(peer);
     if (wants_input(peer)) progress_recv(peer);
   } catch (...) {
-    fail_peer(peer, std::current_exception());
+    lose_peer(peer, std::current_exception());
   }
   return true;
 }
@@ -512,9 +594,9 @@ void PointToPoint::ring_peer_exited(int peer) {
   // pidfd in the poll and this thread spinning on it until their timeout.
   progress_ring(peer);
   if (broken_[peer] || (sends_[peer].empty() && !wants_input(peer))) return;
-  fail_peer(peer, std::make_exception_ptr(
-                      PeerError(peer, mesh_.peer_name(peer) +
-                                          " exited (killed, or crashed?)")));
+  lose_peer(peer, std::make_exception_ptr(shm::PeerGone(
+                      peer, mesh_.peer_name(peer) +
+                                " exited (killed, or crashed?)")));
 }
 
 }  // namespace comm::tcp

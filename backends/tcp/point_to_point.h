@@ -11,6 +11,18 @@
 // posted receive wants is kept until one does, so tags may be received in
 // any order. A receive matches the earliest kept or arriving message from
 // its source (any source: from whichever peer) with its tag.
+//
+// A peer lost while an operation names it (its connection closed or reset,
+// its process ended) is news for the whole group, as a collective's
+// failure is: before any operation fails on it, the rank tells every rank
+// through the control channel, itself included, so that their collectives,
+// which that peer will never join, fail naming it (control_channel.h). A
+// peer that leaves after it reported another rank lost is taken to have
+// left because of that loss, and that rank is named. A peer that leaves
+// while only receives from any rank could take its messages is not news:
+// it may have ended as its program meant it to. An operation whose peer
+// lives waits for it, up to the operation's timeout, whatever befell
+// other ranks.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/tcp/control_channel.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/message_header.h"
 #include "libcomm/work.h"
@@ -32,7 +45,8 @@ namespace comm::tcp {
 
 class PointToPoint {
  public:
-  explicit PointToPoint(Mesh& mesh);
+  // `control` carries the news of a lost peer to the others (above).
+  PointToPoint(Mesh& mesh, ControlChannel& control);
   ~PointToPoint();
   PointToPoint(const PointToPoint&) = delete;
   PointToPoint& operator=(const PointToPoint&) = delete;
@@ -100,11 +114,23 @@ class PointToPoint {
   // rings hold nothing more for them.
   void ring_peer_exited(int peer);
   void fail_peer(int peer, const std::exception_ptr& error);
+  // fail_peer for `error`, which the peer's channel raised, except where
+  // it says that the peer is gone (shm::PeerGone naming it: its connection
+  // closed or reset, its process ended) and an operation names that peer:
+  // then the peer stops being polled and waits in lost_ for settle_lost().
+  void lose_peer(int peer, std::exception_ptr error);
+  // For each lost peer: waits until its control connection has been read
+  // to its end (kLastWordsFor at most, less on stop()), takes the rank it
+  // reported lost, if it did, as the one to name, tells every rank, this
+  // one included (ControlChannel::record_own_report), and fails the
+  // peer's operations. Call without mutex_.
+  void settle_lost();
   void expire(detail::Clock::time_point now);
   void complete(const std::shared_ptr<Operation>& op, std::exception_ptr error,
                 int source);
 
   Mesh& mesh_;
+  ControlChannel& control_;
   int wake_fd_ = -1;
   std::mutex mutex_;
   bool stopping_ = false;
@@ -113,6 +139,12 @@ class PointToPoint {
   std::list<Kept> kept_;
   std::vector<Incoming> incoming_;          // per peer
   std::vector<std::exception_ptr> broken_;  // per peer
+  // A peer lost, with the error its operations fail with.
+  struct Lost {
+    int peer;
+    std::exception_ptr error;
+  };
+  std::vector<Lost> lost_;  // the progress thread's alone: no lock
   std::uint64_t sent_ = 0;
   std::thread thread_;
 };

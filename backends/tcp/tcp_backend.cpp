@@ -150,7 +150,7 @@ TcpBackend::TcpBackend(std::shared_ptr<Store> store, int rank, int size,
   mesh_ = std::make_unique<tcp::Mesh>(*store, rank, size, timeout);
   control_ = std::make_unique<tcp::ControlChannel>(
       *mesh_, tcp::heartbeat_timeout(), tcp::heartbeat_interval());
-  p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_);
+  p2p_ = std::make_unique<tcp::PointToPoint>(*mesh_, *control_);
   workspace_ = std::make_unique<Workspace>(
       static_cast<std::size_t>(kWorkspaceBytes.get()));
   scheduler_ = tcp::CollectiveScheduler::start(

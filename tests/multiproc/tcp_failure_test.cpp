@@ -3,8 +3,9 @@
 // by the heartbeats, or by the operation's timeout), a rank that computes
 // longer than the heartbeat timeout, a rank that arrives after the others
 // timed out, a network cut between two network namespaces, a rank killed
-// during the group's set-up, the CPU a rank spends blocked in a barrier, and
-// open-file limits too low for a group.
+// during the group's set-up, a rank lost to another's point-to-point
+// operation, the CPU a rank spends blocked in a barrier, and open-file
+// limits too low for a group.
 //
 // The heartbeat tests set COMM_HEARTBEAT_TIMEOUT to 2 s in their ranks;
 // LIVENESS_HEARTBEAT_S (a variable of this test only) sets another value,
@@ -316,6 +317,83 @@ TEST_CASE(
   CHECK(ranks[0]->wait(60s) == kTimeoutNamingVictim);
   CHECK(ranks[1]->wait(60s) == 0);
   ranks[2]->wait(60s);  // fails as it can, the group gone
+}
+
+TEST_CASE(
+    "a rank that loses its point-to-point peer tells the others: they name "
+    "that peer",
+    "[tcp][multiproc][failure][p2p]") {
+  // Rank 2 of 3 dies while rank 1 waits to receive from it. Then one rank
+  // waits where it cannot see the death itself, and must fail within
+  // seconds naming rank 2, not wait out its timeout nor blame a rank that
+  // left because of the death:
+  // - rank 0 in a broadcast from rank 1, which stays but never joins it;
+  // - rank 0 receiving from rank 1, which exits on its error;
+  // - rank 1 itself, in a broadcast from rank 0, which never joins it.
+  const std::string transport = GENERATE("tcp", "auto");
+  const std::string waits = GENERATE("rank 0 in a broadcast from rank 1",
+                                     "rank 0 receiving from rank 1",
+                                     "rank 1 in a broadcast from rank 0");
+  CAPTURE(transport, waits);
+  const int world = 3, victim = 2;
+  const int waiting = waits.starts_with("rank 0") ? 0 : 1;
+  const std::string url = comm::testing::loopback_url(world);
+  PipeSignal ready;
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", transport.c_str(), 1);
+    try {
+      auto group = comm::init_process_group("tcp", url, rank, world, 30s);
+      group->barrier()->wait();
+      comm::Tensor t = comm::Tensor::zeros({1024}, comm::DType::kF32);
+      if (rank == victim) {
+        std::this_thread::sleep_for(300ms);  // rank 1's receive is posted
+        ready.raise();
+        raise(SIGKILL);
+      }
+      if (rank == 1) {
+        int seen = kOtherError;
+        try {
+          group->recv(t, victim);
+        } catch (...) {
+          seen = comm::testing::failure_exit_code(std::current_exception(),
+                                                  rank, victim);
+        }
+        if (waits == "rank 0 receiving from rank 1") return seen;
+        if (waits == "rank 0 in a broadcast from rank 1") {
+          std::this_thread::sleep_for(8s);
+          return seen;
+        }
+        if (seen != kPeerErrorNamingVictim) return seen;
+        group->broadcast(t, {.root = 0, .timeout = 20s})->wait();
+        return kOtherError;  // served though rank 0 never sent
+      }
+      if (waits == "rank 0 in a broadcast from rank 1") {
+        group->broadcast(t, {.root = 1, .timeout = 20s})->wait();
+      } else if (waits == "rank 0 receiving from rank 1") {
+        group->recv(t, 1, {.timeout = 20s});
+      } else {
+        std::this_thread::sleep_for(8s);
+        return kPeerErrorNamingVictim;  // nothing to fail
+      }
+      return kOtherError;  // served though rank 1 never sent
+    } catch (...) {
+      return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                              victim);
+    }
+  });
+  REQUIRE(ready.wait(60s));
+  const auto died = std::chrono::steady_clock::now();
+  CHECK(ranks[waiting]->wait(30s) == kPeerErrorNamingVictim);
+  const double failed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - died)
+          .count();
+  std::printf(
+      "rank 2 killed while rank 1 received from it (%s): %s failed %.2f s "
+      "after it (operation timeout 20 s)\n",
+      transport.c_str(), waits.c_str(), failed);
+  CHECK(failed < 5.0);
+  CHECK(ranks[1 - waiting]->wait(30s) == kPeerErrorNamingVictim);
+  CHECK(ranks[victim]->wait(30s) == 128 + SIGKILL);
 }
 
 TEST_CASE("a rank blocked in a barrier uses almost no CPU",
