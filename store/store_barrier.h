@@ -2,7 +2,10 @@
 // for while it waits, and a rank that cannot go on ends it for every rank
 // with its reason, so that no rank waits out its timeout for one that has
 // already failed. Under `prefix` it keeps "rank/R" for each rank that
-// arrived, "arrived" counting them, and "complete" with the outcome.
+// arrived, "arrived" counting them, and "complete" with the outcome; after
+// a failure, "left" counting the ranks that have read it (or were counted
+// out as dead), "left/R" for each rank counted out, and "all_left" once
+// every rank has left.
 #pragma once
 
 #include <chrono>
@@ -21,7 +24,7 @@ struct StoreBarrier {
   int rank = 0;
   int size = 1;
   std::string what;  // "rendezvous": how log lines and errors name it
-  // Where set, called every kWatchEvery or so (watched_wait.h) while the
+  // Where set, called every `watch_every` or so while the
   // barrier is incomplete; it ends the wait by throwing (a peer that died:
   // it will never arrive). A store that a timed-out wait would leave out
   // of step is then asked whether the barrier is complete rather than
@@ -40,7 +43,9 @@ struct StoreBarrier {
 // barrier. The outcome is decided once: whichever of the last arrival and
 // a failure (fail_barrier) comes first stands for every rank. Returns ""
 // when all arrived, or the failing rank's reason; a wait that runs out as
-// the last rank arrives returns "" too. Logs a
+// the last rank arrives returns "" too (where the store can still be asked
+// then: one that resumes after a timeout, or a watched barrier), and one
+// that runs out as a failure is posted throws TimeoutError. Logs a
 // warning after each tenth of `timeout` (1 to 30 s) that it waits, rank 0
 // naming the missing ranks and the others counting them (where the store
 // resumes after a timeout), and throws TimeoutError naming them at
@@ -61,9 +66,11 @@ std::optional<std::string> completed_outcome(const StoreBarrier& barrier);
 // failure from arrive_and_wait, or failed it too): a rank that hosts the
 // store takes it down as it exits, and the others should have read why
 // first. `dead_rank`, where the problem is that rank's death, will never
-// leave, and is counted out on its behalf (each rank is counted out once,
-// however many report it or whether it left first), so that the others
-// need not linger for it. Never throws for a store that is gone already.
+// leave, and is counted out on its behalf, once however many report it,
+// and not where it had left by itself first, so that the others need not
+// linger for it. A rank's own leaving counts each time: two processes
+// that claim one rank both leave. Never throws for a store that is gone
+// already.
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
                   std::chrono::milliseconds linger = std::chrono::seconds(2),
                   int dead_rank = -1);
