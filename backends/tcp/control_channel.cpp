@@ -173,12 +173,19 @@ void ControlChannel::record_own_report(ControlMessage message) {
   record_event();
 }
 
-std::optional<ControlChannel::Report> ControlChannel::report_from(int peer) {
+std::optional<ControlChannel::Report> ControlChannel::death_report(int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
+  std::optional<Report> first;
   for (const Report& report : reports_) {
+    const int blamed = report.message.blamed;
+    if (report.message.error != ErrorKind::kPeer || blamed < 0 ||
+        blamed >= mesh_.size()) {
+      continue;
+    }
     if (report.from == peer) return report;
+    if (!first) first = report;
   }
-  return std::nullopt;
+  return first;
 }
 
 void ControlChannel::record_event() {

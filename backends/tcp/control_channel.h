@@ -119,10 +119,11 @@ class ControlChannel {
   // so that this rank's collectives fail on it as the others' do: for a
   // failure found outside any collective (a point-to-point peer lost).
   void record_own_report(ControlMessage message);
-  // The first failure report `peer` sent, where one has been recorded.
-  // Unlike check(), it leaves the alarm as it is, for the steps that wait
-  // on it.
-  std::optional<Report> report_from(int peer);
+  // The first report of a lost rank (kPeer, blaming a rank of the group)
+  // that `peer` sent, or else the first any rank sent, this one included;
+  // nothing where none has been recorded. Unlike check(), it leaves the
+  // alarm as it is, for the steps that wait on it.
+  std::optional<Report> death_report(int peer);
 
   // Whether `peer`'s last answer said it had not started collective
   // `sequence` yet.

@@ -25,6 +25,14 @@ bool would_block(int error) {
   return error == EAGAIN || error == EWOULDBLOCK || error == EINTR;
 }
 
+// Whether a socket or ring error says that the peer's end is gone (it
+// exited, or the network between cut it off), rather than a fault of this
+// rank's own (a bad buffer, no memory), which says nothing of the peer.
+bool peer_end_gone(int error) {
+  return error == EPIPE || error == ECONNRESET || error == ENOTCONN ||
+         error == ETIMEDOUT || error == EHOSTUNREACH || error == ENETUNREACH;
+}
+
 // How long a lost peer's report may take to arrive after its point-to-point
 // channel ends: its control connection's end says when it has.
 constexpr auto kLastWordsFor = std::chrono::milliseconds(500);
@@ -36,7 +44,8 @@ PointToPoint::PointToPoint(Mesh& mesh, ControlChannel& control)
       control_(control),
       sends_(static_cast<std::size_t>(mesh.size())),
       incoming_(static_cast<std::size_t>(mesh.size())),
-      broken_(static_cast<std::size_t>(mesh.size())) {
+      broken_(static_cast<std::size_t>(mesh.size())),
+      settling_(static_cast<std::size_t>(mesh.size()), 0) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) throw SystemError(errno, "eventfd");
   thread_ = std::thread([this] { loop(); });
@@ -219,6 +228,7 @@ void PointToPoint::fail_peer(int peer, const std::exception_ptr& error) {
 }
 
 void PointToPoint::lose_peer(int peer, std::exception_ptr error) {
+  if (settling_[peer]) return;  // settle_lost() fails its operations
   if (peer == mesh_.rank() || broken_[peer]) return fail_peer(peer, error);
   bool gone = false;
   try {
@@ -234,8 +244,9 @@ void PointToPoint::lose_peer(int peer, std::exception_ptr error) {
       std::any_of(receives_.begin(), receives_.end(),
                   [&](const auto& op) { return op->peer == peer; });
   if (!gone || !named) return fail_peer(peer, error);
-  // Not polled from now on; its operations fail in settle_lost().
-  broken_[peer] = error;
+  // Not polled from now on; operations posted meanwhile wait with the
+  // others, to fail in settle_lost() with what it names.
+  settling_[peer] = true;
   lost_.push_back({peer, std::move(error)});
 }
 
@@ -261,14 +272,17 @@ void PointToPoint::settle_lost() {
     } catch (const std::exception& e) {
       text = e.what();
     }
-    // A peer that went after it had reported another rank lost (or a
-    // collective failed on a death) left because of that death.
-    if (auto cause = control_.report_from(lost.peer);
-        cause && cause->message.error == ErrorKind::kPeer &&
-        cause->message.blamed >= 0 && cause->message.blamed != lost.peer &&
+    // A peer that went after a rank was reported lost (by that peer, or
+    // by any rank) left because of that loss: name the rank first lost.
+    if (auto cause = control_.death_report(lost.peer);
+        cause && cause->message.blamed != lost.peer &&
         cause->message.blamed != mesh_.rank()) {
       blamed = cause->message.blamed;
-      text += "; it had reported: " + cause->message.text;
+      text +=
+          "; " +
+          (cause->from == lost.peer ? std::string("it")
+                                    : "rank " + std::to_string(cause->from)) +
+          " had reported: " + cause->message.text;
       lost.error = std::make_exception_ptr(PeerError(blamed, text));
     }
     ControlMessage news;
@@ -280,12 +294,17 @@ void PointToPoint::settle_lost() {
         CallInfo{Collective::kSend, 0, DType::kU8, 0, ReduceOp::kSum, -1};
     news.text = "point-to-point traffic with " + mesh_.peer_name(lost.peer) +
                 " failed on rank " + std::to_string(mesh_.rank()) + ": " + text;
-    std::lock_guard<std::mutex> lock(mutex_);
-    // Shut down meanwhile: stop() failed the operations already.
-    if (stopping_) break;
+    // Told before any operation fails on it, and even as the group shuts
+    // down (the control channel outlives this thread), so that a program
+    // that exits on the error has told the others first. Not under
+    // mutex_: the broadcast may take a while to leave.
     COMM_LOG_INFO("{}", news.text);
     control_.record_own_report(news);
     control_.broadcast(news, std::chrono::milliseconds(200));
+    std::lock_guard<std::mutex> lock(mutex_);
+    settling_[lost.peer] = false;
+    // Shut down meanwhile: stop() failed the operations already.
+    if (stopping_) continue;
     broken_[lost.peer] = lost.error;
     fail_peer(lost.peer, lost.error);
   }
@@ -304,10 +323,12 @@ void PointToPoint::progress_send(int peer) {
                                         op.bytes, op.payload_done);
     if (sent == 0) return;
     if (sent < 0) {
-      throw shm::PeerGone(
-          peer, "sending to " + mesh_.peer_name(peer) +
-                    " failed: " + std::system_category().message(errno) +
-                    " (did it exit or crash?)");
+      const int error = errno;
+      const std::string what =
+          "sending to " + mesh_.peer_name(peer) +
+          " failed: " + std::system_category().message(error);
+      if (!peer_end_gone(error)) throw PeerError(peer, what);
+      throw shm::PeerGone(peer, what + " (did it exit or crash?)");
     }
     complete(sends_[peer].front(), nullptr, -1);
     sends_[peer].pop_front();
@@ -340,10 +361,13 @@ void PointToPoint::progress_recv(int peer) {
                                       "crash?)");
       }
       if (n < 0) {
-        if (would_block(errno)) return;
-        throw shm::PeerGone(
-            peer, "receiving from " + mesh_.peer_name(peer) +
-                      " failed: " + std::system_category().message(errno));
+        const int error = errno;
+        if (would_block(error)) return;
+        const std::string what =
+            "receiving from " + mesh_.peer_name(peer) +
+            " failed: " + std::system_category().message(error);
+        if (!peer_end_gone(error)) throw PeerError(peer, what);
+        throw shm::PeerGone(peer, what);
       }
       if (in.header_done < MessageHeader::kWireSize) {
         in.header_done += static_cast<std::size_t>(n);
@@ -470,7 +494,9 @@ void PointToPoint::loop() {
       peers.assign(1, -1);
       ring_peers.clear();
       for (int peer = 0; peer < mesh_.size(); ++peer) {
-        if (peer == mesh_.rank() || broken_[peer]) continue;
+        if (peer == mesh_.rank() || broken_[peer] || settling_[peer]) {
+          continue;
+        }
         short events = 0;
         if (!sends_[peer].empty()) {
           events |= POLLOUT;
@@ -585,7 +611,7 @@ bool PointToPoint::progress_ring(int peer) {
 }
 
 void PointToPoint::ring_peer_exited(int peer) {
-  if (broken_[peer]) return;
+  if (broken_[peer] || settling_[peer]) return;
   // What the peer wrote before it ended is still in the ring, and goes to
   // the receives that want it. What is still pending then never moves: a
   // send waits for room that nobody makes, a receive for bytes that never

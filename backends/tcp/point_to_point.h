@@ -117,13 +117,15 @@ class PointToPoint {
   // fail_peer for `error`, which the peer's channel raised, except where
   // it says that the peer is gone (shm::PeerGone naming it: its connection
   // closed or reset, its process ended) and an operation names that peer:
-  // then the peer stops being polled and waits in lost_ for settle_lost().
+  // then the peer stops being polled and waits in lost_ for settle_lost(),
+  // and operations posted to it meanwhile wait with the others.
   void lose_peer(int peer, std::exception_ptr error);
   // For each lost peer: waits until its control connection has been read
   // to its end (kLastWordsFor at most, less on stop()), takes the rank it
-  // reported lost, if it did, as the one to name, tells every rank, this
-  // one included (ControlChannel::record_own_report), and fails the
-  // peer's operations. Call without mutex_.
+  // (or, failing that, any rank) reported lost, if one was, as the one to
+  // name, tells every rank, this one included
+  // (ControlChannel::record_own_report), and fails the peer's operations.
+  // Call without mutex_.
   void settle_lost();
   void expire(detail::Clock::time_point now);
   void complete(const std::shared_ptr<Operation>& op, std::exception_ptr error,
@@ -145,6 +147,8 @@ class PointToPoint {
     std::exception_ptr error;
   };
   std::vector<Lost> lost_;  // the progress thread's alone: no lock
+  // Per peer: lost, waiting in lost_ (not polled; posts to it queue).
+  std::vector<char> settling_;
   std::uint64_t sent_ = 0;
   std::thread thread_;
 };
