@@ -57,6 +57,21 @@ void leave_failed(const StoreBarrier& barrier, int rank, bool on_behalf) {
   }
 }
 
+// Waits, up to `linger`, until every rank has left a failed barrier: one
+// that hosts the store takes it down as it exits, and the others should
+// have read why first. A store that a timed-out wait would leave unusable
+// is asked rather than waited on (watched_wait.h): this rank has no more
+// use for it, but its caller might. Never throws.
+void linger_until_all_left(const StoreBarrier& barrier,
+                           std::chrono::milliseconds linger) {
+  try {
+    multi_get_watched(barrier.store, {barrier.prefix + "all_left"},
+                      detail::deadline_after(linger), [] {});
+  } catch (const Error&) {
+    // The store is gone, or some rank is not coming to read the news.
+  }
+}
+
 // Decides the barrier's outcome once: the first value offered for
 // "complete" wins. The winner is set again, unchanged, since c10d's
 // TCPStore (1.13) wakes no waiter for a compare-and-set.
@@ -194,6 +209,7 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
   }
   if (outcome == kJoined) return "";
   leave_failed(barrier, barrier.rank, false);
+  linger_until_all_left(barrier, kLingerAfterFailure);
   return outcome_of(outcome);
 }
 
@@ -209,14 +225,11 @@ void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
     settle(barrier, std::string(kFailed) + problem);
     if (dead_rank >= 0) leave_failed(barrier, dead_rank, true);
     leave_failed(barrier, barrier.rank, false);
-    // A store that a timed-out wait would leave unusable is asked rather
-    // than waited on (watched_wait.h): the failing rank has no more use
-    // for it, but a caller might.
-    multi_get_watched(barrier.store, {barrier.prefix + "all_left"},
-                      detail::deadline_after(linger), [] {});
   } catch (const Error&) {
-    // The store is gone, or some rank is not coming to read the news.
+    // The store is gone: no rank can read the news any more.
+    return;
   }
+  linger_until_all_left(barrier, linger);
 }
 
 }  // namespace comm

@@ -38,16 +38,23 @@ struct StoreBarrier {
   Store::Duration watch_every = kWatchEvery;
 };
 
+// How long a rank that fails a barrier, or reads its failure, waits for
+// the others to read it before it goes on (fail_barrier, arrive_and_wait).
+inline constexpr std::chrono::milliseconds kLingerAfterFailure{2000};
+
 // Marks `barrier.rank` arrived (its "rank/R" key too, unless `marked`: the
 // caller set it itself) and waits until every rank has, or one failed the
 // barrier. The outcome is decided once: whichever of the last arrival and
 // a failure (fail_barrier) comes first stands for every rank. Returns ""
-// when all arrived, or the failing rank's reason; a wait that runs out as
-// the last rank arrives returns "" too (where the store can still be asked
-// then: one that resumes after a timeout, or a watched barrier), and one
-// that runs out as a failure is posted throws TimeoutError. Logs a
-// warning after each tenth of `timeout` (1 to 30 s) that it waits, rank 0
-// naming the missing ranks and the others counting them (where the store
+// when all arrived, or the failing rank's reason. A rank that reads a
+// failure first waits, up to kLingerAfterFailure, until every rank has read
+// it or failed the barrier too, as fail_barrier does: whichever rank hosts
+// the store takes it down as it exits, however it learnt of the failure. A
+// wait that runs out as the last rank arrives returns "" too (where the store
+// can still be asked then: one that resumes after a timeout, or a watched
+// barrier), and one that runs out as a failure is posted throws TimeoutError.
+// Logs a warning after each tenth of `timeout` (1 to 30 s) that it waits, rank
+// 0 naming the missing ranks and the others counting them (where the store
 // resumes after a timeout), and throws TimeoutError naming them at
 // `timeout`.
 std::string arrive_and_wait(const StoreBarrier& barrier,
@@ -72,7 +79,7 @@ std::optional<std::string> completed_outcome(const StoreBarrier& barrier);
 // that claim one rank both leave. Never throws for a store that is gone
 // already.
 void fail_barrier(const StoreBarrier& barrier, const std::string& problem,
-                  std::chrono::milliseconds linger = std::chrono::seconds(2),
+                  std::chrono::milliseconds linger = kLingerAfterFailure,
                   int dead_rank = -1);
 
 }  // namespace comm

@@ -271,6 +271,35 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a rank that reads a barrier's failure stays until the others have read "
+    "it too",
+    "[store]") {
+  const TwoClients clients =
+      two_clients(GENERATE(as<std::string>{}, "hash", "tcp", "out of step"));
+  // Rank 2 of 3 fails the barrier; rank 0, which may host the store, reads
+  // the failure at once, and must not go on (and take the store down)
+  // before rank 1, still on its way, has read it as well.
+  const comm::StoreBarrier host{*clients.first, "r/", 0, 3, "test barrier"};
+  const comm::StoreBarrier late{*clients.second, "r/", 1, 3, "test barrier"};
+  const comm::StoreBarrier failing{*clients.second, "r/", 2, 3, "test barrier"};
+  comm::fail_barrier(failing, "rank 2 cannot listen", 0ms);
+  std::string seen_late;
+  std::thread others([&] {
+    std::this_thread::sleep_for(300ms);
+    seen_late = comm::arrive_and_wait(late, 10s);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(comm::arrive_and_wait(host, 10s) == "rank 2 cannot listen");
+  const auto stayed = std::chrono::steady_clock::now() - start;
+  // Every rank had left when rank 0 went on, which it did without waiting
+  // out its linger.
+  CHECK(clients.first->add("r/left", 0) == 3);
+  others.join();
+  CHECK(seen_late == "rank 2 cannot listen");
+  CHECK(stayed < comm::kLingerAfterFailure);
+}
+
+TEST_CASE(
     "a barrier's outcome is decided once: a failure posted before the last "
     "arrival stands for every rank",
     "[store]") {
