@@ -77,6 +77,28 @@ constexpr auto kLookAtBarrierEvery = std::chrono::seconds(1);
 // one of those; the second is a margin for an address that reaches the
 // peer only after a while.
 constexpr auto kRefusedFor = std::chrono::seconds(1);
+
+// Whether a peer's listener has refused every connection attempt for
+// kRefusedFor: one answer of another kind (silence, or a connection)
+// starts the count again.
+class RefusalWatch {
+ public:
+  // Records an attempt begun at `start` that ended refused or not, and
+  // says whether every attempt since kRefusedFor ago was refused.
+  bool refused_long_enough(bool refused, detail::Clock::time_point start) {
+    if (!refused) {
+      since_ = detail::Clock::time_point::max();
+      return false;
+    }
+    since_ = std::min(since_, start);
+    return detail::Clock::now() - since_ >= kRefusedFor;
+  }
+
+ private:
+  // When the current run of refusals began; max() outside one.
+  detail::Clock::time_point since_ = detail::Clock::time_point::max();
+};
+
 // How long one probe of the highest rank's listener may take: a refusal
 // comes back within a round trip, and a probe that hears nothing in this
 // time is silence, which dooms nothing.
@@ -223,11 +245,9 @@ struct Mesh::SetUp {
   detail::Socket listener;
   detail::Socket in_flight;
   // Rank 0's watch on the highest rank (throw_if_highest_rank_gone): its
-  // published address, once read, and since when its listener has refused
-  // every probe; max() while it has not.
+  // published address, once read, and its listener's refusals.
   std::string highest_address;
-  detail::Clock::time_point highest_refused_since =
-      detail::Clock::time_point::max();
+  RefusalWatch highest_refusals;
 };
 
 std::string listen_address() {
@@ -505,8 +525,7 @@ detail::Socket Mesh::connect_to_peer(int peer, const std::string& host,
                                      detail::Clock::time_point deadline,
                                      SetUp& set_up) {
   const std::string doing = "connecting to rank " + std::to_string(peer);
-  // Since when every slice's attempts ended refused; max() while not.
-  auto refused_since = detail::Clock::time_point::max();
+  RefusalWatch refusals;
   // Bounded by the deadline: each round connects for a slice at most.
   for (;;) {
     const auto slice_start = detail::Clock::now();
@@ -519,13 +538,11 @@ detail::Socket Mesh::connect_to_peer(int peer, const std::string& host,
       if (slice_end == deadline) throw;
     }
     throw_if_set_up_failed(set_up, doing);
-    if (last_error != ECONNREFUSED) {
-      // Silence: a slow network, or a stopped host, waited for.
-      refused_since = detail::Clock::time_point::max();
+    // Silence (a slow network, or a stopped host) is waited for.
+    if (!refusals.refused_long_enough(last_error == ECONNREFUSED,
+                                      slice_start)) {
       continue;
     }
-    refused_since = std::min(refused_since, slice_start);
-    if (detail::Clock::now() - refused_since < kRefusedFor) continue;
     throw_if_set_up_failed(set_up, doing, /*look_now=*/true);
     throw shm::PeerGone(peer, "TCP backend: nothing accepted rank " +
                                   std::to_string(rank_) + "'s connections to " +
@@ -628,6 +645,7 @@ void Mesh::throw_if_highest_rank_gone(SetUp& set_up, const std::string& doing) {
   std::uint16_t port = 0;
   const std::string host = split_host(set_up.highest_address, &port);
   int last_error = 0;
+  const auto probe_start = detail::Clock::now();
   try {
     // A probe that connects lands in the listener's backlog, which the
     // highest rank, having no higher ranks, never accepts from; it closes
@@ -642,13 +660,10 @@ void Mesh::throw_if_highest_rank_gone(SetUp& set_up, const std::string& doing) {
     // highest rank, which connects to this one and not the other way.
     last_error = 0;
   }
-  const auto now = detail::Clock::now();
-  if (last_error != ECONNREFUSED) {
-    set_up.highest_refused_since = detail::Clock::time_point::max();
+  if (!set_up.highest_refusals.refused_long_enough(last_error == ECONNREFUSED,
+                                                   probe_start)) {
     return;
   }
-  set_up.highest_refused_since = std::min(set_up.highest_refused_since, now);
-  if (now - set_up.highest_refused_since < kRefusedFor) return;
   throw_if_posted(set_up, /*store_failure_is_news=*/false);
   throw shm::PeerGone(
       highest,
