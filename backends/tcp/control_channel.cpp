@@ -188,6 +188,29 @@ std::optional<ControlChannel::Report> ControlChannel::death_report(int peer) {
   return first;
 }
 
+void ControlChannel::announce_leaving(std::chrono::milliseconds budget) {
+  ControlMessage message;
+  message.kind = ControlKind::kLeaving;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (started_ == 0) {
+      message.text = "before any collective";
+    } else {
+      message.call = history_[(started_ - 1) % kHistory];
+      message.state = CallState::kStarted;
+      message.text = "after " + std::to_string(started_) + " collective" +
+                     (started_ == 1 ? "" : "s") + ", the last " +
+                     message.call.describe();
+    }
+  }
+  broadcast(message, budget);
+}
+
+std::optional<ControlMessage> ControlChannel::departure(int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peers_[static_cast<std::size_t>(peer)].departure;
+}
+
 void ControlChannel::record_event() {
   events_.fetch_add(1, std::memory_order_release);
   const std::uint64_t one = 1;
@@ -312,6 +335,9 @@ void ControlChannel::dispatch(int peer, ControlMessage message) {
     case ControlKind::kAnswer:
       peers_[static_cast<std::size_t>(peer)].answer = std::move(message);
       record_event();
+      return;
+    case ControlKind::kLeaving:
+      peers_[static_cast<std::size_t>(peer)].departure = std::move(message);
       return;
   }
 }

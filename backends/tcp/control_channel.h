@@ -125,6 +125,18 @@ class ControlChannel {
   // alarm as it is, for the steps that wait on it.
   std::optional<Report> death_report(int peer);
 
+  // Tells every peer that this rank shuts its group down with no failure,
+  // after the collectives it started (kLeaving), and waits up to `budget`
+  // for the news to leave this rank. Best effort, as broadcast().
+  void announce_leaving(std::chrono::milliseconds budget);
+  // The kLeaving that `peer` sent as it left with no failure, where it did
+  // and it has been read (call after peer_closed(), which makes sure it
+  // has): its `text` says after what ("after 3 collectives, the last
+  // all_reduce #2 (...)"), and its `call` is its last collective where its
+  // `state` is CallState::kStarted. Raises no alarm: a peer that leaves
+  // fails only what waits for it.
+  std::optional<ControlMessage> departure(int peer);
+
   // Whether `peer`'s last answer said it had not started collective
   // `sequence` yet.
   bool answered_not_reached(int peer, std::uint64_t sequence);
@@ -151,6 +163,7 @@ class ControlChannel {
     std::deque<std::vector<std::uint8_t>> outbox;
     std::size_t sent = 0;  // bytes of outbox.front() already sent
     std::optional<ControlMessage> answer;
+    std::optional<ControlMessage> departure;  // its kLeaving
   };
 
   void run();

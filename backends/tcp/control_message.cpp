@@ -135,7 +135,7 @@ std::optional<ControlMessage> ControlMessage::decode(const std::uint8_t* bytes,
   ControlMessage message;
   std::uint8_t kind = bytes[5];
   if (kind < static_cast<std::uint8_t>(ControlKind::kAbort) ||
-      kind > static_cast<std::uint8_t>(ControlKind::kAnswer)) {
+      kind > static_cast<std::uint8_t>(ControlKind::kLeaving)) {
     return std::nullopt;
   }
   message.kind = static_cast<ControlKind>(kind);

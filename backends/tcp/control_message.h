@@ -5,10 +5,13 @@
 // Kinds: an abort ("my call failed, and this is why", sent to every peer so
 // that they fail now rather than at their timeouts, naming the first
 // cause); a heartbeat (nothing but "I am alive", sent by every rank's
-// control thread at a fixed interval); and a query and its answer ("which
+// control thread at a fixed interval); a query and its answer ("which
 // call is your collective number S?", asked of a peer that a step has
 // waited on for a while, so that ranks that named different roots, and so
-// exchange no message at all, find out). See control_channel.h.
+// exchange no message at all, find out); and a departure ("I shut my group
+// down with no failure, after these collectives", sent as a rank leaves, so
+// that a peer still waiting for it names a program that ended early rather
+// than a crash). See control_channel.h.
 //
 // On the wire (little-endian): a fixed prefix of kPrefixSize bytes (magic
 // "CMCL", version, kind, the byte count of the body), then the body. A
@@ -35,6 +38,7 @@ enum class ControlKind : std::uint8_t {
   kHeartbeat = 2,  // the sender is alive; no body
   kQuery = 3,      // which call is your collective `call.sequence`?
   kAnswer = 4,     // the reply to a query; see CallState
+  kLeaving = 5,    // the sender shuts its group down; `text` says after what
 };
 
 // What a kAnswer says about the collective asked about.
@@ -54,12 +58,14 @@ struct ControlMessage {
   static constexpr std::size_t kMaxBodyBytes = 8192;
 
   ControlKind kind = ControlKind::kAbort;
-  CallInfo call;  // the call that failed, is asked about, or the answer
+  // The call that failed, is asked about, or the answer; for kLeaving, the
+  // sender's last collective, where it started one.
+  CallInfo call;
   ErrorKind error = ErrorKind::kBackend;
   CallState state = CallState::kNone;  // for kAnswer
   std::int32_t blamed = -1;      // the rank the failure is blamed on, or -1
   std::vector<int> waiting_for;  // for a timeout: the ranks still owed
-  std::string text;              // the sender's error message
+  std::string text;  // the sender's error message; for kLeaving, its calls
 
   // The whole message, prefix and body.
   std::vector<std::uint8_t> encode() const;

@@ -1202,7 +1202,7 @@ void Exchange::read_last_words(int peer) {
     // just drained, so look again rather than sleep.
     if (!closed && control_->peer_closed(peer)) continue;
     const auto now = detail::Clock::now();
-    if (now >= at_most || (closed && now >= at_least)) return;
+    if (now >= at_most || (closed && now >= at_least)) break;
     pollfd watched[2] = {{control_->alarm_fd(), POLLIN, 0},
                          {wake_fd_, POLLIN, 0}};
     const int ready =
@@ -1211,6 +1211,27 @@ void Exchange::read_last_words(int peer) {
     // Shutting down: the caller's own error stands.
     if (ready > 0 && watched[1].revents != 0) return;
   }
+  const std::optional<ControlMessage> left = control_->departure(peer);
+  if (!left) return;
+  const std::string who = mesh_.peer_name(peer);
+  const std::string here = "rank " + std::to_string(mesh_.rank());
+  if (left->state == CallState::kStarted &&
+      left->call.sequence >= call_.sequence) {
+    throw PeerError(peer, who +
+                              " shut its process group down with no failure (" +
+                              left->text + ") while " + here + " was in " +
+                              call_.describe() +
+                              ", which it had started too: a group destroyed "
+                              "before its calls' Work completes fails them on "
+                              "every rank");
+  }
+  throw PeerError(peer,
+                  who + " shut its process group down with no failure (" +
+                      left->text + ") while " + here + " waited for it in " +
+                      call_.describe() +
+                      ": its program ended, or destroyed its group, before the "
+                      "others' last collective; every rank must issue the same "
+                      "collectives in the same order");
 }
 
 void Exchange::read_control() {

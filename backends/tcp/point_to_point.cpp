@@ -250,6 +250,49 @@ void PointToPoint::lose_peer(int peer, std::exception_ptr error) {
   lost_.push_back({peer, std::move(error)});
 }
 
+std::optional<ControlMessage> PointToPoint::explain_loss(Lost& lost) {
+  std::string text = "lost";
+  int blamed = lost.peer;
+  try {
+    std::rethrow_exception(lost.error);
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  const auto cause = control_.death_report(lost.peer);
+  if (const auto left = control_.departure(lost.peer); left && !cause) {
+    // It shut its group down with no failure: the program's doing, not a
+    // death to tell the others of. What waits for it fails alone.
+    lost.error = std::make_exception_ptr(PeerError(
+        lost.peer, mesh_.peer_name(lost.peer) +
+                       " shut its process group down with no failure (" +
+                       left->text + ") while rank " +
+                       std::to_string(mesh_.rank()) +
+                       " had a send to it or a receive from it pending: "
+                       "every send must have its receive"));
+    return std::nullopt;
+  }
+  // A peer that went after a rank was reported lost (by that peer, or by
+  // any rank) left because of that loss: name the rank first lost.
+  if (cause && cause->message.blamed != lost.peer &&
+      cause->message.blamed != mesh_.rank()) {
+    blamed = cause->message.blamed;
+    text += "; " +
+            (cause->from == lost.peer ? std::string("it")
+                                      : "rank " + std::to_string(cause->from)) +
+            " had reported: " + cause->message.text;
+    lost.error = std::make_exception_ptr(PeerError(blamed, text));
+  }
+  ControlMessage news;
+  news.kind = ControlKind::kAbort;
+  news.error = ErrorKind::kPeer;
+  news.blamed = blamed;
+  // Sequence 0 comes before every collective: each fails on it.
+  news.call = CallInfo{Collective::kSend, 0, DType::kU8, 0, ReduceOp::kSum, -1};
+  news.text = "point-to-point traffic with " + mesh_.peer_name(lost.peer) +
+              " failed on rank " + std::to_string(mesh_.rank()) + ": " + text;
+  return news;
+}
+
 void PointToPoint::settle_lost() {
   // A lost peer's own report, if it made one before it went, arrives on
   // its control connection, which another thread reads: wait until that
@@ -265,42 +308,15 @@ void PointToPoint::settle_lost() {
     }
   }
   for (Lost& lost : lost_) {
-    std::string text = "lost";
-    int blamed = lost.peer;
-    try {
-      std::rethrow_exception(lost.error);
-    } catch (const std::exception& e) {
-      text = e.what();
+    if (auto news = explain_loss(lost)) {
+      // Told before any operation fails on it, and even as the group
+      // shuts down (the control channel outlives this thread), so that a
+      // program that exits on the error has told the others first. Not
+      // under mutex_: the broadcast may take a while to leave.
+      COMM_LOG_INFO("{}", news->text);
+      control_.record_own_report(*news);
+      control_.broadcast(*news, std::chrono::milliseconds(200));
     }
-    // A peer that went after a rank was reported lost (by that peer, or
-    // by any rank) left because of that loss: name the rank first lost.
-    if (auto cause = control_.death_report(lost.peer);
-        cause && cause->message.blamed != lost.peer &&
-        cause->message.blamed != mesh_.rank()) {
-      blamed = cause->message.blamed;
-      text +=
-          "; " +
-          (cause->from == lost.peer ? std::string("it")
-                                    : "rank " + std::to_string(cause->from)) +
-          " had reported: " + cause->message.text;
-      lost.error = std::make_exception_ptr(PeerError(blamed, text));
-    }
-    ControlMessage news;
-    news.kind = ControlKind::kAbort;
-    news.error = ErrorKind::kPeer;
-    news.blamed = blamed;
-    // Sequence 0 comes before every collective: each fails on it.
-    news.call =
-        CallInfo{Collective::kSend, 0, DType::kU8, 0, ReduceOp::kSum, -1};
-    news.text = "point-to-point traffic with " + mesh_.peer_name(lost.peer) +
-                " failed on rank " + std::to_string(mesh_.rank()) + ": " + text;
-    // Told before any operation fails on it, and even as the group shuts
-    // down (the control channel outlives this thread), so that a program
-    // that exits on the error has told the others first. Not under
-    // mutex_: the broadcast may take a while to leave.
-    COMM_LOG_INFO("{}", news.text);
-    control_.record_own_report(news);
-    control_.broadcast(news, std::chrono::milliseconds(200));
     std::lock_guard<std::mutex> lock(mutex_);
     settling_[lost.peer] = false;
     // Shut down meanwhile: stop() failed the operations already.

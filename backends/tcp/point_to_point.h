@@ -121,12 +121,18 @@ class PointToPoint {
   // and operations posted to it meanwhile wait with the others.
   void lose_peer(int peer, std::exception_ptr error);
   // For each lost peer: waits until its control connection has been read
-  // to its end (kLastWordsFor at most, less on stop()), takes the rank it
-  // (or, failing that, any rank) reported lost, if one was, as the one to
-  // name, tells every rank, this one included
-  // (ControlChannel::record_own_report), and fails the peer's operations.
-  // Call without mutex_.
+  // to its end (kLastWordsFor at most, less on stop()), tells every rank,
+  // this one included (ControlChannel::record_own_report), what
+  // explain_loss() returns, and fails the peer's operations. Call without
+  // mutex_.
   void settle_lost();
+  struct Lost;
+  // Sets `lost.error` to what the peer's operations fail with, and returns
+  // the report that tells the others: naming the rank the peer (or,
+  // failing that, any rank) reported lost, if one was, else the peer.
+  // Returns nothing for a peer that said it left with no failure
+  // (ControlChannel::departure): its leaving is no death.
+  std::optional<ControlMessage> explain_loss(Lost& lost);
   void expire(detail::Clock::time_point now);
   void complete(const std::shared_ptr<Operation>& op, std::exception_ptr error,
                 int source);

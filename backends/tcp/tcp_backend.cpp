@@ -202,6 +202,12 @@ void TcpBackend::shutdown() {
   }
   p2p_->stop(std::make_exception_ptr(BackendError(
       "the process group was shut down with this operation pending")));
+  // A peer still waiting for this rank then names an early end, not a
+  // crash (tcp::Exchange::read_last_words); a broken group's peers have
+  // had its report.
+  if (!scheduler_->broken()) {
+    control_->announce_leaving(kLeavingBudget);
+  }
   control_->stop();
   mesh_->shutdown_all();
 }

@@ -108,6 +108,9 @@ class COMM_API TcpBackend final : public Backend {
   // last rooted calls (tcp::Exchange::finish_confirmations), where the
   // timeout is longer.
   static constexpr std::chrono::milliseconds kConfirmationLinger{1000};
+  // How long shutdown() waits at most for its departure notice
+  // (tcp::ControlKind::kLeaving) to leave this rank.
+  static constexpr std::chrono::milliseconds kLeavingBudget{100};
 
   std::chrono::milliseconds timeout_;
   std::unique_ptr<tcp::Mesh> mesh_;

@@ -396,6 +396,58 @@ TEST_CASE(
   CHECK(ranks[victim]->wait(30s) == 128 + SIGKILL);
 }
 
+TEST_CASE(
+    "a rank that shuts its group down early is named as leaving with no "
+    "failure, and one killed is not",
+    "[tcp][multiproc][failure]") {
+  // Rank 1 of 3 runs one collective fewer than the others, then shuts its
+  // group down and exits (or is killed there). Ranks 0 and 2 wait for it,
+  // in an all_reduce or in a receive from it, and must name rank 1 as a
+  // program that ended early, not as a crash, or the other way round.
+  const std::string transport = GENERATE("tcp", "auto");
+  const bool killed = GENERATE(false, true);
+  const bool receives = GENERATE(false, true);
+  CAPTURE(transport, killed, receives);
+  constexpr int kNamedLeaving = kFirstTestExitCode;
+  constexpr int kNamedDead = kFirstTestExitCode + 1;
+  const int world = 3, leaver = 1;
+  const std::string url = comm::testing::loopback_url(world);
+  auto ranks = comm::testing::start_ranks(world, [&](int rank) {
+    setenv("COMM_TRANSPORT", transport.c_str(), 1);
+    try {
+      auto group = comm::init_process_group("tcp", url, rank, world, 30s);
+      comm::Tensor t = comm::Tensor::full({1024}, 1.0, comm::DType::kF32);
+      group->all_reduce(t, {comm::ReduceOp::kSum})->wait();
+      if (rank == leaver) {
+        if (killed) raise(SIGKILL);
+        group.reset();  // shut down with nothing pending
+        return 0;
+      }
+      if (rank == 0 && receives) {
+        group->recv(t, leaver, {.timeout = 20s});
+      } else {
+        group->all_reduce(t, {comm::ReduceOp::kSum, 20s})->wait();
+      }
+      return kOtherError;  // served though rank 1 had gone
+    } catch (const comm::PeerError& e) {
+      std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+      if (e.peer_rank() != leaver) return kOtherError;
+      return std::string(e.what()).find(
+                 "shut its process group down with no failure (after 1 "
+                 "collective, the last all_reduce #0") != std::string::npos
+                 ? kNamedLeaving
+                 : kNamedDead;
+    } catch (...) {
+      return comm::testing::failure_exit_code(std::current_exception(), rank,
+                                              leaver);
+    }
+  });
+  const int expected = killed ? kNamedDead : kNamedLeaving;
+  CHECK(ranks[0]->wait(30s) == expected);
+  CHECK(ranks[2]->wait(30s) == expected);
+  CHECK(ranks[leaver]->wait(30s) == (killed ? 128 + SIGKILL : 0));
+}
+
 TEST_CASE("a rank blocked in a barrier uses almost no CPU",
           "[tcp][multiproc]") {
   const std::string url = comm::testing::loopback_url(2);

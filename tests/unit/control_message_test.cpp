@@ -84,6 +84,24 @@ TEST_CASE("a query and its answer survive encode and decode") {
   CHECK(read->call == query.call);
 }
 
+TEST_CASE(
+    "a departure survives encode and decode, and the next kind does not") {
+  ControlMessage leaving = sample();
+  leaving.kind = ControlKind::kLeaving;
+  leaving.state = CallState::kStarted;
+  leaving.text = "after 3 collectives, the last all_reduce #2";
+  const std::vector<std::uint8_t> bytes = leaving.encode();
+  const auto got = ControlMessage::decode(bytes.data(), bytes.size());
+  REQUIRE(got);
+  CHECK(got->kind == ControlKind::kLeaving);
+  CHECK(got->state == CallState::kStarted);
+  CHECK(got->call == leaving.call);
+  CHECK(got->text == leaving.text);
+  std::vector<std::uint8_t> unknown = bytes;
+  unknown[5] = static_cast<std::uint8_t>(ControlKind::kLeaving) + 1;
+  CHECK_FALSE(ControlMessage::decode(unknown.data(), unknown.size()));
+}
+
 TEST_CASE("a control message's text is cut to what a reader accepts") {
   ControlMessage sent = sample();
   sent.text.assign(100000, 'x');
