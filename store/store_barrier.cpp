@@ -208,7 +208,13 @@ std::string arrive_and_wait(const StoreBarrier& barrier,
     outcome = wait_for_outcome(barrier, timeout, deadline, watch, ask);
   }
   if (outcome == kJoined) return "";
-  leave_failed(barrier, barrier.rank, false);
+  try {
+    leave_failed(barrier, barrier.rank, false);
+  } catch (const Error&) {
+    // The store went with its host after the answer: the outcome stands,
+    // and there is no one left to linger for.
+    return outcome_of(outcome);
+  }
   linger_until_all_left(barrier, kLingerAfterFailure);
   return outcome_of(outcome);
 }

@@ -47,9 +47,10 @@ inline constexpr std::chrono::milliseconds kLingerAfterFailure{2000};
 // barrier. The outcome is decided once: whichever of the last arrival and
 // a failure (fail_barrier) comes first stands for every rank. Returns ""
 // when all arrived, or the failing rank's reason. A rank that reads a
-// failure first waits, up to kLingerAfterFailure, until every rank has read
-// it or failed the barrier too, as fail_barrier does: whichever rank hosts
-// the store takes it down as it exits, however it learnt of the failure. A
+// failure first waits, up to kLingerAfterFailure beyond `timeout`, until
+// every rank has read it, failed the barrier too or been counted out as
+// dead, as fail_barrier does: whichever rank hosts the store takes it down
+// as it exits, however it learnt of the failure. A
 // wait that runs out as the last rank arrives returns "" too (where the store
 // can still be asked then: one that resumes after a timeout, or a watched
 // barrier), and one that runs out as a failure is posted throws TimeoutError.

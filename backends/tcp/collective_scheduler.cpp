@@ -270,6 +270,7 @@ bool CollectiveScheduler::shutdown() {
     state_.fetch_and(~kQueued, std::memory_order_relaxed);
     abandoned.swap(queue_);
   }
+  abandoned_ = abandoned.size();
   const auto error = std::make_exception_ptr(BackendError(
       "the process group was shut down before this operation ran"));
   for (auto& task : abandoned) {

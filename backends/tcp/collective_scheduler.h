@@ -127,6 +127,8 @@ class CollectiveScheduler final
   // thread gives the turn back and stops the worker. Returns false when the
   // scheduler was already shut down.
   bool shutdown();
+  // How many queued tasks shutdown() failed before they ran.
+  std::size_t abandoned() const { return abandoned_; }
 
  private:
   explicit CollectiveScheduler(int rank, Execute execute);
@@ -202,6 +204,7 @@ class CollectiveScheduler final
   std::exception_ptr broken_;  // the first failure; tasks refuse after it
   // Set once broken_ is, so that run() checks it without the mutex.
   std::atomic<bool> is_broken_{false};
+  std::size_t abandoned_ = 0;  // set by shutdown(), on its thread
 };
 
 }  // namespace comm::tcp

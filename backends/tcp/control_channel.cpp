@@ -188,7 +188,8 @@ std::optional<ControlChannel::Report> ControlChannel::death_report(int peer) {
   return first;
 }
 
-void ControlChannel::announce_leaving(std::chrono::milliseconds budget) {
+void ControlChannel::announce_leaving(std::size_t abandoned,
+                                      std::chrono::milliseconds budget) {
   ControlMessage message;
   message.kind = ControlKind::kLeaving;
   {
@@ -197,16 +198,19 @@ void ControlChannel::announce_leaving(std::chrono::milliseconds budget) {
       message.text = "before any collective";
     } else {
       message.call = history_[(started_ - 1) % kHistory];
-      message.state = CallState::kStarted;
       message.text = "after " + std::to_string(started_) + " collective" +
                      (started_ == 1 ? "" : "s") + ", the last " +
                      message.call.describe();
     }
   }
+  if (abandoned > 0) {
+    message.text += ", dropping " + std::to_string(abandoned) +
+                    " more it had issued but not run";
+  }
   broadcast(message, budget);
 }
 
-std::optional<ControlMessage> ControlChannel::departure(int peer) {
+std::optional<std::string> ControlChannel::departure(int peer) {
   std::lock_guard<std::mutex> lock(mutex_);
   return peers_[static_cast<std::size_t>(peer)].departure;
 }
@@ -337,7 +341,8 @@ void ControlChannel::dispatch(int peer, ControlMessage message) {
       record_event();
       return;
     case ControlKind::kLeaving:
-      peers_[static_cast<std::size_t>(peer)].departure = std::move(message);
+      peers_[static_cast<std::size_t>(peer)].departure =
+          std::move(message.text);
       return;
   }
 }
@@ -532,6 +537,18 @@ void report_failure(ControlChannel& control, const CallInfo& call, int rank,
     COMM_LOG_INFO("{} failed: {}", call.describe(), abort.text);
   }
   control.broadcast(abort, std::chrono::milliseconds(200));
+}
+
+std::string departure_error(const std::string& peer_name,
+                            const std::string& departure,
+                            const std::string& waiting,
+                            const std::string& check) {
+  return peer_name + " shut its process group down (" + departure + ") while " +
+         waiting +
+         ": its program ended (returned, or raised an error) or destroyed its "
+         "group before the others were done with it; see its output, and "
+         "check that " +
+         check;
 }
 
 void raise_report(const CallInfo& call, const ControlChannel::Report& report) {

@@ -125,17 +125,18 @@ class ControlChannel {
   // alarm as it is, for the steps that wait on it.
   std::optional<Report> death_report(int peer);
 
-  // Tells every peer that this rank shuts its group down with no failure,
-  // after the collectives it started (kLeaving), and waits up to `budget`
-  // for the news to leave this rank. Best effort, as broadcast().
-  void announce_leaving(std::chrono::milliseconds budget);
-  // The kLeaving that `peer` sent as it left with no failure, where it did
-  // and it has been read (call after peer_closed(), which makes sure it
-  // has): its `text` says after what ("after 3 collectives, the last
-  // all_reduce #2 (...)"), and its `call` is its last collective where its
-  // `state` is CallState::kStarted. Raises no alarm: a peer that leaves
-  // fails only what waits for it.
-  std::optional<ControlMessage> departure(int peer);
+  // Tells every peer that this rank shuts its group down (kLeaving), after
+  // the collectives it started and with `abandoned` more that it issued
+  // but never ran, and waits up to `budget` for the news to leave this
+  // rank. Best effort, as broadcast(). For a group that did not fail: a
+  // failed one's peers have had its report.
+  void announce_leaving(std::size_t abandoned,
+                        std::chrono::milliseconds budget);
+  // What `peer` said as it shut its group down ("after 3 collectives, the
+  // last all_reduce #2 (...)"), where it did and that has been read: call
+  // after peer_closed(), which makes sure it has. Raises no alarm: a peer
+  // that leaves fails only what waits for it.
+  std::optional<std::string> departure(int peer);
 
   // Whether `peer`'s last answer said it had not started collective
   // `sequence` yet.
@@ -163,7 +164,7 @@ class ControlChannel {
     std::deque<std::vector<std::uint8_t>> outbox;
     std::size_t sent = 0;  // bytes of outbox.front() already sent
     std::optional<ControlMessage> answer;
-    std::optional<ControlMessage> departure;  // its kLeaving
+    std::optional<std::string> departure;  // its kLeaving's text
   };
 
   void run();
@@ -216,6 +217,16 @@ enum class FailureSeen { kToCaller, kLogOnly };
 // timeouts. Best effort: a dead peer just misses it.
 void report_failure(ControlChannel& control, const CallInfo& call, int rank,
                     FailureSeen seen = FailureSeen::kToCaller);
+
+// The error text for `peer_name`, which left saying `departure`
+// (ControlChannel::departure) while `waiting` ("rank 0 waited for it in
+// all_reduce #3 (...)"): it names no cause, which the leaving rank's own
+// output holds, but what to check, `check` ("every rank issues the same
+// collectives in the same order").
+std::string departure_error(const std::string& peer_name,
+                            const std::string& departure,
+                            const std::string& waiting,
+                            const std::string& check);
 
 // Throws a peer's failure report as the error of `call`, a Reported<E>.
 [[noreturn]] void raise_report(const CallInfo& call,

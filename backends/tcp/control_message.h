@@ -9,9 +9,9 @@
 // call is your collective number S?", asked of a peer that a step has
 // waited on for a while, so that ranks that named different roots, and so
 // exchange no message at all, find out); and a departure ("I shut my group
-// down with no failure, after these collectives", sent as a rank leaves, so
-// that a peer still waiting for it names a program that ended early rather
-// than a crash). See control_channel.h.
+// down, after these collectives", sent as a rank whose group did not fail
+// leaves, so that a peer still waiting for it names a program that ended
+// early rather than a crash). See control_channel.h.
 //
 // On the wire (little-endian): a fixed prefix of kPrefixSize bytes (magic
 // "CMCL", version, kind, the byte count of the body), then the body. A
@@ -59,7 +59,7 @@ struct ControlMessage {
 
   ControlKind kind = ControlKind::kAbort;
   // The call that failed, is asked about, or the answer; for kLeaving, the
-  // sender's last collective, where it started one.
+  // sender's last collective, where it started one (`text` names it).
   CallInfo call;
   ErrorKind error = ErrorKind::kBackend;
   CallState state = CallState::kNone;  // for kAnswer

@@ -1211,27 +1211,14 @@ void Exchange::read_last_words(int peer) {
     // Shutting down: the caller's own error stands.
     if (ready > 0 && watched[1].revents != 0) return;
   }
-  const std::optional<ControlMessage> left = control_->departure(peer);
+  const std::optional<std::string> left = control_->departure(peer);
   if (!left) return;
-  const std::string who = mesh_.peer_name(peer);
-  const std::string here = "rank " + std::to_string(mesh_.rank());
-  if (left->state == CallState::kStarted &&
-      left->call.sequence >= call_.sequence) {
-    throw PeerError(peer, who +
-                              " shut its process group down with no failure (" +
-                              left->text + ") while " + here + " was in " +
-                              call_.describe() +
-                              ", which it had started too: a group destroyed "
-                              "before its calls' Work completes fails them on "
-                              "every rank");
-  }
   throw PeerError(peer,
-                  who + " shut its process group down with no failure (" +
-                      left->text + ") while " + here + " waited for it in " +
-                      call_.describe() +
-                      ": its program ended, or destroyed its group, before the "
-                      "others' last collective; every rank must issue the same "
-                      "collectives in the same order");
+                  departure_error(mesh_.peer_name(peer), *left,
+                                  "rank " + std::to_string(mesh_.rank()) +
+                                      " waited for it in " + call_.describe(),
+                                  "every rank issues the same "
+                                  "collectives in the same order"));
 }
 
 void Exchange::read_control() {

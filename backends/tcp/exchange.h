@@ -398,9 +398,10 @@ class Exchange final : public CollectiveStep {
   // its report (when its socket takes it within the report's budget)
   // before it closes that connection, so the error names the first cause
   // rather than the messenger unless this rank's control thread is more
-  // than kLastWordsWait late. Where the peer said instead that it left
-  // with no failure (ControlChannel::departure), throws a PeerError naming
-  // it that says so: its program ended, or destroyed its group, early.
+  // than kLastWordsWait late. Where the peer said instead that it shut its
+  // group down (ControlChannel::departure), throws a PeerError naming it
+  // that says so (departure_error): its program ended, or destroyed its
+  // group, early.
   void read_last_words(int peer);
   static constexpr std::chrono::milliseconds kLastWordsFloor{50};
   static constexpr std::chrono::milliseconds kLastWordsWait{500};

@@ -110,7 +110,7 @@ void report_death(const StoreBarrier& barrier, const shm::PeerGone& death) {
   fail_barrier(barrier,
                std::string(kDeathMark) + std::to_string(death.peer_rank()) +
                    ": " + death.what(),
-               std::chrono::seconds(2), death.peer_rank());
+               kLingerAfterFailure, death.peer_rank());
 }
 
 void expect_every_rank(const std::string& problem, const std::string& name,

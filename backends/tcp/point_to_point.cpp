@@ -36,6 +36,8 @@ bool peer_end_gone(int error) {
 // How long a lost peer's report may take to arrive after its point-to-point
 // channel ends: its control connection's end says when it has.
 constexpr auto kLastWordsFor = std::chrono::milliseconds(500);
+// How long it is waited for at least while this rank shuts down.
+constexpr auto kLastWordsFloor = std::chrono::milliseconds(50);
 
 }  // namespace
 
@@ -260,15 +262,14 @@ std::optional<ControlMessage> PointToPoint::explain_loss(Lost& lost) {
   }
   const auto cause = control_.death_report(lost.peer);
   if (const auto left = control_.departure(lost.peer); left && !cause) {
-    // It shut its group down with no failure: the program's doing, not a
-    // death to tell the others of. What waits for it fails alone.
+    // It shut its group down: the program's doing, not a death to tell
+    // the others of. What waits for it fails alone.
     lost.error = std::make_exception_ptr(PeerError(
-        lost.peer, mesh_.peer_name(lost.peer) +
-                       " shut its process group down with no failure (" +
-                       left->text + ") while rank " +
-                       std::to_string(mesh_.rank()) +
-                       " had a send to it or a receive from it pending: "
-                       "every send must have its receive"));
+        lost.peer,
+        departure_error(mesh_.peer_name(lost.peer), *left,
+                        "rank " + std::to_string(mesh_.rank()) +
+                            " had a send to it or a receive from it pending",
+                        "every send has its receive")));
     return std::nullopt;
   }
   // A peer that went after a rank was reported lost (by that peer, or by
@@ -297,10 +298,13 @@ void PointToPoint::settle_lost() {
   // A lost peer's own report, if it made one before it went, arrives on
   // its control connection, which another thread reads: wait until that
   // connection has been read to its end too, or a moment (bounded).
+  // A stop() cuts the wait short, but not below kLastWordsFloor: a peer
+  // that shut down with this rank has its departure on the way.
+  const auto floor = detail::deadline_after(kLastWordsFloor);
   const auto until = detail::deadline_after(kLastWordsFor);
   for (const Lost& lost : lost_) {
     while (!control_.peer_closed(lost.peer) && detail::Clock::now() < until) {
-      {
+      if (detail::Clock::now() >= floor) {
         std::lock_guard<std::mutex> lock(mutex_);
         if (stopping_) break;
       }

@@ -120,18 +120,24 @@ class PointToPoint {
   // then the peer stops being polled and waits in lost_ for settle_lost(),
   // and operations posted to it meanwhile wait with the others.
   void lose_peer(int peer, std::exception_ptr error);
+  // A peer lost, with the error its operations fail with.
+  struct Lost {
+    int peer;
+    std::exception_ptr error;
+  };
   // For each lost peer: waits until its control connection has been read
   // to its end (kLastWordsFor at most, less on stop()), tells every rank,
   // this one included (ControlChannel::record_own_report), what
   // explain_loss() returns, and fails the peer's operations. Call without
   // mutex_.
   void settle_lost();
-  struct Lost;
-  // Sets `lost.error` to what the peer's operations fail with, and returns
-  // the report that tells the others: naming the rank the peer (or,
-  // failing that, any rank) reported lost, if one was, else the peer.
-  // Returns nothing for a peer that said it left with no failure
-  // (ControlChannel::departure): its leaving is no death.
+  // Says why `lost` went. Returns the report that tells the others of it:
+  // naming the rank that the peer (or, failing that, any rank) reported
+  // lost where one was, with `lost.error` rewritten to name that rank
+  // too, and naming the peer otherwise. Returns nothing for a peer that
+  // said it shut its group down (ControlChannel::departure) where no rank
+  // was reported lost, as its leaving is no death; `lost.error` then says
+  // so. Call without mutex_.
   std::optional<ControlMessage> explain_loss(Lost& lost);
   void expire(detail::Clock::time_point now);
   void complete(const std::shared_ptr<Operation>& op, std::exception_ptr error,
@@ -147,11 +153,6 @@ class PointToPoint {
   std::list<Kept> kept_;
   std::vector<Incoming> incoming_;          // per peer
   std::vector<std::exception_ptr> broken_;  // per peer
-  // A peer lost, with the error its operations fail with.
-  struct Lost {
-    int peer;
-    std::exception_ptr error;
-  };
   std::vector<Lost> lost_;  // the progress thread's alone: no lock
   // Per peer: lost, waiting in lost_ (not polled; posts to it queue).
   std::vector<char> settling_;

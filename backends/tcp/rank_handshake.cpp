@@ -17,7 +17,7 @@ constexpr std::uint32_t kMagic = 0x32544d43;     // "CMT2" on the wire
 constexpr std::uint32_t kOldMagic = 0x48544d43;  // "CMTH": libcomm 0.1's
 // Raised whenever what ranks send each other changes: a rank refuses a
 // peer of another version rather than misread its messages.
-constexpr std::uint8_t kVersion = 3;
+constexpr std::uint8_t kVersion = 4;
 
 constexpr std::uint8_t kRefused = 0;
 constexpr std::uint8_t kAccepted = 1;

@@ -206,7 +206,7 @@ void TcpBackend::shutdown() {
   // crash (tcp::Exchange::read_last_words); a broken group's peers have
   // had its report.
   if (!scheduler_->broken()) {
-    control_->announce_leaving(kLeavingBudget);
+    control_->announce_leaving(scheduler_->abandoned(), kLeavingBudget);
   }
   control_->stop();
   mesh_->shutdown_all();

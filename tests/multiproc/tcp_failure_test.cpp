@@ -397,13 +397,15 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a rank that shuts its group down early is named as leaving with no "
-    "failure, and one killed is not",
+    "a rank that shuts its group down early is named as leaving, and one "
+    "killed as dead",
     "[tcp][multiproc][failure]") {
   // Rank 1 of 3 runs one collective fewer than the others, then shuts its
   // group down and exits (or is killed there). Ranks 0 and 2 wait for it,
   // in an all_reduce or in a receive from it, and must name rank 1 as a
-  // program that ended early, not as a crash, or the other way round.
+  // program that ended early, not as a crash, or the other way round. They
+  // keep their groups until both have their errors, so that neither is
+  // taken for one that left early.
   const std::string transport = GENERATE("tcp", "auto");
   const bool killed = GENERATE(false, true);
   const bool receives = GENERATE(false, true);
@@ -412,39 +414,43 @@ TEST_CASE(
   constexpr int kNamedDead = kFirstTestExitCode + 1;
   const int world = 3, leaver = 1;
   const std::string url = comm::testing::loopback_url(world);
+  PipeSignal rank0_done, rank2_done;
   auto ranks = comm::testing::start_ranks(world, [&](int rank) {
     setenv("COMM_TRANSPORT", transport.c_str(), 1);
+    auto group = comm::init_process_group("tcp", url, rank, world, 30s);
+    comm::Tensor t = comm::Tensor::full({1024}, 1.0, comm::DType::kF32);
+    group->all_reduce(t, {comm::ReduceOp::kSum})->wait();
+    if (rank == leaver) {
+      if (killed) raise(SIGKILL);
+      group.reset();  // shut down with nothing pending
+      return 0;
+    }
+    int code = kOtherError;  // served though rank 1 had gone
     try {
-      auto group = comm::init_process_group("tcp", url, rank, world, 30s);
-      comm::Tensor t = comm::Tensor::full({1024}, 1.0, comm::DType::kF32);
-      group->all_reduce(t, {comm::ReduceOp::kSum})->wait();
-      if (rank == leaver) {
-        if (killed) raise(SIGKILL);
-        group.reset();  // shut down with nothing pending
-        return 0;
-      }
       if (rank == 0 && receives) {
         group->recv(t, leaver, {.timeout = 20s});
       } else {
         group->all_reduce(t, {comm::ReduceOp::kSum, 20s})->wait();
       }
-      return kOtherError;  // served though rank 1 had gone
     } catch (const comm::PeerError& e) {
       std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-      if (e.peer_rank() != leaver) return kOtherError;
-      return std::string(e.what()).find(
-                 "shut its process group down with no failure (after 1 "
-                 "collective, the last all_reduce #0") != std::string::npos
+      code = e.peer_rank() != leaver ? kOtherError
+             : std::string(e.what()).find(
+                   "shut its process group down (after 1 collective, the "
+                   "last all_reduce #0") != std::string::npos
                  ? kNamedLeaving
                  : kNamedDead;
     } catch (...) {
-      return comm::testing::failure_exit_code(std::current_exception(), rank,
+      code = comm::testing::failure_exit_code(std::current_exception(), rank,
                                               leaver);
     }
+    (rank == 0 ? rank0_done : rank2_done).raise();
+    (rank == 0 ? rank2_done : rank0_done).wait(30s);
+    return code;
   });
   const int expected = killed ? kNamedDead : kNamedLeaving;
-  CHECK(ranks[0]->wait(30s) == expected);
-  CHECK(ranks[2]->wait(30s) == expected);
+  CHECK(ranks[0]->wait(60s) == expected);
+  CHECK(ranks[2]->wait(60s) == expected);
   CHECK(ranks[leaver]->wait(30s) == (killed ? 128 + SIGKILL : 0));
 }
 

@@ -40,12 +40,12 @@ using namespace std::chrono_literals;
 namespace {
 
 // The handshake a connecting rank sends first (see rank_handshake.h): magic
-// "CMT2", channel, version 3, whether it authenticates, a reserved byte,
+// "CMT2", channel, version 4, whether it authenticates, a reserved byte,
 // job id, rank, world size, nonce.
 struct Hello {
   std::uint32_t magic = 0x32544d43;
   std::uint8_t channel = 0;
-  std::uint8_t version = 3;
+  std::uint8_t version = 4;
   std::uint8_t authenticated = 0;
   std::uint8_t reserved = 0;
   std::uint64_t job = 0;
@@ -184,7 +184,7 @@ TEST_CASE("a connection whose handshake does not fit the group is refused",
       {"a wrong magic", but([](Hello& h) { h.magic = 0x12345678; })},
       {"no such channel",
        but([](Hello& h) { h.channel = comm::tcp::kChannels; })},
-      {"another version", but([](Hello& h) { h.version = 2; })},
+      {"another version", but([](Hello& h) { h.version = 3; })},
       // Without a token in the store there is nothing to authenticate with.
       {"authentication", but([](Hello& h) { h.authenticated = 1; })},
   };
