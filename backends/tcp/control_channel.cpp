@@ -179,7 +179,7 @@ std::optional<ControlChannel::Report> ControlChannel::death_report(int peer) {
   for (const Report& report : reports_) {
     const int blamed = report.message.blamed;
     if (report.message.error != ErrorKind::kPeer || blamed < 0 ||
-        blamed >= mesh_.size()) {
+        blamed >= mesh_.size() || blamed == peer || blamed == mesh_.rank()) {
       continue;
     }
     if (report.from == peer) return report;

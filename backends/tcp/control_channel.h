@@ -119,9 +119,11 @@ class ControlChannel {
   // so that this rank's collectives fail on it as the others' do: for a
   // failure found outside any collective (a point-to-point peer lost).
   void record_own_report(ControlMessage message);
-  // The first report of a lost rank (kPeer, blaming a rank of the group)
-  // that `peer` sent, or else the first any rank sent, this one included;
-  // nothing where none has been recorded. Unlike check(), it leaves the
+  // The first report of a lost rank (kPeer, blaming a rank of the group
+  // other than `peer` and this one) that `peer` sent, or else the first
+  // any rank sent, this one included; nothing where none has been
+  // recorded. A report that blames `peer` itself (another rank's of the
+  // same loss) says nothing of why it went. Unlike check(), it leaves the
   // alarm as it is, for the steps that wait on it.
   std::optional<Report> death_report(int peer);
 

@@ -274,8 +274,7 @@ std::optional<ControlMessage> PointToPoint::explain_loss(Lost& lost) {
   }
   // A peer that went after a rank was reported lost (by that peer, or by
   // any rank) left because of that loss: name the rank first lost.
-  if (cause && cause->message.blamed != lost.peer &&
-      cause->message.blamed != mesh_.rank()) {
+  if (cause) {
     blamed = cause->message.blamed;
     text += "; " +
             (cause->from == lost.peer ? std::string("it")

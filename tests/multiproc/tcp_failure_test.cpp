@@ -402,14 +402,15 @@ TEST_CASE(
     "[tcp][multiproc][failure]") {
   // Rank 1 of 3 runs one collective fewer than the others, then shuts its
   // group down and exits (or is killed there). Ranks 0 and 2 wait for it,
-  // in an all_reduce or in a receive from it, and must name rank 1 as a
-  // program that ended early, not as a crash, or the other way round. They
-  // keep their groups until both have their errors, so that neither is
-  // taken for one that left early.
+  // rank 2 in an all_reduce and rank 0 in one too, or in a receive from it,
+  // or a send to it larger than a socket or ring holds, and must name rank
+  // 1 as a program that ended early, not as a crash, or the other way
+  // round. They keep their groups until both have their errors, so that
+  // neither is taken for one that left early.
   const std::string transport = GENERATE("tcp", "auto");
   const bool killed = GENERATE(false, true);
-  const bool receives = GENERATE(false, true);
-  CAPTURE(transport, killed, receives);
+  const std::string rank0_waits = GENERATE("all_reduce", "recv", "send");
+  CAPTURE(transport, killed, rank0_waits);
   constexpr int kNamedLeaving = kFirstTestExitCode;
   constexpr int kNamedDead = kFirstTestExitCode + 1;
   const int world = 3, leaver = 1;
@@ -427,8 +428,12 @@ TEST_CASE(
     }
     int code = kOtherError;  // served though rank 1 had gone
     try {
-      if (rank == 0 && receives) {
+      if (rank == 0 && rank0_waits == "recv") {
         group->recv(t, leaver, {.timeout = 20s});
+      } else if (rank == 0 && rank0_waits == "send") {
+        const comm::Tensor large =
+            comm::Tensor::zeros({16 << 20}, comm::DType::kF32);
+        group->send(large, leaver, {.timeout = 20s});
       } else {
         group->all_reduce(t, {comm::ReduceOp::kSum, 20s})->wait();
       }

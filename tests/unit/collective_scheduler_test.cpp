@@ -162,6 +162,9 @@ TEST_CASE("shutdown fails the queued tasks and interrupts the running one",
   CHECK_FALSE(third->is_completed());
   CHECK(scheduler->shutdown());
   CHECK(interrupted);
+  // The two queued ones were dropped unrun, and counted so (a departure
+  // names them); the interrupted one ran.
+  CHECK(scheduler->abandoned() == 2);
   CHECK_THROWS_AS(issue(*scheduler, Mode::kCallerWaits, held),
                   comm::BackendError);
   CHECK_THROWS_AS(issue(*scheduler, Mode::kQueuedNotWaited, held),
