@@ -114,6 +114,14 @@ class ControlChannel {
   // failure report among them, are recorded. Becoming true wakes
   // alarm_fd(). A failed send to the peer stops sending, not reading.
   bool peer_closed(int peer);
+  // How long a step that lost `peer`'s data connection waits for
+  // peer_closed(peer), so that a report or departure the peer sent before
+  // it went is read: at most kLastWordsWait, after which the loss is
+  // named as the peer's own; and at least kLastWordsFloor even while the
+  // group shuts down, as a peer that shut down with this rank has its
+  // departure on the way.
+  static constexpr std::chrono::milliseconds kLastWordsFloor{50};
+  static constexpr std::chrono::milliseconds kLastWordsWait{500};
 
   // Records `message` (a kAbort) as a failure report of this rank's own,
   // so that this rank's collectives fail on it as the others' do: for a

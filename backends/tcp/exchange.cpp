@@ -1188,9 +1188,9 @@ void Exchange::check_header(const Transfer& t) {
 
 void Exchange::read_last_words(int peer) {
   if (control_ == nullptr) return;
-  const auto at_least = detail::deadline_after(kLastWordsFloor);
-  const auto at_most =
-      std::min(detail::deadline_after(kLastWordsWait), deadline_);
+  const auto at_least = detail::deadline_after(ControlChannel::kLastWordsFloor);
+  const auto at_most = std::min(
+      detail::deadline_after(ControlChannel::kLastWordsWait), deadline_);
   // Bounded by at_most: each round sleeps until the alarm, the wake-up or
   // a deadline.
   while (true) {

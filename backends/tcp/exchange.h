@@ -392,8 +392,9 @@ class Exchange final : public CollectiveStep {
   // `peer`'s connection or ring broke: throws a report that fails this
   // call, if one comes. Waits until the control channel has read the
   // peer's control connection to its end (ControlChannel::peer_closed),
-  // and at least kLastWordsFloor, for a report of another rank, but at
-  // most kLastWordsWait or until the call's deadline or the backend's
+  // and at least ControlChannel::kLastWordsFloor, for a report of another
+  // rank, but at most ControlChannel::kLastWordsWait, the call's deadline
+  // or the backend's
   // shutdown. A peer that fails, then exits or destroys its group, sends
   // its report (when its socket takes it within the report's budget)
   // before it closes that connection, so the error names the first cause
@@ -403,8 +404,6 @@ class Exchange final : public CollectiveStep {
   // that says so (departure_error): its program ended, or destroyed its
   // group, early.
   void read_last_words(int peer);
-  static constexpr std::chrono::milliseconds kLastWordsFloor{50};
-  static constexpr std::chrono::milliseconds kLastWordsWait{500};
 
   Mesh& mesh_;
   CallInfo call_;

@@ -33,12 +33,6 @@ bool peer_end_gone(int error) {
          error == ETIMEDOUT || error == EHOSTUNREACH || error == ENETUNREACH;
 }
 
-// How long a lost peer's report may take to arrive after its point-to-point
-// channel ends: its control connection's end says when it has.
-constexpr auto kLastWordsFor = std::chrono::milliseconds(500);
-// How long it is waited for at least while this rank shuts down.
-constexpr auto kLastWordsFloor = std::chrono::milliseconds(50);
-
 }  // namespace
 
 PointToPoint::PointToPoint(Mesh& mesh, ControlChannel& control)
@@ -297,10 +291,10 @@ void PointToPoint::settle_lost() {
   // A lost peer's own report, if it made one before it went, arrives on
   // its control connection, which another thread reads: wait until that
   // connection has been read to its end too, or a moment (bounded).
-  // A stop() cuts the wait short, but not below kLastWordsFloor: a peer
+  // A stop() cuts the wait short, but not below the floor: a peer
   // that shut down with this rank has its departure on the way.
-  const auto floor = detail::deadline_after(kLastWordsFloor);
-  const auto until = detail::deadline_after(kLastWordsFor);
+  const auto floor = detail::deadline_after(ControlChannel::kLastWordsFloor);
+  const auto until = detail::deadline_after(ControlChannel::kLastWordsWait);
   for (const Lost& lost : lost_) {
     while (!control_.peer_closed(lost.peer) && detail::Clock::now() < until) {
       if (detail::Clock::now() >= floor) {

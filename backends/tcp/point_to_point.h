@@ -126,10 +126,10 @@ class PointToPoint {
     std::exception_ptr error;
   };
   // For each lost peer: waits until its control connection has been read
-  // to its end (kLastWordsFor at most, less on stop()), tells every rank,
-  // this one included (ControlChannel::record_own_report), what
-  // explain_loss() returns, and fails the peer's operations. Call without
-  // mutex_.
+  // to its end (ControlChannel::kLastWordsWait at most, less on stop()),
+  // tells every rank, this one included (ControlChannel::record_own_report),
+  // what explain_loss() returns, and fails the peer's operations. Call
+  // without mutex_.
   void settle_lost();
   // Says why `lost` went. Returns the report that tells the others of it:
   // naming the rank that the peer (or, failing that, any rank) reported
