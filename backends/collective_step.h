@@ -81,6 +81,20 @@ class CollectiveStep {
   // call fails the collective that reads it with MismatchError (read as
   // the group shuts down, it is logged and reported to the peers instead).
   virtual void expect_confirmation(int peer) = 0;
+  // Sends, before this step's transfers, every confirmation this rank owes
+  // any peer, not only those owed to the peers this step sends to. A
+  // transport reads a peer's confirmation before anything else that peer
+  // sends, and the peer sends it before its own first step that sends to
+  // this rank: where every rank runs steps of the same shape, that is the
+  // step in which this rank receives from it. Where ranks may run steps of
+  // different shapes in one call (an all_to_all with uneven splits, whose
+  // ranks choose their algorithm by their own bytes), a peer may reach a
+  // step that only receives from this rank while it still owes this rank
+  // a confirmation; this rank, waiting for that confirmation, would never
+  // send what the peer waits for. The first step of such a call calls
+  // this; it costs a message to each peer owed something, and nothing
+  // where nothing is owed.
+  virtual void send_owed_confirmations() = 0;
   // Progresses every transfer until all are done; throws the call's error
   // (a comm::Error) when one fails.
   virtual void run() = 0;

@@ -108,6 +108,9 @@ class SubgroupTransport final : public CollectiveTransport {
     void expect_confirmation(int peer) override {
       inner->expect_confirmation(members_[peer]);
     }
+    void send_owed_confirmations() override {
+      inner->send_owed_confirmations();
+    }
     void run() override { inner->run(); }
 
     CollectiveStep* inner = nullptr;

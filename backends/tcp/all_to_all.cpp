@@ -32,6 +32,15 @@
 // no rank returns while a peer still reads its input (the backend gives
 // an input that overlaps the output a copy of its own, as for the other
 // algorithms).
+//
+// So with uneven splits, ranks of one call may run different algorithms:
+// one rank a direct step, another pairwise steps or a read. Each pair of
+// ranks still trades the same messages, which every algorithm sends
+// without waiting on any other peer, but a rank that owes a peer a
+// confirmation (broadcast.cpp) sends it only in a step that sends to that
+// peer, while the peer reads it before anything else it receives from the
+// rank: so every algorithm's first step sends every confirmation owed
+// (CollectiveStep::send_owed_confirmations).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -82,6 +91,7 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
   Region* const offered = regions.data();
   Region* const told = offered + size;
   CollectiveStep& step = ctx.step();
+  step.send_owed_confirmations();
   for (int k = 1; k < size; ++k) {
     const int to = (rank + k) % size;
     const int from = (rank - k + size) % size;
@@ -157,6 +167,7 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
   }
   if (exchange_directly(ctx, bytes_sent)) {
     CollectiveStep& step = ctx.step();
+    step.send_owed_confirmations();
     for (int k = 1; k < size; ++k) {
       const int to = (rank + k) % size;
       const int from = (rank - k + size) % size;
@@ -170,6 +181,7 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
     const int to = (rank + k) % size;
     const int from = (rank - k + size) % size;
     CollectiveStep& step = ctx.step();
+    if (k == 1) step.send_owed_confirmations();
     step.send(to, input + send_offsets[to], send_bytes[to]);
     step.recv(from, output + recv_offsets[from], recv_bytes[from]);
     step.run();

@@ -252,6 +252,8 @@ void Exchange::send_confirmation(int peer) { confirming_.push_back(peer); }
 
 void Exchange::expect_confirmation(int peer) { expected_.push_back(peer); }
 
+void Exchange::send_owed_confirmations() { sends_every_owed_ = true; }
+
 int Exchange::add_confirmation(Transfer::Kind kind, int peer,
                                const CallInfo& last, std::uint8_t* count) {
   const Part part{count, kConfirmationBytes};
@@ -459,7 +461,7 @@ void Exchange::settle_confirmations() {
   // waits for it.
   send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
                      [&](int peer, const CallInfo& oldest) {
-                       return reads ||
+                       return reads || sends_every_owed_ ||
                               oldest.sequence +
                                       confirmation_batch(mesh_, peer) <=
                                   call_.sequence ||

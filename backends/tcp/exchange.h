@@ -213,6 +213,7 @@ class Exchange final : public CollectiveStep {
   // quarter of it (confirmation_window, confirmation_batch, which work
   // them out at a peer's first confirmation and keep them in the Mesh).
   void expect_confirmation(int peer) override;
+  void send_owed_confirmations() override;
   static constexpr std::uint64_t kConfirmationWindow = 256;
   static constexpr std::uint64_t kConfirmationBatch = 64;
   static constexpr std::size_t kConfirmationBytes = 8;
@@ -432,6 +433,9 @@ class Exchange final : public CollectiveStep {
   // False in the steps that send or read confirmations, which belong to
   // an earlier call than `running_`, the call now running.
   bool settles_confirmations_ = true;
+  // send_owed_confirmations() was called: this step sends every
+  // confirmation owed, to every peer.
+  bool sends_every_owed_ = false;
   const CallInfo* running_ = nullptr;
 };
 

@@ -125,6 +125,9 @@ class CountingTransport final : public CollectiveTransport {
     void expect_confirmation(int peer) override {
       inner->expect_confirmation(peer);
     }
+    void send_owed_confirmations() override {
+      inner->send_owed_confirmations();
+    }
     void run() override { inner->run(); }
 
     CollectiveStep* inner = nullptr;

@@ -452,6 +452,83 @@ TEST_CASE("all_to_all where some ranks send small and others large splits",
   check_all_ok(errors);
 }
 
+// As above, after rooted calls: their receivers owe the root (or, in a
+// reduce, the parent its children) a confirmation, sent in a later step
+// that sends to it, while a rank that runs the direct step reads what each
+// peer owes it before the step's receives. Rank 0 runs pairwise steps,
+// whose first sends only to rank 1, so every algorithm first sends all
+// it owes; otherwise a root r >= 2 waits for rank 0's confirmation while
+// rank 0 waits for r's part, until the timeout (20 s here, so that a
+// regression fails in good time).
+TEST_CASE("all_to_all with uneven splits after rooted calls",
+          "[tcp][all_to_all]") {
+  for (int world : {3, 4}) {
+    CAPTURE(world);
+    auto errors = run_ranks(
+        world,
+        [&](ProcessGroup& group) {
+          const int me = group.rank();
+          auto rows = [](int from) -> std::int64_t {
+            return from == 0 ? 65536 : 1;
+          };
+          comm::AllToAllOptions options;
+          std::int64_t rows_out = 0;
+          for (int p = 0; p < world; ++p) {
+            options.input_split_sizes.push_back(rows(me));
+            options.output_split_sizes.push_back(rows(p));
+            rows_out += rows(p);
+          }
+          Tensor output = Tensor::zeros({rows_out}, DType::kI32);
+          // Every root, for each rooted collective; a round apiece.
+          for (int round = 0; round < 3 * world; ++round) {
+            const int root = round % world;
+            Tensor small =
+                Tensor::full({4}, me == root ? round : -1, DType::kI32);
+            switch (round / world) {
+              case 0: {
+                comm::BroadcastOptions rooted;
+                rooted.root = root;
+                group.broadcast(small, rooted)->wait();
+                expect(small.data<std::int32_t>()[3] == round, "broadcast");
+                break;
+              }
+              case 1: {
+                comm::ReduceOptions rooted;
+                rooted.root = root;
+                group.reduce(small, rooted)->wait();
+                break;
+              }
+              default: {
+                comm::ScatterOptions rooted;
+                rooted.root = root;
+                std::vector<Tensor> parts;
+                if (me == root) {
+                  for (int p = 0; p < world; ++p) {
+                    parts.push_back(Tensor::full({4}, p, DType::kI32));
+                  }
+                }
+                group.scatter(small, parts, rooted)->wait();
+                expect(small.data<std::int32_t>()[0] == me, "scatter");
+                break;
+              }
+            }
+            Tensor input =
+                Tensor::full({rows(me) * world}, 100 * round + me, DType::kI32);
+            group.all_to_all(output, input, options)->wait();
+            std::int64_t at = 0;
+            for (int p = 0; p < world; ++p) {
+              for (std::int64_t i = 0; i < rows(p); ++i) {
+                expect(output.data<std::int32_t>()[at++] == 100 * round + p,
+                       "all_to_all after a rooted call");
+              }
+            }
+          }
+        },
+        std::chrono::seconds(20));
+    check_all_ok(errors);
+  }
+}
+
 TEST_CASE("all_to_all where only one pair of ranks has a large part",
           "[tcp][all_to_all]") {
   // Rank 0 sends rank 1 1 Mi int32 (4 MiB, which rank 1 reads from rank
