@@ -8,6 +8,7 @@
 #include <climits>
 #include <ctime>
 
+#include "libcomm/detail/log.h"
 #include "libcomm/error.h"
 
 namespace comm {
@@ -117,6 +118,39 @@ void Work::finish(std::exception_ptr error, int source_rank) {
   source_rank_ = source_rank;
   state_.store(kDone);
   if (sleepers_.load() != 0) futex_wake_all(state_);
+  // As with sleepers_: on_completion() sets has_callbacks_, then reads
+  // state_, so either this thread sees its callback or that one sees kDone.
+  if (has_callbacks_.load()) run_callbacks();
+}
+
+void Work::on_completion(std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> lock(callbacks_mutex_);
+    callbacks_.push_back(std::move(callback));
+  }
+  has_callbacks_.store(true);
+  if (state_.load() == kDone) run_callbacks();
+}
+
+void Work::run_callbacks() {
+  // Taken under the lock, so that each runs once, whichever of finish()
+  // and on_completion() gets here first; run without it, so that a
+  // callback may add another.
+  std::vector<std::function<void()>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(callbacks_mutex_);
+    callbacks.swap(callbacks_);
+  }
+  for (auto& callback : callbacks) {
+    try {
+      callback();
+    } catch (const std::exception& e) {
+      COMM_LOG_ERROR("a completion callback of {} threw: {}", description(),
+                     e.what());
+    } catch (...) {
+      COMM_LOG_ERROR("a completion callback of {} threw", description());
+    }
+  }
 }
 
 }  // namespace comm

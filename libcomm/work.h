@@ -9,8 +9,10 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "libcomm/export.h"
 
@@ -48,6 +50,17 @@ class COMM_API Work {
   // For a receive from any source, the rank the message came from once the
   // receive completed; -1 otherwise.
   int source_rank() const;
+
+  // Calls `callback` once the operation has completed, with its outcome
+  // published (is_completed() true): on the thread that completes it,
+  // after the waiters were woken, or at once on this thread where it has
+  // completed already. Callbacks run once each, in the order they were
+  // added. That thread is the backend's own (a worker, or a caller that
+  // runs the operation as it waits), so a callback must be short and must
+  // neither block nor call into the operation's group: it hands anything
+  // more to a thread of the caller's, as commdist's completion threads do.
+  // An exception it throws is logged and dropped.
+  void on_completion(std::function<void()> callback);
 
   // The operation's name, as given or, for a backend that names its
   // operations lazily, as describe() gives it the first time it is asked.
@@ -99,6 +112,12 @@ class COMM_API Work {
   mutable std::atomic<std::uint32_t> sleepers_{0};
   std::exception_ptr error_;
   int source_rank_ = -1;
+  // on_completion()'s callbacks not yet run; has_callbacks_ lets finish()
+  // skip the lock where none was ever added, as for sleepers_.
+  void run_callbacks();
+  std::mutex callbacks_mutex_;
+  std::vector<std::function<void()>> callbacks_;  // under callbacks_mutex_
+  std::atomic<bool> has_callbacks_{false};
 };
 
 }  // namespace comm

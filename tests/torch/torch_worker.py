@@ -446,10 +446,13 @@ def scenario_kill(out_dir, _variant):
     raise AssertionError("training went on without the killed rank")
 
 
+FUTURES_PENDING = 100  # receives whose Futures wait, more than threads
+
+
 def scenario_futures(out_dir, _variant):
     """A Future waited for inside another Future's callback, as PowerSGD's
-    hook waits; and a collective's Future, set while a receive issued
-    before it still waits for its message."""
+    hook waits; and a collective's Future, set while many receives issued
+    before it, each with a Future, still wait for their messages."""
     import faulthandler
     faulthandler.dump_traceback_later(60, exit=True)  # a hang fails in 60 s
     results = {}
@@ -459,18 +462,24 @@ def scenario_futures(out_dir, _variant):
         lambda _: dist.all_reduce(inner, async_op=True).get_future().wait()[0]
     ).wait()
     if RANK == 0:
-        got = torch.zeros(2)
-        pending = dist.irecv(got, src=1).get_future()
-        results["behind_a_receive"] = dist.all_reduce(
-            torch.ones(2), async_op=True).get_future().wait()[0]
+        got = torch.zeros(FUTURES_PENDING, 2)
+        pending = [dist.irecv(got[i], src=1, tag=i).get_future()
+                   for i in range(FUTURES_PENDING)]
+        collective = dist.all_reduce(torch.ones(2), async_op=True).get_future()
+        done = threading.Event()
+        collective.then(lambda _: done.set())
+        # Well inside the group's timeout, which would end the receives.
+        results["set_behind_receives"] = done.wait(10)
+        results["behind_receives"] = collective.wait()[0]
         dist.send(torch.full((2,), 7.0), dst=1)
-        pending.wait()
+        torch.futures.wait_all(pending)
         results["received"] = got
     else:
         dist.all_reduce(torch.ones(2))
         got = torch.zeros(2)
         dist.recv(got, src=0)
-        dist.send(torch.full((2,), 3.0), dst=0)
+        for i in range(FUTURES_PENDING):
+            dist.send(torch.full((2,), 3.0 + i), dst=0, tag=i)
         results["received"] = got
     faulthandler.cancel_dump_traceback_later()
     torch.save(results, os.path.join(out_dir, f"rank{RANK}.pt"))

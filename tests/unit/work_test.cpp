@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -164,4 +165,61 @@ TEST_CASE("a bound past the clock's range waits as no bound does") {
   // As the C API's comm_work_wait passes a caller's huge millisecond count.
   CHECK(work.wait(Work::kNoTimeout - std::chrono::milliseconds(1)));
   finisher.join();
+}
+
+TEST_CASE("completion callbacks run once, in order, with the outcome known") {
+  Work work("broadcast #4");
+  std::vector<int> order;
+  std::thread::id ran_on;
+  work.on_completion([&] {
+    CHECK(work.is_completed());
+    CHECK_FALSE(work.is_success());
+    order.push_back(1);
+    ran_on = std::this_thread::get_id();
+  });
+  work.on_completion([&] { order.push_back(2); });
+  CHECK(order.empty());
+  std::thread finisher(
+      [&] { work.finish(std::make_exception_ptr(std::runtime_error("x"))); });
+  finisher.join();
+  CHECK(order == std::vector<int>{1, 2});
+  CHECK(ran_on != std::this_thread::get_id());
+  work.finish();  // a second completion runs nothing again
+  CHECK(order == std::vector<int>{1, 2});
+}
+
+TEST_CASE("a callback added after completion runs at once on the caller") {
+  Work work("recv #2");
+  work.finish(nullptr, 1);
+  std::thread::id ran_on;
+  work.on_completion([&] { ran_on = std::this_thread::get_id(); });
+  CHECK(ran_on == std::this_thread::get_id());
+}
+
+TEST_CASE("a callback that throws is dropped, and the others still run") {
+  Work work("gather #1");
+  int ran = 0;
+  work.on_completion([] { throw std::runtime_error("a callback's bug"); });
+  work.on_completion([&] { ++ran; });
+  work.finish();
+  CHECK(ran == 1);
+  CHECK(work.is_success());
+}
+
+TEST_CASE("a callback added as another thread completes runs exactly once") {
+  // Each round races on_completion() against finish(); whichever order
+  // they land in, the callback runs once. Bounded: 2000 rounds.
+  for (int round = 0; round < 2000; ++round) {
+    Work work("all_reduce #" + std::to_string(round));
+    std::atomic<int> ran{0};
+    std::atomic<bool> go{false};
+    std::thread finisher([&] {
+      while (!go.load()) std::this_thread::yield();
+      work.finish();
+    });
+    go.store(true);
+    work.on_completion([&] { ran.fetch_add(1); });
+    finisher.join();
+    REQUIRE(ran.load() == 1);
+  }
 }

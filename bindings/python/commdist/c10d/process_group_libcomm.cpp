@@ -433,14 +433,29 @@ void CompletionThreads::watch(c10::intrusive_ptr<WorkLibcomm> work) {
       work->complete();
       return;
     }
-    queue_.push_back(std::move(work));
-    if (idle_ < queue_.size() && threads_.size() < kMaxThreads) {
-      ++idle_;  // the new thread's, until it takes a Work
-      threads_.emplace_back([self = shared_from_this()] { self->run(); });
-      return;
-    }
+    ++watched_;
+    if (threads_.empty()) start_thread();
+  }
+  comm::Work& libcomm = work->libcomm_work();
+  // Moved on, so that the callback holds no reference once it has run:
+  // the last one may be dropped on a completion thread, not on libcomm's.
+  libcomm.on_completion(
+      [pool = shared_from_this(), work = std::move(work)]() mutable {
+        pool->completed(std::move(work));
+      });
+}
+
+void CompletionThreads::completed(c10::intrusive_ptr<WorkLibcomm> work) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    completed_.push_back(std::move(work));
   }
   changed_.notify_one();
+}
+
+void CompletionThreads::start_thread() {
+  ++idle_;  // the new thread's, until it takes a Work
+  threads_.emplace_back([self = shared_from_this()] { self->run(); });
 }
 
 void CompletionThreads::stop() {
@@ -453,7 +468,7 @@ void CompletionThreads::stop() {
   }
   changed_.notify_all();
   // A Future callback may drop the last reference to the group; a thread
-  // cannot join itself, and it ends on its own once the queue is empty.
+  // cannot join itself, and it ends on its own once nothing is watched.
   for (std::thread& thread : threads) {
     if (thread.get_id() == std::this_thread::get_id()) {
       thread.detach();
@@ -466,20 +481,27 @@ void CompletionThreads::stop() {
 void CompletionThreads::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) {
+    changed_.wait(lock, [&] {
+      return !completed_.empty() || (stopping_ && watched_ == 0);
+    });
+    if (completed_.empty()) {
       --idle_;
       return;
     }
-    c10::intrusive_ptr<WorkLibcomm> work = std::move(queue_.front());
-    queue_.pop_front();
+    c10::intrusive_ptr<WorkLibcomm> work = std::move(completed_.front());
+    completed_.pop_front();
+    --watched_;
     --idle_;
+    // Keep one thread free while this one runs callbacks that may block.
+    if (idle_ == 0 && !stopping_ && threads_.size() < kMaxThreads) {
+      start_thread();
+    }
     lock.unlock();
-    work->wait_for_libcomm();
     work->complete();
     work.reset();  // its last reference may be the group's: not under the lock
     lock.lock();
     ++idle_;
+    if (stopping_ && watched_ == 0) changed_.notify_all();
   }
 }
 

@@ -82,6 +82,9 @@ class WorkLibcomm final : public c10d::Work {
   // Blocks the host until libcomm's operation is complete, whatever its
   // outcome.
   void wait_for_libcomm();
+  // libcomm's operation, for CompletionThreads to be told of its
+  // completion.
+  comm::Work& libcomm_work() { return *work_; }
   // Once libcomm's operation is complete: runs the epilogue, then completes
   // the Future (if one was made) and this Work. Only the first call does
   // anything.
@@ -113,20 +116,25 @@ class WorkLibcomm final : public c10d::Work {
   std::exception_ptr outcome_error_;
 };
 
-// The threads that complete watched Works, and so set their Futures and run
-// the Futures' callbacks, off libcomm's own threads. Each waits for one Work
-// at a time, and a Work handed over while none is free gets a new thread
-// (up to kMaxThreads), so that a Work completes as soon as libcomm has
-// finished it, whatever the Works before it do: a receive that waits for
-// its peer holds up no collective's Future, and a callback that waits for
-// another Future of the group (PowerSGD's hook waits inside its callback)
-// finds a thread to complete it. The threads own the pool (their bodies
-// hold a shared_ptr), so a thread that drops the last reference from
-// inside a Future callback can leave itself detached.
+// The threads that complete watched Works, and so run their epilogues, set
+// their Futures and run the Futures' callbacks, off libcomm's own threads.
+// libcomm hands a Work over once its operation has completed
+// (comm::Work::on_completion), so a Work is completed as soon as libcomm
+// has finished it, whatever the Works before it do: a receive that waits
+// for its peer holds up no collective's Future, however many such
+// receives are pending. One thread is kept free for the next Work: a
+// thread that takes a Work while no other is free starts another (up to
+// kMaxThreads), so a callback that waits for another Future of the group
+// (PowerSGD's hook waits inside its callback) finds a thread to complete
+// it. The threads own the pool (their bodies hold a shared_ptr), so a
+// thread that drops the last reference from inside a Future callback can
+// leave itself detached.
 class CompletionThreads
     : public std::enable_shared_from_this<CompletionThreads> {
  public:
   static std::shared_ptr<CompletionThreads> start();
+  // Completes `work` on one of the threads once libcomm has completed its
+  // operation; at once on this thread once stop() has run.
   void watch(c10::intrusive_ptr<WorkLibcomm> work);
   // Waits until every watched Work is complete (the group shuts libcomm
   // down first, which completes them all) and the threads have ended. A
@@ -134,16 +142,24 @@ class CompletionThreads
   // hooks) and drop their references, so the caller must not hold it.
   void stop();
 
-  // Beyond this many Works at once, a Work waits for a free thread.
+  // Beyond this many Works whose completion runs at once (Future callbacks
+  // that block), a completed Work waits for a free thread.
   static constexpr std::size_t kMaxThreads = 64;
 
  private:
   CompletionThreads() = default;
+  // From libcomm's thread that completed `work`'s operation: queues it.
+  void completed(c10::intrusive_ptr<WorkLibcomm> work);
+  // Starts a thread, counted free until it takes a Work; under mutex_.
+  void start_thread();
   void run();
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<c10::intrusive_ptr<WorkLibcomm>> queue_;  // under mutex_
+  // Works whose operation has completed, for the threads; under mutex_.
+  std::deque<c10::intrusive_ptr<WorkLibcomm>> completed_;
+  // Works watched and not yet taken by a thread; under mutex_.
+  std::size_t watched_ = 0;
   // Threads waiting for a Work, or started to take one; under mutex_.
   std::size_t idle_ = 0;
   bool stopping_ = false;             // under mutex_
