@@ -348,6 +348,8 @@ def test_unsupported_dtypes_and_ops_fail_clearly(tmp_path):
         assert "Short is not supported" in messages["int16"], messages
         assert "PREMUL_SUM is not supported" in messages["premul_sum"], \
             messages
+        for key in ("expanded", "expanded_output"):
+            assert "elements that share memory" in messages[key], messages
         assert messages["after"] == [2.0] * 4, messages
 
 

@@ -523,6 +523,11 @@ def scenario_unsupported(out_dir, _variant):
         "int16": lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)),
         "premul_sum": lambda: dist.all_reduce(
             torch.ones(4), op=dist._make_nccl_premul_sum(2.0)),
+        # Refused before anything runs: one element cannot hold four
+        # results.
+        "expanded": lambda: dist.all_reduce(torch.ones(1).expand(4)),
+        "expanded_output": lambda: dist.all_gather(
+            [torch.zeros(1).expand(2) for _ in range(WORLD)], torch.ones(2)),
     }.items():
         try:
             run()

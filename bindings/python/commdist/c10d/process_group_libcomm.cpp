@@ -1,6 +1,7 @@
 #include "process_group_libcomm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
@@ -134,8 +135,23 @@ class Staging {
     return view_of(tensor.contiguous(), call_);
   }
 
-  comm::Tensor output(const at::Tensor& tensor) {
+  // Checked before the operation runs, so that every rank of an SPMD
+  // program refuses the call, where failing only in the epilogue would
+  // leave this rank's result lost after its peers had theirs.
+  void check_writable(const at::Tensor& tensor) {
     check(tensor);
+    if (at::has_internal_overlap(tensor) == at::MemOverlap::Yes) {
+      throw comm::InvalidArgument(
+          where(call_) +
+          "an output tensor has elements that share memory (an expanded "
+          "view, or a stride of 0), so it cannot hold a result in each "
+          "element; pass a tensor whose elements have memory of their own "
+          "(.clone() makes one)");
+    }
+  }
+
+  comm::Tensor output(const at::Tensor& tensor) {
+    check_writable(tensor);
     if (tensor.is_contiguous()) return view_of(tensor, call_);
     at::Tensor staged = tensor.contiguous();
     copy_back(tensor, staged);
@@ -187,7 +203,7 @@ class Staging {
   void unflatten(const std::vector<at::Tensor>& tensors, const at::Tensor& flat,
                  std::int64_t offset = 0) {
     for (const at::Tensor& tensor : tensors) {
-      check(tensor);
+      check_writable(tensor);
       copy_back(tensor, flat.narrow(0, offset, tensor.numel()));
       offset += tensor.numel();
     }
