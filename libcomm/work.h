@@ -54,12 +54,14 @@ class COMM_API Work {
   // Calls `callback` once the operation has completed, with its outcome
   // published (is_completed() true): on the thread that completes it,
   // after the waiters were woken, or at once on this thread where it has
-  // completed already. Callbacks run once each, in the order they were
-  // added. That thread is the backend's own (a worker, or a caller that
-  // runs the operation as it waits), so a callback must be short and must
-  // neither block nor call into the operation's group: it hands anything
-  // more to a thread of the caller's, as commdist's completion threads do.
-  // An exception it throws is logged and dropped.
+  // completed already. Callbacks run once each; those added before the
+  // operation completes run in the order they were added, and one added
+  // as it completes may run beside them, on this thread. The thread that
+  // completes an operation is the backend's own (a worker, or a caller
+  // that runs the operation as it waits), so a callback must be short and
+  // must neither block nor call into the operation's group: it hands
+  // anything more to a thread of the caller's, as commdist's completion
+  // threads do. An exception it throws is logged and dropped.
   void on_completion(std::function<void()> callback);
 
   // The operation's name, as given or, for a backend that names its

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "libcomm/error.h"
@@ -372,6 +373,12 @@ int WorkLibcomm::sourceRank() const {
 
 std::vector<at::Tensor> WorkLibcomm::result() { return outputs_; }
 
+bool WorkLibcomm::runs_where_waited_for() const {
+  return cuda_device_ < 0 && opType_ != c10d::OpType::SEND &&
+         opType_ != c10d::OpType::RECV &&
+         opType_ != c10d::OpType::RECVANYSOURCE;
+}
+
 bool WorkLibcomm::wait(std::chrono::milliseconds timeout) {
   const bool unbounded = timeout == ::kNoTimeout;
   try {
@@ -449,8 +456,25 @@ void CompletionThreads::watch(c10::intrusive_ptr<WorkLibcomm> work) {
       work->complete();
       return;
     }
+    if (threads_.empty() && !start_thread()) {
+      throw comm::BackendError(
+          "commdist: could not start a thread to complete Futures (the "
+          "process may be at its limit of threads)");
+    }
     ++watched_;
-    if (threads_.empty()) start_thread();
+    if (work->runs_where_waited_for()) {
+      if (!driver_.joinable()) {
+        try {
+          driver_ = std::thread([self = shared_from_this()] { self->drive(); });
+        } catch (const std::system_error&) {
+          // Undriven, the collective still starts, after the grace.
+        }
+      }
+      if (driver_.joinable()) {
+        to_drive_.push_back(work);
+        drive_changed_.notify_one();
+      }
+    }
   }
   comm::Work& libcomm = work->libcomm_work();
   // Moved on, so that the callback holds no reference once it has run:
@@ -469,9 +493,14 @@ void CompletionThreads::completed(c10::intrusive_ptr<WorkLibcomm> work) {
   changed_.notify_one();
 }
 
-void CompletionThreads::start_thread() {
+bool CompletionThreads::start_thread() {
+  try {
+    threads_.emplace_back([self = shared_from_this()] { self->run(); });
+  } catch (const std::system_error&) {
+    return false;
+  }
   ++idle_;  // the new thread's, until it takes a Work
-  threads_.emplace_back([self = shared_from_this()] { self->run(); });
+  return true;
 }
 
 void CompletionThreads::stop() {
@@ -481,8 +510,10 @@ void CompletionThreads::stop() {
     if (stopping_) return;
     stopping_ = true;
     threads.swap(threads_);
+    if (driver_.joinable()) threads.push_back(std::move(driver_));
   }
   changed_.notify_all();
+  drive_changed_.notify_all();
   // A Future callback may drop the last reference to the group; a thread
   // cannot join itself, and it ends on its own once nothing is watched.
   for (std::thread& thread : threads) {
@@ -508,7 +539,8 @@ void CompletionThreads::run() {
     completed_.pop_front();
     --watched_;
     --idle_;
-    // Keep one thread free while this one runs callbacks that may block.
+    // Keep one thread free while this one runs callbacks that may block;
+    // where the system refuses one, the next thread to finish takes over.
     if (idle_ == 0 && !stopping_ && threads_.size() < kMaxThreads) {
       start_thread();
     }
@@ -518,6 +550,22 @@ void CompletionThreads::run() {
     lock.lock();
     ++idle_;
     if (stopping_ && watched_ == 0) changed_.notify_all();
+  }
+}
+
+void CompletionThreads::drive() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    drive_changed_.wait(lock, [&] { return stopping_ || !to_drive_.empty(); });
+    if (to_drive_.empty()) return;  // stopping
+    c10::intrusive_ptr<WorkLibcomm> work = std::move(to_drive_.front());
+    to_drive_.pop_front();
+    lock.unlock();
+    // Runs the collectives queued up to this one, or waits while another
+    // thread does; once stopping, libcomm has completed them all.
+    work->wait_for_libcomm();
+    work.reset();
+    lock.lock();
   }
 }
 

@@ -85,6 +85,12 @@ class WorkLibcomm final : public c10d::Work {
   // libcomm's operation, for CompletionThreads to be told of its
   // completion.
   comm::Work& libcomm_work() { return *work_; }
+  // Whether the operation is a collective on CPU tensors, which the TCP
+  // backend runs on the thread that waits for it, and otherwise on its
+  // worker only after a grace (tcp::CollectiveScheduler): a receive or a
+  // send progresses by itself, and an NCCL operation was launched as it
+  // was issued.
+  bool runs_where_waited_for() const;
   // Once libcomm's operation is complete: runs the epilogue, then completes
   // the Future (if one was made) and this Work. Only the first call does
   // anything.
@@ -129,12 +135,21 @@ class WorkLibcomm final : public c10d::Work {
 // it. The threads own the pool (their bodies hold a shared_ptr), so a
 // thread that drops the last reference from inside a Future callback can
 // leave itself detached.
+//
+// A watched collective on CPU tensors is also waited for, oldest first, by
+// one driver thread, so that it starts at once, as it would on a caller
+// that waits for it (WorkLibcomm::runs_where_waited_for), instead of after
+// the TCP backend's grace: DDP asks for every bucket's Future and waits
+// for none. The collectives of a group run one at a time in issue order,
+// so one thread drives them all; receives and sends are never driven, and
+// a driver waiting for a collective holds up no other Future.
 class CompletionThreads
     : public std::enable_shared_from_this<CompletionThreads> {
  public:
   static std::shared_ptr<CompletionThreads> start();
   // Completes `work` on one of the threads once libcomm has completed its
-  // operation; at once on this thread once stop() has run.
+  // operation; at once on this thread once stop() has run. Throws
+  // comm::BackendError, watching nothing, when no thread can be started.
   void watch(c10::intrusive_ptr<WorkLibcomm> work);
   // Waits until every watched Work is complete (the group shuts libcomm
   // down first, which completes them all) and the threads have ended. A
@@ -150,9 +165,12 @@ class CompletionThreads
   CompletionThreads() = default;
   // From libcomm's thread that completed `work`'s operation: queues it.
   void completed(c10::intrusive_ptr<WorkLibcomm> work);
-  // Starts a thread, counted free until it takes a Work; under mutex_.
-  void start_thread();
+  // Starts a thread, counted free until it takes a Work; false where the
+  // system refused one. Under mutex_.
+  bool start_thread();
   void run();
+  // The driver's body.
+  void drive();
 
   std::mutex mutex_;
   std::condition_variable changed_;
@@ -164,6 +182,11 @@ class CompletionThreads
   std::size_t idle_ = 0;
   bool stopping_ = false;             // under mutex_
   std::vector<std::thread> threads_;  // under mutex_
+  // Collectives for the driver, oldest first; under mutex_, as is the
+  // driver, started with the first.
+  std::condition_variable drive_changed_;
+  std::deque<c10::intrusive_ptr<WorkLibcomm>> to_drive_;
+  std::thread driver_;
 };
 
 class ProcessGroupLibcomm final : public c10d::ProcessGroup {
