@@ -350,6 +350,9 @@ def test_unsupported_dtypes_and_ops_fail_clearly(tmp_path):
             messages
         for key in ("expanded", "expanded_output"):
             assert "elements that share memory" in messages[key], messages
+        assert messages["broadcast_from_expanded"] == [5.0] * 4, messages
+        assert messages["reduce_from_expanded"] == (
+            [3.0] * 4 if rank == 0 else [2.0] * 4), messages
         assert messages["after"] == [2.0] * 4, messages
 
 

@@ -534,6 +534,15 @@ def scenario_unsupported(out_dir, _variant):
             messages[key] = None
         except (RuntimeError, ValueError) as error:
             messages[key] = str(error)
+    # Tensors the call only reads may be expanded: the broadcast root's, a
+    # reduce's non-root ones.
+    shared = torch.full((1,), 5.0).expand(4)
+    got = shared if RANK == 0 else torch.zeros(4)
+    dist.broadcast(got, src=0)
+    messages["broadcast_from_expanded"] = got.tolist()
+    mine = torch.ones(4) if RANK == 0 else torch.full((1,), 2.0).expand(4)
+    dist.reduce(mine, dst=0)
+    messages["reduce_from_expanded"] = mine.tolist()
     tensor = torch.ones(4)
     dist.all_reduce(tensor)
     messages["after"] = tensor.tolist()

@@ -649,7 +649,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::broadcast(
   constexpr const char* call = "broadcast";
   check_root(opts.rootTensor, call);
   Staging staging(call);
-  comm::Tensor tensor = staging.output(single(tensors, call));
+  // The root's tensor is only read: staged, it needs no copy back, and an
+  // expanded one is fine.
+  at::Tensor& target = single(tensors, call);
+  comm::Tensor tensor = opts.rootRank == getRank() ? staging.input(target)
+                                                   : staging.output(target);
   return run(c10d::OpType::BROADCAST, staging, tensors,
              [&](comm::ProcessGroup& group) {
                return group.broadcast(tensor, {.root = int(opts.rootRank),
@@ -694,7 +698,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::reduce(
   constexpr const char* call = "reduce";
   check_root(opts.rootTensor, call);
   Staging staging(call);
-  comm::Tensor tensor = staging.output(single(tensors, call));
+  // Only the root's tensor receives the result (what another rank's holds
+  // afterwards is unspecified, as in c10d): staged, a non-root's needs no
+  // copy back, and an expanded one is fine.
+  at::Tensor& target = single(tensors, call);
+  comm::Tensor tensor = opts.rootRank == getRank() ? staging.output(target)
+                                                   : staging.input(target);
   return run(c10d::OpType::REDUCE, staging, tensors,
              [&](comm::ProcessGroup& group) {
                return group.reduce(tensor, {.root = int(opts.rootRank),
