@@ -95,7 +95,10 @@ enum class AtTwoRanks {
 // size. Each rank judges its own
 // buffers: the ranks of a call agree only where every rank's buffers are
 // shared or none are, and a rank that reads where its peers stream (or
-// the reverse) is a MismatchError naming the call (see the pattern above).
+// the reverse) is a MismatchError naming the call (see the pattern above),
+// or, where the reading rank waits first for a confirmation that a
+// streaming peer owes it (broadcast.cpp), a TimeoutError: that peer sends
+// it only in a step that sends to the reader.
 enum class Buffers { kOrdinary, kShared };
 // kShared when every (address, bytes) in `buffers` lies in one block of
 // shared host memory, kOrdinary otherwise.
