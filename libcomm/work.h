@@ -96,6 +96,8 @@ class COMM_API Work {
   // Whether `timeout` passed before the operation completed; sleeps on
   // state_ (a futex) meanwhile.
   bool sleep_until_completed(Duration timeout) const;
+  // Runs, once each, the callbacks on_completion() has added so far.
+  void run_callbacks();
 
   // Guards only the lazily made description: completing and waiting take
   // no lock, as a small blocking call would spend a good part of its time
@@ -116,7 +118,6 @@ class COMM_API Work {
   int source_rank_ = -1;
   // on_completion()'s callbacks not yet run; has_callbacks_ lets finish()
   // skip the lock where none was ever added, as for sleepers_.
-  void run_callbacks();
   std::mutex callbacks_mutex_;
   std::vector<std::function<void()>> callbacks_;  // under callbacks_mutex_
   std::atomic<bool> has_callbacks_{false};

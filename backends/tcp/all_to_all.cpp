@@ -39,8 +39,9 @@
 // without waiting on any other peer, but a rank that owes a peer a
 // confirmation (broadcast.cpp) sends it only in a step that sends to that
 // peer, while the peer reads it before anything else it receives from the
-// rank: so every algorithm's first step sends every confirmation owed
-// (CollectiveStep::send_owed_confirmations).
+// rank. The direct step and the reads' first step send to every peer, and
+// so send every confirmation owed; pairwise steps do not, so their first
+// sends them all (CollectiveStep::send_owed_confirmations).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -91,7 +92,6 @@ void read_directly(CollectiveTransport& ctx, PeerMemory& memory,
   Region* const offered = regions.data();
   Region* const told = offered + size;
   CollectiveStep& step = ctx.step();
-  step.send_owed_confirmations();
   for (int k = 1; k < size; ++k) {
     const int to = (rank + k) % size;
     const int from = (rank - k + size) % size;
@@ -167,7 +167,6 @@ void all_to_all(CollectiveTransport& ctx, const std::uint8_t* input,
   }
   if (exchange_directly(ctx, bytes_sent)) {
     CollectiveStep& step = ctx.step();
-    step.send_owed_confirmations();
     for (int k = 1; k < size; ++k) {
       const int to = (rank + k) % size;
       const int from = (rank - k + size) % size;

@@ -456,7 +456,7 @@ TEST_CASE("all_to_all where some ranks send small and others large splits",
 // reduce, the parent its children) a confirmation, sent in a later step
 // that sends to it, while a rank that runs the direct step reads what each
 // peer owes it before the step's receives. Rank 0 runs pairwise steps,
-// whose first sends only to rank 1, so every algorithm first sends all
+// whose first sends only to rank 1, so that step first sends all
 // it owes; otherwise a root r >= 2 waits for rank 0's confirmation while
 // rank 0 waits for r's part, until the timeout (20 s here, so that a
 // regression fails in good time).
