@@ -14,8 +14,11 @@
 
 #include <bit>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -400,6 +403,7 @@ class PyWork {
   std::exception_ptr exception() const { return work_->exception(); }
   int source_rank() const { return work_->source_rank(); }
   const std::string& description() const { return work_->description(); }
+  comm::Work& operation() const { return *work_; }
 
  private:
   // Runs what follows the completed operation, once; the caller has
@@ -423,6 +427,48 @@ class PyWork {
 };
 
 using PyWorkPtr = std::shared_ptr<PyWork>;
+
+// Hands the completions of operations to the threads of commdist's
+// _FutureSettler. libcomm completes an operation on one of its own threads,
+// where a callback must neither block nor take the GIL (Work::
+// on_completion), so the callback only queues the token the operation was
+// watched with; take() waits for one with the GIL released.
+class CompletionQueue {
+ public:
+  // Queues `token` once `work`'s operation completes; at once if it has.
+  void watch(const PyWork& work, std::uint64_t token) {
+    work.operation().on_completion([tokens = tokens_, token] {
+      {
+        std::lock_guard<std::mutex> lock(tokens->mutex);
+        tokens->completed.push_back(token);
+      }
+      tokens->ready.notify_one();
+    });
+  }
+  // The token of an operation that completed, in the order they did, or
+  // None once `timeout` passed without one.
+  std::optional<std::uint64_t> take(Seconds timeout) {
+    const Millis wait_for = millis_of(timeout.value, false);
+    py::gil_scoped_release no_gil;
+    std::unique_lock<std::mutex> lock(tokens_->mutex);
+    if (!tokens_->ready.wait_for(lock, wait_for,
+                                 [&] { return !tokens_->completed.empty(); })) {
+      return std::nullopt;
+    }
+    const std::uint64_t token = tokens_->completed.front();
+    tokens_->completed.pop_front();
+    return token;
+  }
+
+ private:
+  // Shared with the callbacks, which may outlive the queue.
+  struct Tokens {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<std::uint64_t> completed;  // under mutex
+  };
+  std::shared_ptr<Tokens> tokens_ = std::make_shared<Tokens>();
+};
 
 // ---- Errors ----------------------------------------------------------------
 
@@ -786,10 +832,18 @@ PYBIND11_MODULE(_C, m) {
       .def("exception",
            [](const PyWork& w) { return python_exception(w.exception()); })
       .def("source_rank", &PyWork::source_rank)
+      .def("operation_completed", &PyWork::operation_completed,
+           "Whether libcomm's operation has completed (the copy of its "
+           "results may still be owed to the first wait()).")
       .def("__repr__", [](const PyWork& w) {
         return "<commdist.Work " + w.description() +
                (w.operation_completed() ? " completed>" : " pending>");
       });
+
+  py::class_<CompletionQueue>(m, "CompletionQueue")
+      .def(py::init<>())
+      .def("watch", &CompletionQueue::watch, py::arg("work"), py::arg("token"))
+      .def("take", &CompletionQueue::take, py::arg("timeout"));
 
   // ---- Groups
   py::class_<Group, GroupPtr>(m, "ProcessGroup", py::dynamic_attr())

@@ -765,6 +765,56 @@ def future_callback_at_exit(_):
         dist.send(torch.tensor([1.0, 2.0, 3.0, 4.0]), 0)
 
 
+def futures_share_threads(_):
+    """Many pending get_future()s hold no thread each: rank 0 posts
+    futures_count receives, whose futures complete with the right tensors
+    once rank 1 sends; a callback chained on the first waits for the last
+    one's future, which the settling threads must still complete; the
+    threads end once nothing is pending; and a coalesced call's future
+    waits for all its operations. World 2."""
+    import threading
+    import torch
+    futures_count = 100
+    threads_before = threading.active_count()
+    if RANK == 0:
+        got = [torch.zeros(2) for _ in range(futures_count)]
+        futures = [dist.irecv(t, 1, tag=i).get_future()
+                   for i, t in enumerate(got)]
+        waits_for_last = futures[0].then(
+            lambda f: futures[-1].wait()[0].tolist())
+        threads_pending = threading.active_count() - threads_before
+        assert threads_pending <= 1, (
+            f"{threads_pending} threads for {futures_count} pending futures")
+        dist.send(torch.ones(1), 1, tag=futures_count)  # rank 1: go
+        for i, future in enumerate(futures):
+            [value] = future.wait()
+            assert value is got[i], (i, value)
+            assert value.tolist() == [i, -i], (i, value)
+        assert waits_for_last.wait() == [futures_count - 1,
+                                         1 - futures_count]
+        deadline = time.monotonic() + 10
+        while (threading.active_count() > threads_before
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert threading.active_count() == threads_before, (
+            "the settling threads outlived the last pending future: "
+            f"{[t.name for t in threading.enumerate()]}")
+    else:
+        dist.recv(torch.zeros(1), 0, tag=futures_count)
+        for i in range(futures_count):
+            dist.send(torch.tensor([float(i), float(-i)]), 0, tag=i)
+    # A coalesced call's future completes once each of its operations has.
+    if RANK == 1:
+        time.sleep(0.3)
+    tensors = [torch.full((3,), RANK + 1.0), torch.full((5,), RANK + 10.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        future = dist.all_reduce_coalesced(tensors, async_op=True)
+    values = future.wait()
+    assert [v.tolist() for v in values] == [[3.0] * 3, [21.0] * 5], values
+    print(f"rank {RANK}: futures share threads ok", flush=True)
+
+
 def shared_host_mappings():
     """How many mappings of libcomm's shared host memory this process has."""
     with open("/proc/self/maps") as maps:
@@ -848,6 +898,7 @@ SCENARIOS = {
     "subgroups": subgroups,
     "coalesced": coalesced,
     "future_callback_at_exit": future_callback_at_exit,
+    "futures_share_threads": futures_share_threads,
     "dead_peer": dead_peer,
 }
 

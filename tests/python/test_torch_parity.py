@@ -326,3 +326,9 @@ def test_a_future_callback_running_at_exit_does_not_abort_the_process(
         directory.mkdir()
         outputs = run_ranks(directory, "future_callback_at_exit", "torch", 2)
         assert "terminate" not in outputs[0], outputs[0]
+
+
+def test_pending_futures_share_a_few_threads(tmp_path):
+    outputs = run_ranks(tmp_path, "futures_share_threads", "torch", 2,
+                        timeout=120)
+    assert "futures share threads ok" in outputs[0], outputs[0]

@@ -200,41 +200,144 @@ class Work:
 
     def get_future(self):
         """A torch.futures.Future that completes with result() when the
-        operation does (or with its error). A thread of this process waits
-        for the operation without holding the GIL, and completes the
-        future, running the callbacks chained on it. The interpreter waits
-        for that thread before it exits: the operation's timeout, or
-        destroy_process_group(), ends the wait of an operation that never
-        completes."""
+        operation does (or with its error). One of commdist's settling
+        threads completes it, without holding the GIL while it waits, and
+        runs the callbacks chained on it (see _FutureSettler). The
+        interpreter waits for those threads before it exits: the
+        operation's timeout, or destroy_process_group(), ends the wait of
+        an operation that never completes."""
         import torch
 
         future = torch.futures.Future()
-
-        def settle():
-            try:
-                # A wait with a timeout blocks the host until the operation
-                # is done, on CUDA too, where an unbounded one would only
-                # order a stream of this thread. The operation's own timeout
-                # ends it first; this bound is a backstop.
-                self._work.wait(_datetime.timedelta(days=1))
-            except BaseException as error:  # noqa: BLE001 - delivered
-                future.set_exception(error)
-            else:
-                future.set_result(list(self._outputs))
-
-        if self._work.is_completed():
-            settle()
+        operations = self._operations()
+        if all(operation.operation_completed() for operation in operations):
+            self._settle(future)
         else:
-            # Not a daemon: completing the future runs its callbacks, and
-            # torch releases the GIL meanwhile; a daemon thread that then
-            # takes the GIL back while the interpreter finalizes is ended
-            # inside torch's C++, which aborts the process.
-            _threading.Thread(target=settle, daemon=False,
-                              name="commdist-future").start()
+            _future_settler.settle_when_complete(self, operations, future)
         return future
+
+    def _operations(self):
+        """The _C.Works of libcomm's operations this Work completes with."""
+        work = self._work
+        return list(work.works) if isinstance(work, _AllOf) else [work]
+
+    def _settle(self, future):
+        """Completes `future` with result(), or with the operation's error;
+        the operation has completed, or will within its timeout."""
+        try:
+            # A wait with a timeout blocks the host until the operation is
+            # done, on CUDA too, where an unbounded one would only order a
+            # stream of this thread. The operation is complete, or ends by
+            # its own timeout first; this bound is a backstop.
+            self._work.wait(_datetime.timedelta(days=1))
+        except BaseException as error:  # noqa: BLE001 - delivered
+            future.set_exception(error)
+        else:
+            future.set_result(list(self._outputs))
 
     def __repr__(self):
         return repr(self._work)
+
+
+class _FutureSettler:
+    """Completes get_future()'s futures as their operations complete.
+
+    libcomm tells of a completion on its own threads, which must not run
+    Python; _C.CompletionQueue hands the completion to the threads here,
+    which take it without the GIL. Completing a future runs the callbacks
+    chained on it, and a callback may wait for another future that only
+    these threads complete: so while one runs, another thread stands by to
+    take the next completion. The threads number one plus the callbacks
+    running at once (at most _MAX_THREADS, beyond which a completion waits
+    for a free thread), not one per pending future; the last one ends when
+    no future is pending.
+
+    Not daemons: completing a future runs its callbacks, and torch releases
+    the GIL meanwhile; a daemon thread that then takes the GIL back while
+    the interpreter finalizes is ended inside torch's C++, which aborts the
+    process."""
+
+    _MAX_THREADS = 64
+    # How long a thread waits for a completion before it looks again
+    # whether any future is still pending.
+    _POLL_SECONDS = 1.0
+
+    def __init__(self):
+        self._lock = _threading.Lock()
+        self._queue = None  # made with the first future
+        # token -> [Work, future, operations not yet complete], under _lock
+        self._pending = {}
+        self._next_token = 0
+        self._threads = 0  # under _lock
+        self._standing_by = 0  # threads not running a callback, under _lock
+
+    def settle_when_complete(self, work, operations, future):
+        """Settles `future` through `work` once every one of `operations`
+        (work's _C.Works) has completed."""
+        with self._lock:
+            if self._queue is None:
+                self._queue = _C.CompletionQueue()
+            token = self._next_token
+            self._next_token += 1
+            self._pending[token] = [work, future, len(operations)]
+            try:
+                if self._standing_by == 0:
+                    self._start_thread()
+            except BaseException:
+                del self._pending[token]
+                raise
+        # After the future is pending: an operation already complete
+        # queues its token at once.
+        for operation in operations:
+            self._queue.watch(operation, token)
+
+    def _start_thread(self):
+        """Under _lock. Raises RuntimeError where the system refuses a
+        thread and none stands by."""
+        if self._threads >= self._MAX_THREADS:
+            return
+        self._threads += 1
+        self._standing_by += 1
+        try:
+            _threading.Thread(target=self._run, daemon=False,
+                              name="commdist-future").start()
+        except BaseException:
+            self._threads -= 1
+            self._standing_by -= 1
+            if self._threads == 0:
+                raise
+
+    def _run(self):
+        while True:
+            with self._lock:
+                # One thread stands by while any future is pending; the
+                # others end.
+                if not self._pending or self._standing_by > 1:
+                    self._threads -= 1
+                    self._standing_by -= 1
+                    return
+            token = self._queue.take(self._POLL_SECONDS)
+            if token is None:
+                continue
+            with self._lock:
+                entry = self._pending[token]
+                entry[2] -= 1
+                if entry[2] > 0:
+                    continue
+                work, future, _ = self._pending.pop(token)
+                self._standing_by -= 1
+                if self._pending and self._standing_by == 0:
+                    # Never raises: this thread is counted, and takes the
+                    # next completion itself once its callbacks have run.
+                    self._start_thread()
+            try:
+                work._settle(future)
+            finally:
+                with self._lock:
+                    self._standing_by += 1
+
+
+_future_settler = _FutureSettler()
 
 
 # ---- Stores ------------------------------------------------------------------
@@ -739,14 +842,14 @@ class _AllOf:
     """The operations of a coalesced call as one, for Work: complete when
     every one is, failed with the first failure."""
 
-    __slots__ = ("_works",)
+    __slots__ = ("works",)
 
     def __init__(self, works):
-        self._works = works
+        self.works = works
 
     def wait(self, timeout=None):
         if timeout is None:
-            for work in self._works:
+            for work in self.works:
                 work.wait(None)
             return True
         seconds = (timeout.total_seconds()
@@ -755,25 +858,28 @@ class _AllOf:
             raise InvalidArgument(
                 f"wait: the timeout must not be negative, not {timeout!r}")
         deadline = _time.monotonic() + seconds
-        for work in self._works:
+        for work in self.works:
             work.wait(max(0.0, deadline - _time.monotonic()))
         return True
 
     def is_completed(self):
-        return all(work.is_completed() for work in self._works)
+        return all(work.is_completed() for work in self.works)
 
     def is_success(self):
-        return all(work.is_success() for work in self._works)
+        return all(work.is_success() for work in self.works)
 
     def exception(self):
-        return next((e for e in (work.exception() for work in self._works)
+        return next((e for e in (work.exception() for work in self.works)
                      if e is not None), None)
+
+    def operation_completed(self):
+        return all(work.operation_completed() for work in self.works)
 
     def source_rank(self):
         raise InvalidArgument("a coalesced call has no source rank")
 
     def __repr__(self):
-        return f"<coalesced work of {len(self._works)} operations>"
+        return f"<coalesced work of {len(self.works)} operations>"
 
 
 def _coalesced(works, async_op, outputs):
