@@ -769,14 +769,21 @@ def futures_share_threads(_):
     """Many pending get_future()s hold no thread each: rank 0 posts
     futures_count receives, whose futures complete with the right tensors
     once rank 1 sends; a callback chained on the first waits for the last
-    one's future, which the settling threads must still complete; the
-    threads end once nothing is pending; and a coalesced call's future
-    waits for all its operations. World 2."""
+    one's future, which the settling threads must still complete; a
+    future the script completed itself does not stop the others; a child
+    forked meanwhile starts with no pending future; the threads end once
+    nothing is pending; and a coalesced call's future waits for all its
+    operations. World 2."""
     import threading
     import torch
     futures_count = 100
     threads_before = threading.active_count()
     if RANK == 0:
+        # A future the script completes itself: settling it fails, and
+        # the other futures must not care.
+        completed_here = dist.irecv(torch.zeros(1), 1,
+                                    tag=futures_count + 1).get_future()
+        completed_here.set_result(None)
         got = [torch.zeros(2) for _ in range(futures_count)]
         futures = [dist.irecv(t, 1, tag=i).get_future()
                    for i, t in enumerate(got)]
@@ -785,6 +792,14 @@ def futures_share_threads(_):
         threads_pending = threading.active_count() - threads_before
         assert threads_pending <= 1, (
             f"{threads_pending} threads for {futures_count} pending futures")
+        # A child forked now has none of the threads: it starts afresh.
+        child = os.fork()
+        if child == 0:
+            settler = dist._future_settler
+            os._exit(0 if not settler._pending and settler._threads == 0
+                     else 3)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0, (
+            "a forked child kept the parent's pending futures")
         dist.send(torch.ones(1), 1, tag=futures_count)  # rank 1: go
         for i, future in enumerate(futures):
             [value] = future.wait()
@@ -801,6 +816,7 @@ def futures_share_threads(_):
             f"{[t.name for t in threading.enumerate()]}")
     else:
         dist.recv(torch.zeros(1), 0, tag=futures_count)
+        dist.send(torch.ones(1), 0, tag=futures_count + 1)
         for i in range(futures_count):
             dist.send(torch.tensor([float(i), float(-i)]), 0, tag=i)
     # A coalesced call's future completes once each of its operations has.

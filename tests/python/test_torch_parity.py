@@ -332,3 +332,4 @@ def test_pending_futures_share_a_few_threads(tmp_path):
     outputs = run_ranks(tmp_path, "futures_share_threads", "torch", 2,
                         timeout=120)
     assert "futures share threads ok" in outputs[0], outputs[0]
+    assert "completing a future raised" in outputs[0], outputs[0]

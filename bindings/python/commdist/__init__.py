@@ -26,8 +26,10 @@ arrays are read or changed. Timeouts are seconds or datetime.timedelta.
 import datetime as _datetime
 import os as _os
 import pickle as _pickle
+import sys as _sys
 import threading as _threading
 import time as _time
+import traceback as _traceback
 import warnings as _warnings
 import weakref as _weakref
 
@@ -216,6 +218,12 @@ class Work:
             _future_settler.settle_when_complete(self, operations, future)
         return future
 
+    def _failed(self):
+        """Whether one of the operations has completed with an error."""
+        return any(operation.operation_completed()
+                   and not operation.is_success()
+                   for operation in self._operations())
+
     def _operations(self):
         """The _C.Works of libcomm's operations this Work completes with."""
         work = self._work
@@ -263,6 +271,12 @@ class _FutureSettler:
     _POLL_SECONDS = 1.0
 
     def __init__(self):
+        self._forget()
+
+    def _forget(self):
+        """Starts afresh, as in a child after fork(), which has none of the
+        threads and whose copies of the parent's operations never
+        complete."""
         self._lock = _threading.Lock()
         self._queue = None  # made with the first future
         # token -> [Work, future, operations not yet complete], under _lock
@@ -273,7 +287,7 @@ class _FutureSettler:
 
     def settle_when_complete(self, work, operations, future):
         """Settles `future` through `work` once every one of `operations`
-        (work's _C.Works) has completed."""
+        (work's _C.Works) has completed, or one has failed."""
         with self._lock:
             if self._queue is None:
                 self._queue = _C.CompletionQueue()
@@ -283,17 +297,19 @@ class _FutureSettler:
             try:
                 if self._standing_by == 0:
                     self._start_thread()
+                # After the future is pending: an operation already
+                # complete queues its token at once.
+                for operation in operations:
+                    self._queue.watch(operation, token)
             except BaseException:
+                # Tokens already queued for it find no entry, and are
+                # dropped.
                 del self._pending[token]
                 raise
-        # After the future is pending: an operation already complete
-        # queues its token at once.
-        for operation in operations:
-            self._queue.watch(operation, token)
 
     def _start_thread(self):
         """Under _lock. Raises RuntimeError where the system refuses a
-        thread and none stands by."""
+        thread and none is running; warns where it refuses a spare one."""
         if self._threads >= self._MAX_THREADS:
             return
         self._threads += 1
@@ -301,11 +317,16 @@ class _FutureSettler:
         try:
             _threading.Thread(target=self._run, daemon=False,
                               name="commdist-future").start()
-        except BaseException:
+        except BaseException as error:
             self._threads -= 1
             self._standing_by -= 1
             if self._threads == 0:
                 raise
+            _warnings.warn(
+                "commdist: no thread could be started to stand by while a "
+                f"future's callbacks run ({error}); a callback that waits "
+                "for another pending future waits until they end",
+                RuntimeWarning)
 
     def _run(self):
         while True:
@@ -320,11 +341,14 @@ class _FutureSettler:
             if token is None:
                 continue
             with self._lock:
-                entry = self._pending[token]
-                entry[2] -= 1
-                if entry[2] > 0:
+                entry = self._pending.get(token)
+                if entry is None:  # settled already, or never watched whole
                     continue
-                work, future, _ = self._pending.pop(token)
+                work, future, _ = entry
+                entry[2] -= 1
+                if entry[2] > 0 and not work._failed():
+                    continue
+                del self._pending[token]
                 self._standing_by -= 1
                 if self._pending and self._standing_by == 0:
                     # Never raises: this thread is counted, and takes the
@@ -332,12 +356,19 @@ class _FutureSettler:
                     self._start_thread()
             try:
                 work._settle(future)
+            except BaseException:  # noqa: BLE001 - reported, not fatal
+                # The future was completed by someone else, or completing
+                # it failed: the thread lives on for the other futures.
+                _sys.stderr.write("commdist: completing a future raised:\n"
+                                  + _traceback.format_exc())
             finally:
                 with self._lock:
                     self._standing_by += 1
 
 
 _future_settler = _FutureSettler()
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_future_settler._forget)
 
 
 # ---- Stores ------------------------------------------------------------------
@@ -848,6 +879,9 @@ class _AllOf:
         self.works = works
 
     def wait(self, timeout=None):
+        for work in self.works:  # an operation that failed already
+            if work.operation_completed() and not work.is_success():
+                work.wait(0)
         if timeout is None:
             for work in self.works:
                 work.wait(None)
