@@ -1,6 +1,8 @@
 #include "libcomm/detail/collective_args.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <tuple>
 
 #include "libcomm/cuda.h"
 #include "libcomm/error.h"
@@ -98,6 +100,61 @@ void check_tensor_list(std::string_view op, const std::vector<Tensor>& list,
     if (t.dtype() != like.dtype() || t.numel() != like.numel()) {
       throw InvalidArgument(std::string(op) + ": " + role + " " + t.describe() +
                             " does not match " + like.describe());
+    }
+  }
+  if (std::string_view(role) == "output") check_apart(op, list);
+}
+
+void check_apart(std::string_view op, const std::vector<Tensor>& outputs) {
+  const auto refuse = [&](std::size_t i, std::size_t j) {
+    throw InvalidArgument(
+        std::string(op) + ": outputs " + std::to_string(std::min(i, j)) +
+        " and " + std::to_string(std::max(i, j)) +
+        " share memory, so one rank's result would overwrite another's; "
+        "pass a tensor of its own for each rank");
+  };
+  const auto shared = [&](std::size_t i, std::size_t j) {
+    return outputs[i].device() == outputs[j].device() &&
+           overlaps(outputs[i], outputs[j]);
+  };
+  // A small list is compared pair by pair, without allocating: this runs
+  // on every call.
+  constexpr std::size_t kPairwise = 16;
+  if (outputs.size() <= kPairwise) {
+    for (std::size_t i = 1; i < outputs.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (shared(i, j)) refuse(i, j);
+      }
+    }
+    return;
+  }
+  // Sorted by device and start, a tensor that shares memory with any
+  // other shares it with the one sorted before it, or the tensor before
+  // that one ends past its start too; comparing with the furthest-reaching
+  // tensor so far of the device catches both.
+  std::vector<std::size_t> order(outputs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto start = [&](std::size_t i) {
+    return reinterpret_cast<std::uintptr_t>(outputs[i].data_ptr());
+  };
+  const auto key = [&](std::size_t i) {
+    const Device device = outputs[i].device();
+    return std::tuple(device.is_cuda(), device.index, start(i));
+  };
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
+  std::size_t reach = order.front();  // the furthest-ending so far
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const std::size_t i = order[k];
+    if (outputs[i].nbytes() == 0) continue;
+    if (outputs[reach].device() != outputs[i].device()) {
+      reach = i;
+      continue;
+    }
+    if (shared(i, reach)) refuse(i, reach);
+    if (start(i) + outputs[i].nbytes() >
+        start(reach) + outputs[reach].nbytes()) {
+      reach = i;
     }
   }
 }

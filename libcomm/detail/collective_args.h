@@ -38,10 +38,17 @@ void check_root(std::string_view op, int root, int size);
 
 // `list` holds `expected` tensors (0: this rank passes none, not being the
 // root), each passing check_tensor and matching `like` in dtype and number
-// of elements; `role` is "input" or "output".
+// of elements; `role` is "input" or "output", and outputs pass
+// check_apart.
 void check_tensor_list(std::string_view op, const std::vector<Tensor>& list,
                        std::size_t expected, const Tensor& like,
                        const char* role);
+
+// No two of `outputs` share a byte: each receives another rank's data, and
+// the ranks write them in no fixed order, so outputs that shared memory
+// would end up holding different results on different ranks. Inputs may
+// share memory (the same tensor scattered to every rank).
+void check_apart(std::string_view op, const std::vector<Tensor>& outputs);
 
 // Where each rank's blocks of an all_to_all lie, in elements until
 // scale() makes them bytes: for each rank p, the offset and length of the

@@ -126,3 +126,44 @@ TEST_CASE(
     CHECK(message.find("cuda:4000") == message.rfind("cuda:4000"));
   }
 }
+
+TEST_CASE(
+    "outputs that share memory are refused, naming the two, in short lists "
+    "and long ones; outputs apart, inputs that share, and empty outputs "
+    "pass") {
+  using comm::detail::check_tensor_list;
+  std::vector<float> memory(64 * 8);
+  const auto view = [&](std::size_t at, std::int64_t count) {
+    return Tensor::from_blob(memory.data() + at, {count}, DType::kF32);
+  };
+  for (const std::size_t size : {2UL, 5UL, 16UL, 17UL, 64UL}) {
+    INFO("outputs: " << size);
+    const Tensor like = Tensor::zeros({8}, DType::kF32);
+    std::vector<Tensor> apart;
+    // Placed out of order, back to back, so that sorting them matters.
+    for (std::size_t i = 0; i < size; ++i) {
+      apart.push_back(view(((i * 7) % size) * 8, 8));
+    }
+    check_tensor_list("all_gather", apart, size, like, "output");
+
+    std::vector<Tensor> same = apart;  // `[t] * world`
+    same.back() = same.front();
+    CHECK_THROWS_WITH(
+        check_tensor_list("all_gather", same, size, like, "output"),
+        Catch::Contains("all_gather: outputs 0 and " +
+                        std::to_string(size - 1) + " share memory"));
+    // One output straddling the first two blocks, which others hold.
+    std::vector<Tensor> straddles = apart;
+    straddles[size / 2] = view(4, 8);
+    CHECK_THROWS_AS(
+        check_tensor_list("gather", straddles, size, like, "output"),
+        InvalidArgument);
+    // The same tensor as every input (scatter from one buffer) is fine.
+    const std::vector<Tensor> inputs(size, apart.front());
+    check_tensor_list("scatter", inputs, size, like, "input");
+  }
+  // Empty outputs share no byte, wherever they point.
+  const Tensor none = Tensor::zeros({0}, DType::kF32);
+  const std::vector<Tensor> empties(20, view(0, 0));
+  check_tensor_list("all_gather", empties, 20, none, "output");
+}
