@@ -238,6 +238,18 @@ def scenario_collectives(out_dir, variant):
     gathered = [zeros(6) for _ in range(WORLD)]
     dist.all_gather(gathered, data(8, 6))
     results["all_gather"] = gathered
+    # One tensor as every output: gloo leaves the last rank's input in it.
+    # libcomm's backend stages such outputs in ordinary memory, which the
+    # peers' parts in shared host memory (variant "shared") do not agree
+    # with.
+    if variant != "shared":
+        one = zeros(6)
+        dist.all_gather([one] * WORLD, data(8, 6))
+        results["all_gather/one_output"] = one
+        one = zeros(5)
+        dist.gather(data(12, 5), gather_list=[one] * WORLD if RANK == 0
+                    else None, dst=0)
+        results["gather/one_output"] = one
     flat = zeros(WORLD * 6)
     attempt(results, "all_gather_into_tensor",
             lambda: dist.all_gather_into_tensor(flat, data(9, 6)) or flat)

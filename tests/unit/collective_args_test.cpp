@@ -167,3 +167,44 @@ TEST_CASE(
   const std::vector<Tensor> empties(20, view(0, 0));
   check_tensor_list("all_gather", empties, 20, none, "output");
 }
+
+TEST_CASE(
+    "check_apart, past 16 outputs, finds two that share memory with an "
+    "empty one sorted between them, and keeps devices apart") {
+  using comm::detail::check_apart;
+  std::vector<float> memory(1000);
+  const auto at = [&](std::size_t start, std::int64_t count,
+                      comm::Device device = comm::Device::cpu()) {
+    return Tensor::from_blob(memory.data() + start, {count}, DType::kF32,
+                             device);
+  };
+  // Twenty outputs apart, ten elements each from 500 on, and empty ones
+  // inside them: the sorted path, as more than 16.
+  std::vector<Tensor> outputs;
+  for (std::size_t i = 0; i < 20; ++i) {
+    outputs.push_back(at(500 + i * 10, 10));
+    outputs.push_back(at(500 + i * 10 + 5, 0));
+  }
+  check_apart("all_gather", outputs);
+  // The same addresses on a CUDA device are other memory, even sorted
+  // between the CPU ones' starts.
+  std::vector<Tensor> two_devices = outputs;
+  for (std::size_t i = 0; i < 20; ++i) {
+    two_devices.push_back(at(500 + i * 10 + 3, 10, comm::Device::cuda(0)));
+  }
+  check_apart("all_gather", two_devices);
+  // A long output, then an empty one inside it, then one it overlaps:
+  // the empty one in between must not hide the overlap.
+  std::vector<Tensor> empty_between = {at(0, 100), at(10, 0), at(20, 10)};
+  empty_between.insert(empty_between.end(), outputs.begin(), outputs.end());
+  CHECK_THROWS_WITH(check_apart("gather", empty_between),
+                    Catch::Contains("gather: outputs 0 and 2 share memory"));
+  // Overlapping outputs, one on each device, with another device's
+  // output sorted between them in address.
+  std::vector<Tensor> devices_between = outputs;
+  devices_between.push_back(at(0, 10, comm::Device::cuda(0)));
+  devices_between.push_back(at(2, 10));
+  devices_between.push_back(at(5, 10, comm::Device::cuda(0)));
+  CHECK_THROWS_WITH(check_apart("gather", devices_between),
+                    Catch::Contains("outputs 40 and 42 share memory"));
+}

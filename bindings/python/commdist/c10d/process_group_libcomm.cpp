@@ -5,10 +5,13 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "libcomm/error.h"
 #include "torch_cuda.h"
@@ -93,6 +96,29 @@ comm::Tensor view_of(const at::Tensor& tensor, const char* call) {
 
 }  // namespace
 
+namespace {
+
+// Whether two of `tensors`, all on one device, share a byte. Only
+// contiguous ones are looked at: Staging copies the others apart anyway.
+bool share_memory(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> extents;
+  extents.reserve(tensors.size());
+  for (const at::Tensor& tensor : tensors) {
+    if (!tensor.is_contiguous() || tensor.nbytes() == 0) continue;
+    const auto start = reinterpret_cast<std::uintptr_t>(tensor.data_ptr());
+    extents.emplace_back(start, start + tensor.nbytes());
+  }
+  std::sort(extents.begin(), extents.end());
+  std::uintptr_t reach = 0;  // the furthest end so far
+  for (const auto& [start, end] : extents) {
+    if (start < reach) return true;
+    reach = std::max(reach, end);
+  }
+  return false;
+}
+
+}  // namespace
+
 // Builds the comm::Tensors of one call, staging non-contiguous tensors
 // through contiguous copies, and the epilogue that copies results back.
 // Every tensor it is given is checked: dense, and on the CPU or on CUDA,
@@ -157,6 +183,28 @@ class Staging {
     at::Tensor staged = tensor.contiguous();
     copy_back(tensor, staged);
     return view_of(staged, call_);
+  }
+
+  // A list of outputs, one per rank. Where two share memory (`[t] *
+  // world`), libcomm refuses them, while gloo copies its results out of
+  // one flat buffer in rank order, leaving the last rank's where they
+  // overlap: every output is then staged and copied back in that order,
+  // so the program gets what gloo gives it.
+  std::vector<comm::Tensor> outputs(const std::vector<at::Tensor>& targets) {
+    for (const at::Tensor& target : targets) check_writable(target);
+    std::vector<comm::Tensor> views;
+    views.reserve(targets.size());
+    const bool shared = share_memory(targets);
+    for (const at::Tensor& target : targets) {
+      if (!shared) {
+        views.push_back(output(target));
+        continue;
+      }
+      at::Tensor staged = at::empty_like(target, at::MemoryFormat::Contiguous);
+      copy_back(target, staged);
+      views.push_back(view_of(staged, call_));
+    }
+    return views;
   }
 
   // After the operation: `destination` receives `source` (of as many
@@ -721,10 +769,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::allgather(
   comm::Tensor input = staging.input(single(inputs, call));
   std::vector<at::Tensor>& targets =
       per_rank(outputs, getSize(), call, "the output");
-  std::vector<comm::Tensor> views;
-  views.reserve(targets.size());
-  for (const at::Tensor& target : targets)
-    views.push_back(staging.output(target));
+  std::vector<comm::Tensor> views = staging.outputs(targets);
   return run(c10d::OpType::ALLGATHER, staging, targets,
              [&](comm::ProcessGroup& group) {
                return group.all_gather(
@@ -802,9 +847,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupLibcomm::gather(
   std::vector<at::Tensor> results;
   if (opts.rootRank == getRank()) {
     results = per_rank(outputs, getSize(), call, "the root's output");
-    for (const at::Tensor& target : results) {
-      views.push_back(staging.output(target));
-    }
+    views = staging.outputs(results);
   } else if (!empty_lists(outputs)) {
     throw comm::InvalidArgument(where(call) +
                                 "only the root rank passes output tensors");
