@@ -239,13 +239,17 @@ def scenario_collectives(out_dir, variant):
     dist.all_gather(gathered, data(8, 6))
     results["all_gather"] = gathered
     # One tensor as every output: gloo leaves the last rank's input in it.
-    # libcomm's backend stages such outputs in ordinary memory, which the
-    # peers' parts in shared host memory (variant "shared") do not agree
-    # with.
+    one = zeros(6)
+    dist.all_gather([one] * WORLD, data(8, 6))
+    results["all_gather/one_output"] = one
+    if WORLD == 2:  # a strided output and a contiguous one that overlap
+        square = zeros(2, 2)
+        dist.all_gather([square[:, 0], square[0, :]], data(8, 2))
+        results["all_gather/overlapping_views"] = square
+    # libcomm's backend stages the root's outputs in ordinary memory, which
+    # the peers' inputs in shared host memory (variant "shared") do not
+    # agree with.
     if variant != "shared":
-        one = zeros(6)
-        dist.all_gather([one] * WORLD, data(8, 6))
-        results["all_gather/one_output"] = one
         one = zeros(5)
         dist.gather(data(12, 5), gather_list=[one] * WORLD if RANK == 0
                     else None, dst=0)

@@ -294,9 +294,10 @@ class _FutureSettler:
             token = self._next_token
             self._next_token += 1
             self._pending[token] = [work, future, len(operations)]
+            refused = None
             try:
                 if self._standing_by == 0:
-                    self._start_thread()
+                    refused = self._start_thread()
                 # After the future is pending: an operation already
                 # complete queues its token at once.
                 for operation in operations:
@@ -306,27 +307,39 @@ class _FutureSettler:
                 # dropped.
                 del self._pending[token]
                 raise
+        if refused is not None:
+            self._warn_no_spare(refused)
 
     def _start_thread(self):
         """Under _lock. Raises RuntimeError where the system refuses a
-        thread and none is running; warns where it refuses a spare one."""
+        thread and none is running; returns its error where it refuses a
+        spare one, for the caller to warn of once the lock is released."""
         if self._threads >= self._MAX_THREADS:
-            return
+            return None
         self._threads += 1
         self._standing_by += 1
         try:
             _threading.Thread(target=self._run, daemon=False,
                               name="commdist-future").start()
-        except BaseException as error:
+        except RuntimeError as error:  # only a refusal: the thread is none
             self._threads -= 1
             self._standing_by -= 1
             if self._threads == 0:
                 raise
+            return error
+        return None
+
+    @staticmethod
+    def _warn_no_spare(error):
+        """Never raises: a settling thread has no caller to raise to."""
+        try:
             _warnings.warn(
                 "commdist: no thread could be started to stand by while a "
                 f"future's callbacks run ({error}); a callback that waits "
                 "for another pending future waits until they end",
                 RuntimeWarning)
+        except Exception:  # noqa: BLE001 - a warning filter set to error
+            pass
 
     def _run(self):
         while True:
@@ -340,6 +353,7 @@ class _FutureSettler:
             token = self._queue.take(self._POLL_SECONDS)
             if token is None:
                 continue
+            refused = None
             with self._lock:
                 entry = self._pending.get(token)
                 if entry is None:  # settled already, or never watched whole
@@ -353,14 +367,19 @@ class _FutureSettler:
                 if self._pending and self._standing_by == 0:
                     # Never raises: this thread is counted, and takes the
                     # next completion itself once its callbacks have run.
-                    self._start_thread()
+                    refused = self._start_thread()
+            if refused is not None:
+                self._warn_no_spare(refused)
             try:
                 work._settle(future)
             except BaseException:  # noqa: BLE001 - reported, not fatal
                 # The future was completed by someone else, or completing
                 # it failed: the thread lives on for the other futures.
-                _sys.stderr.write("commdist: completing a future raised:\n"
-                                  + _traceback.format_exc())
+                try:
+                    _sys.stderr.write("commdist: completing a future "
+                                      "raised:\n" + _traceback.format_exc())
+                except Exception:  # noqa: BLE001 - no stderr to write to
+                    pass
             finally:
                 with self._lock:
                     self._standing_by += 1

@@ -98,15 +98,22 @@ comm::Tensor view_of(const at::Tensor& tensor, const char* call) {
 
 namespace {
 
-// Whether two of `tensors`, all on one device, share a byte. Only
-// contiguous ones are looked at: Staging copies the others apart anyway.
+// Whether two of `tensors`, all on one device, may share a byte: each is
+// taken to span its memory from its first element to its last, so two
+// interleaved views (t[0::2], t[1::2]) count as sharing, which only costs
+// them a staging copy.
 bool share_memory(const std::vector<at::Tensor>& tensors) {
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> extents;
   extents.reserve(tensors.size());
   for (const at::Tensor& tensor : tensors) {
-    if (!tensor.is_contiguous() || tensor.nbytes() == 0) continue;
+    if (tensor.numel() == 0) continue;
+    std::int64_t span = 1;  // elements from the first to the last
+    for (std::int64_t d = 0; d < tensor.dim(); ++d) {
+      span += (tensor.size(d) - 1) * tensor.stride(d);
+    }
     const auto start = reinterpret_cast<std::uintptr_t>(tensor.data_ptr());
-    extents.emplace_back(start, start + tensor.nbytes());
+    extents.emplace_back(start,
+                         start + std::uintptr_t(span) * tensor.element_size());
   }
   std::sort(extents.begin(), extents.end());
   std::uintptr_t reach = 0;  // the furthest end so far
@@ -185,11 +192,11 @@ class Staging {
     return view_of(staged, call_);
   }
 
-  // A list of outputs, one per rank. Where two share memory (`[t] *
-  // world`), libcomm refuses them, while gloo copies its results out of
-  // one flat buffer in rank order, leaving the last rank's where they
-  // overlap: every output is then staged and copied back in that order,
-  // so the program gets what gloo gives it.
+  // A list of outputs, one per rank. Where two may share memory (`[t] *
+  // world`; see share_memory), libcomm would refuse them, while gloo
+  // copies its results out of one flat buffer in rank order, leaving the
+  // last rank's where they overlap: every output is then staged and
+  // copied back in that order, so the program gets what gloo gives it.
   std::vector<comm::Tensor> outputs(const std::vector<at::Tensor>& targets) {
     for (const at::Tensor& target : targets) check_writable(target);
     std::vector<comm::Tensor> views;
