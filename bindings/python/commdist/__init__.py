@@ -284,6 +284,9 @@ class _FutureSettler:
         self._next_token = 0
         self._threads = 0  # under _lock
         self._standing_by = 0  # threads not running a callback, under _lock
+        # A settling thread that forks (from a future's callback) goes on
+        # in the child, which counts none: it ends there without counting.
+        self._pid = _os.getpid()
 
     def settle_when_complete(self, work, operations, future):
         """Settles `future` through `work` once every one of `operations`
@@ -342,7 +345,10 @@ class _FutureSettler:
             pass
 
     def _run(self):
+        pid = self._pid
         while True:
+            if _os.getpid() != pid:
+                return
             with self._lock:
                 # One thread stands by while any future is pending; the
                 # others end.
@@ -381,8 +387,9 @@ class _FutureSettler:
                 except Exception:  # noqa: BLE001 - no stderr to write to
                     pass
             finally:
-                with self._lock:
-                    self._standing_by += 1
+                if _os.getpid() == pid:
+                    with self._lock:
+                        self._standing_by += 1
 
 
 _future_settler = _FutureSettler()
