@@ -128,10 +128,9 @@ void check_apart(std::string_view op, const std::vector<Tensor>& outputs) {
     }
     return;
   }
-  // Sorted by device and start, a tensor that shares memory with any
-  // other shares it with the one sorted before it, or the tensor before
-  // that one ends past its start too; comparing with the furthest-reaching
-  // tensor so far of the device catches both.
+  // Sorted by device and start, an output that shares memory with one
+  // sorted before it shares it with the furthest-ending output before it
+  // on its device; empty outputs share nothing and are passed over.
   std::vector<std::size_t> order(outputs.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   const auto start = [&](std::size_t i) {

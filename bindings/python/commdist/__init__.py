@@ -932,9 +932,6 @@ class _AllOf:
         return next((e for e in (work.exception() for work in self.works)
                      if e is not None), None)
 
-    def operation_completed(self):
-        return all(work.operation_completed() for work in self.works)
-
     def source_rank(self):
         raise InvalidArgument("a coalesced call has no source rank")
 

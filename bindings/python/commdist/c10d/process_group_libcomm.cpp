@@ -94,10 +94,6 @@ comm::Tensor view_of(const at::Tensor& tensor, const char* call) {
                                  [storage = tensor.storage()](void*) {});
 }
 
-}  // namespace
-
-namespace {
-
 // Whether two of `tensors`, all on one device, may share a byte: each is
 // taken to span its memory from its first element to its last, so two
 // interleaved views (t[0::2], t[1::2]) count as sharing, which only costs
@@ -186,10 +182,7 @@ class Staging {
 
   comm::Tensor output(const at::Tensor& tensor) {
     check_writable(tensor);
-    if (tensor.is_contiguous()) return view_of(tensor, call_);
-    at::Tensor staged = tensor.contiguous();
-    copy_back(tensor, staged);
-    return view_of(staged, call_);
+    return view_of_checked_output(tensor);
   }
 
   // A list of outputs, one per rank. Where two may share memory (`[t] *
@@ -204,7 +197,7 @@ class Staging {
     const bool shared = share_memory(targets);
     for (const at::Tensor& target : targets) {
       if (!shared) {
-        views.push_back(output(target));
+        views.push_back(view_of_checked_output(target));
         continue;
       }
       at::Tensor staged = at::empty_like(target, at::MemoryFormat::Contiguous);
@@ -266,6 +259,15 @@ class Staging {
   }
 
  private:
+  // output() past its check: the tensor itself where it is contiguous,
+  // else a staging copy.
+  comm::Tensor view_of_checked_output(const at::Tensor& tensor) {
+    if (tensor.is_contiguous()) return view_of(tensor, call_);
+    at::Tensor staged = tensor.contiguous();
+    copy_back(tensor, staged);
+    return view_of(staged, call_);
+  }
+
   const char* call_;
   std::optional<at::Device> first_device_;
   int cuda_device_ = -1;
