@@ -763,11 +763,9 @@ void Exchange::run_transfers() {
         }
       });
     }
-    const int ready = ::poll(
-        fds.data(), fds.size(),
-        sleep
-            ? remaining_ms(asking ? std::min(deadline_, next_query) : deadline_)
-            : 0);
+    const int ready =
+        ::poll(fds.data(), fds.size(),
+               sleep ? remaining_ms(std::min(deadline_, next_query)) : 0);
     const int poll_error = errno;
     if (armed) {
       for (int i : ring_transfers) {
@@ -788,8 +786,14 @@ void Exchange::run_transfers() {
     if (ready == 0) {
       const auto later = detail::Clock::now();
       if (later >= deadline_) time_out({});
-      if (asking && later >= next_query) {
-        for (int peer : owed_peers()) control_->query(peer, call_);
+      if (later >= next_query) {
+        if (!sent_owed_to_waited_ && settles_confirmations_) {
+          sent_owed_to_waited_ = true;
+          send_owed_to_waited_peers();
+        }
+        if (asking) {
+          for (int peer : owed_peers()) control_->query(peer, call_);
+        }
         query_interval = std::min(query_interval * 2, kMaxQuery);
         next_query = later + query_interval;
       }
@@ -1245,6 +1249,21 @@ std::vector<int> Exchange::owed_peers() const {
     }
   }
   return owed;
+}
+
+void Exchange::send_owed_to_waited_peers() {
+  auto waited_for = [this](int peer, const CallInfo&) {
+    bool waited = false;
+    for (const Transfer& t : transfers_) {
+      if (t.peer != peer) continue;
+      // Its bytes may be in the stream still, and a confirmation must not
+      // cut into them; what was owed went before them anyway.
+      if (t.kind == Transfer::Kind::kSend) return false;
+      waited = waited || !t.done();
+    }
+    return waited;
+  };
+  send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_, waited_for);
 }
 
 void Exchange::time_out(std::vector<Report> reports) {

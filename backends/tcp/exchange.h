@@ -38,7 +38,10 @@
 // call they are in, and again at doubling intervals up to kMaxQuery, so
 // that ranks that called different collectives (different roots, say) and
 // so exchange no message at all find out instead of waiting for the
-// timeout.
+// timeout. At the first of those moments the step also sends what its rank
+// still owes (send_confirmation) to each peer it waits to receive from and
+// sends nothing to (send_owed_to_waited_peers): that peer may be waiting
+// for those confirmations before the step in which it sends to this rank.
 //
 // A peer on this host is reached through shared-memory rings (Mesh::ring)
 // instead of a socket, with the same bytes (header and payload), so every
@@ -385,6 +388,17 @@ class Exchange final : public CollectiveStep {
   // fails this call, if anything.
   void read_control();
   std::vector<int> owed_peers() const;
+  // Sends the confirmations this rank owes to each peer that this step
+  // still waits to receive from and has no send to (a step that sends to a
+  // peer sent them before its first byte, in settle_confirmations). The
+  // ranks of a call that agree send to the peers they receive from in the
+  // same step, so their confirmations travel that way; ranks whose steps
+  // disagree (their kind of memory, their COMM_SHM_DIRECT_* settings, their
+  // split sizes) can leave a peer waiting for the confirmations of this
+  // rank before it sends anything, while this rank waits for that peer's
+  // data: once sent, the peer goes on into the call and finds the
+  // disagreement (MismatchError) instead of both waiting for the timeout.
+  void send_owed_to_waited_peers();
   // The deadline passed, here or (per `reports`) at a peer: tells the
   // others whom this rank waited for, gathers their reports for a moment,
   // and throws TimeoutError naming the ranks nobody heard from, as a
@@ -436,6 +450,8 @@ class Exchange final : public CollectiveStep {
   // send_owed_confirmations() was called: this step sends every
   // confirmation owed, to every peer.
   bool sends_every_owed_ = false;
+  // send_owed_to_waited_peers() has run in this step.
+  bool sent_owed_to_waited_ = false;
   const CallInfo* running_ = nullptr;
 };
 

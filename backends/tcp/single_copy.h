@@ -92,13 +92,14 @@ enum class AtTwoRanks {
 // (libcomm/shared_host_memory.h), which its peers read through mappings
 // with a plain copy, from COMM_SHM_DIRECT_SHARED_THRESHOLD_BYTES on
 // (gather and scatter: each part, judged_bytes), whatever the group's
-// size. Each rank judges its own
-// buffers: the ranks of a call agree only where every rank's buffers are
-// shared or none are, and a rank that reads where its peers stream (or
-// the reverse) is a MismatchError naming the call (see the pattern above),
-// or, where the reading rank waits first for a confirmation that a
-// streaming peer owes it (broadcast.cpp), a TimeoutError: that peer sends
-// it only in a step that sends to the reader.
+// size. Each rank judges its own buffers: the ranks of a call agree only
+// where every rank's buffers are shared or none are, and a rank that reads
+// where its peers stream (or the reverse) is a MismatchError naming the
+// call (see the pattern above). Where the reading rank first waits for a
+// confirmation that a streaming peer owes it (broadcast.cpp), and that
+// peer's step sends nothing to the reader, the error comes after about
+// 100 ms, once the peer's step has waited that long and sends what it owes
+// (Exchange::send_owed_to_waited_peers).
 enum class Buffers { kOrdinary, kShared };
 // kShared when every (address, bytes) in `buffers` lies in one block of
 // shared host memory, kOrdinary otherwise.
