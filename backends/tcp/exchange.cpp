@@ -787,9 +787,9 @@ void Exchange::run_transfers() {
       const auto later = detail::Clock::now();
       if (later >= deadline_) time_out({});
       if (later >= next_query) {
-        if (!sent_owed_to_waited_ && settles_confirmations_) {
-          sent_owed_to_waited_ = true;
-          send_owed_to_waited_peers();
+        if (!sent_owed_while_stalled_ && settles_confirmations_) {
+          sent_owed_while_stalled_ = true;
+          send_owed_while_stalled();
         }
         if (asking) {
           for (int peer : owed_peers()) control_->query(peer, call_);
@@ -1251,19 +1251,17 @@ std::vector<int> Exchange::owed_peers() const {
   return owed;
 }
 
-void Exchange::send_owed_to_waited_peers() {
-  auto waited_for = [this](int peer, const CallInfo&) {
-    bool waited = false;
-    for (const Transfer& t : transfers_) {
-      if (t.peer != peer) continue;
-      // Its bytes may be in the stream still, and a confirmation must not
-      // cut into them; what was owed went before them anyway.
-      if (t.kind == Transfer::Kind::kSend) return false;
-      waited = waited || !t.done();
-    }
-    return waited;
+void Exchange::send_owed_while_stalled() {
+  auto sends_nothing_to = [this](int peer, const CallInfo&) {
+    // A send's bytes may be in the stream still, and a confirmation must
+    // not cut into them; what was owed went before them anyway.
+    return std::none_of(
+        transfers_.begin(), transfers_.end(), [&](const Transfer& t) {
+          return t.peer == peer && t.kind == Transfer::Kind::kSend;
+        });
   };
-  send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_, waited_for);
+  send_confirmations(mesh_, &call_, control_, deadline_, wake_fd_,
+                     sends_nothing_to);
 }
 
 void Exchange::time_out(std::vector<Report> reports) {

@@ -39,9 +39,10 @@
 // that ranks that called different collectives (different roots, say) and
 // so exchange no message at all find out instead of waiting for the
 // timeout. At the first of those moments the step also sends what its rank
-// still owes (send_confirmation) to each peer it waits to receive from and
-// sends nothing to (send_owed_to_waited_peers): that peer may be waiting
-// for those confirmations before the step in which it sends to this rank.
+// still owes (send_confirmation) to every peer it sends nothing to
+// (send_owed_while_stalled): such a peer may be waiting for those
+// confirmations, directly or through a chain of ranks, before it sends what
+// this step waits for.
 //
 // A peer on this host is reached through shared-memory rings (Mesh::ring)
 // instead of a socket, with the same bytes (header and payload), so every
@@ -388,17 +389,19 @@ class Exchange final : public CollectiveStep {
   // fails this call, if anything.
   void read_control();
   std::vector<int> owed_peers() const;
-  // Sends the confirmations this rank owes to each peer that this step
-  // still waits to receive from and has no send to (a step that sends to a
-  // peer sent them before its first byte, in settle_confirmations). The
-  // ranks of a call that agree send to the peers they receive from in the
-  // same step, so their confirmations travel that way; ranks whose steps
-  // disagree (their kind of memory, their COMM_SHM_DIRECT_* settings, their
-  // split sizes) can leave a peer waiting for the confirmations of this
-  // rank before it sends anything, while this rank waits for that peer's
-  // data: once sent, the peer goes on into the call and finds the
-  // disagreement (MismatchError) instead of both waiting for the timeout.
-  void send_owed_to_waited_peers();
+  // Sends the confirmations this rank owes to every peer this step has no
+  // send to (a step that sends to a peer sent them before its first byte,
+  // in settle_confirmations). Among ranks that agree on a call, a peer
+  // that a step receives from sends to it in that same step, so what the
+  // peer owes goes first; ranks whose steps disagree (their kind of memory,
+  // their COMM_SHM_DIRECT_* settings, their split sizes) can leave a peer
+  // waiting for this rank's confirmations before it sends anything, while
+  // this rank waits for that peer, or for a third rank that waits for it:
+  // once they are sent, the peer goes on into the call and finds the
+  // disagreement (MismatchError) instead of every rank waiting for the
+  // timeout. A peer that was not waiting reads them before its next
+  // receive from this rank, as it would have anyway.
+  void send_owed_while_stalled();
   // The deadline passed, here or (per `reports`) at a peer: tells the
   // others whom this rank waited for, gathers their reports for a moment,
   // and throws TimeoutError naming the ranks nobody heard from, as a
@@ -450,8 +453,8 @@ class Exchange final : public CollectiveStep {
   // send_owed_confirmations() was called: this step sends every
   // confirmation owed, to every peer.
   bool sends_every_owed_ = false;
-  // send_owed_to_waited_peers() has run in this step.
-  bool sent_owed_to_waited_ = false;
+  // send_owed_while_stalled() has run in this step.
+  bool sent_owed_while_stalled_ = false;
   const CallInfo* running_ = nullptr;
 };
 

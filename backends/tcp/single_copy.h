@@ -99,7 +99,7 @@ enum class AtTwoRanks {
 // confirmation that a streaming peer owes it (broadcast.cpp), and that
 // peer's step sends nothing to the reader, the error comes after about
 // 100 ms, once the peer's step has waited that long and sends what it owes
-// (Exchange::send_owed_to_waited_peers).
+// (Exchange::send_owed_while_stalled).
 enum class Buffers { kOrdinary, kShared };
 // kShared when every (address, bytes) in `buffers` lies in one block of
 // shared host memory, kOrdinary otherwise.

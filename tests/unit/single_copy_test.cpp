@@ -1585,8 +1585,10 @@ TEST_CASE(
 // wait for the confirmations a peer owes it, while that peer, on the rings'
 // algorithm, waits for its data without sending to it (at three ranks, an
 // all_reduce whose ring step receives from one neighbour and sends to the
-// other). Before Exchange::send_owed_to_waited_peers, both waited for the
-// timeout, and the error said the reader had not started the call.
+// other), or waits for a third rank that waits for the reader (at four, an
+// all_gather whose recursive doubling never meets the reader). Before
+// Exchange::send_owed_while_stalled, every rank waited for the timeout, and
+// the error said the reader had not started the call.
 TEST_CASE(
     "ranks that disagree on shared host memory after rooted calls left "
     "confirmations owed each way fail with MismatchError, not at the "
@@ -1689,72 +1691,80 @@ TEST_CASE(
        },
        false},
   };
+  // One rank differs from the others: rank `odd`'s buffers are ordinary
+  // memory and the others' shared, or (`odd_shares`) the reverse.
   for (int world : {2, 3, 4}) {
     for (const auto& [name, call, rooted] : calls) {
-      for (int ordinary = 0; ordinary < world; ++ordinary) {
-        for (int root = 0; root < (rooted ? world : 1); ++root) {
-          std::atomic<std::size_t> read{0};
-          std::vector<double> seconds(world, 0);
-          std::vector<int> timed_out(world, 0);
-          std::vector<int> mismatched(world, 0);
-          auto errors = run_ranks(world, read, [&](Rank& rank) {
-            std::vector<std::unique_ptr<SharedBytes>> shared;
-            std::vector<Bytes> plain;
-            plain.reserve(4 * static_cast<std::size_t>(world) + 2);
-            const Make ordinary_memory = [&](std::size_t bytes) {
-              plain.emplace_back(bytes, 0);
-              return plain.back().data();
-            };
-            // Every rank the root of a broadcast (its children owe it
-            // confirmations) and of a gather (it owes them), all agreeing.
+      for (int odd = 0; odd < world; ++odd) {
+        for (bool odd_shares : {false, true}) {
+          if (world == 2 && odd_shares) continue;  // the same two ranks
+          for (int root = 0; root < (rooted ? world : 1); ++root) {
+            std::atomic<std::size_t> read{0};
+            std::vector<double> seconds(world, 0);
+            std::vector<int> timed_out(world, 0);
+            std::vector<int> mismatched(world, 0);
+            auto errors = run_ranks(world, read, [&](Rank& rank) {
+              std::vector<std::unique_ptr<SharedBytes>> shared;
+              std::vector<Bytes> plain;
+              plain.reserve(4 * static_cast<std::size_t>(world) + 2);
+              const Make ordinary_memory = [&](std::size_t bytes) {
+                plain.emplace_back(bytes, 0);
+                return plain.back().data();
+              };
+              // Every rank the root of a broadcast (its children owe it
+              // confirmations) and of a gather (it owes them), all agreeing.
+              for (int r = 0; r < world; ++r) {
+                broadcast(rank, ordinary_memory, r);
+                gather(rank, ordinary_memory, r);
+              }
+              const Make make = [&](std::size_t bytes) -> std::uint8_t* {
+                if ((rank.rank() == odd) != odd_shares) {
+                  return ordinary_memory(bytes);
+                }
+                shared.push_back(std::make_unique<SharedBytes>(bytes));
+                return shared.back()->data();
+              };
+              rank.set_timeout(10s);
+              const int me = rank.rank();
+              const auto start = std::chrono::steady_clock::now();
+              auto stop_clock = [&] {
+                seconds[me] = std::chrono::duration<double>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
+              };
+              try {
+                call(rank, make, root);
+                stop_clock();
+              } catch (const comm::TimeoutError&) {
+                stop_clock();
+                timed_out[me] = 1;
+                throw;
+              } catch (const comm::MismatchError&) {
+                stop_clock();
+                mismatched[me] = 1;
+                throw;
+              } catch (...) {
+                stop_clock();
+                throw;
+              }
+            });
+            INFO("world " << world << ", " << name << " from root " << root
+                          << ", rank " << odd << " alone with "
+                          << (odd_shares ? "shared" : "ordinary") << " memory");
             for (int r = 0; r < world; ++r) {
-              broadcast(rank, ordinary_memory, r);
-              gather(rank, ordinary_memory, r);
+              INFO("rank " << r << " (" << seconds[r] << " s): " << errors[r]);
+              CHECK(timed_out[r] == 0);
+              CHECK(seconds[r] < 6.0);
             }
-            const Make make = [&](std::size_t bytes) -> std::uint8_t* {
-              if (rank.rank() == ordinary) return ordinary_memory(bytes);
-              shared.push_back(std::make_unique<SharedBytes>(bytes));
-              return shared.back()->data();
-            };
-            rank.set_timeout(8s);
-            const int me = rank.rank();
-            const auto start = std::chrono::steady_clock::now();
-            auto stop_clock = [&] {
-              seconds[me] = std::chrono::duration<double>(
-                                std::chrono::steady_clock::now() - start)
-                                .count();
-            };
-            try {
-              call(rank, make, root);
-              stop_clock();
-            } catch (const comm::TimeoutError&) {
-              stop_clock();
-              timed_out[me] = 1;
-              throw;
-            } catch (const comm::MismatchError&) {
-              stop_clock();
-              mismatched[me] = 1;
-              throw;
-            } catch (...) {
-              stop_clock();
-              throw;
+            // Where the call fails everywhere, a rank names the
+            // disagreement. Where some rank finishes (it read the root
+            // directly, say, while a peer on the rings' tree waits for it as
+            // its parent), the others fail as it goes on: here, as it leaves
+            // the group.
+            if (std::none_of(errors.begin(), errors.end(),
+                             [](const std::string& e) { return e.empty(); })) {
+              CHECK(std::count(mismatched.begin(), mismatched.end(), 1) >= 1);
             }
-          });
-          INFO("world " << world << ", " << name << " from root " << root
-                        << ", rank " << ordinary << " with ordinary memory");
-          for (int r = 0; r < world; ++r) {
-            INFO("rank " << r << " (" << seconds[r] << " s): " << errors[r]);
-            CHECK(timed_out[r] == 0);
-            CHECK(seconds[r] < 4.0);
-          }
-          // Where the call fails everywhere, a rank names the
-          // disagreement. Where some rank finishes (it read the root
-          // directly, say, while a peer on the rings' tree waits for it as
-          // its parent), the others fail as it goes on: here, as it leaves
-          // the group.
-          if (std::none_of(errors.begin(), errors.end(),
-                           [](const std::string& e) { return e.empty(); })) {
-            CHECK(std::count(mismatched.begin(), mismatched.end(), 1) >= 1);
           }
         }
       }
