@@ -1587,8 +1587,7 @@ TEST_CASE(
 // all_reduce whose ring step receives from one neighbour and sends to the
 // other), or waits for a third rank that waits for the reader (at four, an
 // all_gather whose recursive doubling never meets the reader). Before
-// Exchange::send_owed_while_stalled, every rank waited for the timeout, and
-// the error said the reader had not started the call.
+// Exchange::send_owed_while_stalled, every rank waited for the timeout.
 TEST_CASE(
     "ranks that disagree on shared host memory after rooted calls left "
     "confirmations owed each way fail with MismatchError, not at the "
