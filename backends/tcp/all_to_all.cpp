@@ -38,7 +38,7 @@
 // ranks still trades the same messages, which every algorithm sends
 // without waiting on any other peer, but a rank that owes a peer a
 // confirmation (broadcast.cpp) sends it in a step that sends to that peer
-// (or after its step has waited 100 ms for that peer, exchange.h), while
+// (or once a step of its has waited 100 ms for anyone, exchange.h), while
 // the peer reads it before anything else it receives from the rank. The
 // direct step and the reads' first step send to every peer, and so send
 // every confirmation owed; pairwise steps do not, so their first sends
