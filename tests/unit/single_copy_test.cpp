@@ -1586,8 +1586,8 @@ TEST_CASE(
 // algorithm, waits for its data without sending to it (at three ranks, an
 // all_reduce whose ring step receives from one neighbour and sends to the
 // other), or waits for a third rank that waits for the reader (at four, an
-// all_gather whose recursive doubling never meets the reader). Before
-// Exchange::send_owed_while_stalled, every rank waited for the timeout.
+// all_gather whose recursive doubling never meets the reader). What
+// breaks the wait is Exchange::send_owed_while_stalled.
 TEST_CASE(
     "ranks that disagree on shared host memory after rooted calls left "
     "confirmations owed each way fail with MismatchError, not at the "
