@@ -787,10 +787,7 @@ void Exchange::run_transfers() {
       const auto later = detail::Clock::now();
       if (later >= deadline_) time_out({});
       if (later >= next_query) {
-        if (!sent_owed_while_stalled_ && settles_confirmations_) {
-          sent_owed_while_stalled_ = true;
-          send_owed_while_stalled();
-        }
+        if (settles_confirmations_) send_owed_while_stalled();
         if (asking) {
           for (int peer : owed_peers()) control_->query(peer, call_);
         }

@@ -38,8 +38,8 @@
 // call they are in, and again at doubling intervals up to kMaxQuery, so
 // that ranks that called different collectives (different roots, say) and
 // so exchange no message at all find out instead of waiting for the
-// timeout. At the first of those moments the step also sends what its rank
-// still owes (send_confirmation) to every peer it sends nothing to
+// timeout. At those moments the step also sends what its rank still owes
+// (send_confirmation) to every peer it sends nothing to
 // (send_owed_while_stalled): such a peer may be waiting for those
 // confirmations, directly or through a chain of ranks, before it sends what
 // this step waits for.
@@ -400,7 +400,9 @@ class Exchange final : public CollectiveStep {
   // once they are sent, the peer goes on into the call and finds the
   // disagreement (MismatchError) instead of every rank waiting for the
   // timeout. A peer that was not waiting reads them before its next
-  // receive from this rank, as it would have anyway.
+  // receive from this rank, as it would have anyway. Called at every query
+  // time: confirmations become owed only as a step ends, so the first call
+  // sends all there is and the later ones find nothing due.
   void send_owed_while_stalled();
   // The deadline passed, here or (per `reports`) at a peer: tells the
   // others whom this rank waited for, gathers their reports for a moment,
@@ -453,8 +455,6 @@ class Exchange final : public CollectiveStep {
   // send_owed_confirmations() was called: this step sends every
   // confirmation owed, to every peer.
   bool sends_every_owed_ = false;
-  // send_owed_while_stalled() has run in this step.
-  bool sent_owed_while_stalled_ = false;
   const CallInfo* running_ = nullptr;
 };
 

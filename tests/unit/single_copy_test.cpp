@@ -1725,25 +1725,24 @@ TEST_CASE(
               };
               rank.set_timeout(10s);
               const int me = rank.rank();
-              const auto start = std::chrono::steady_clock::now();
-              auto stop_clock = [&] {
-                seconds[me] = std::chrono::duration<double>(
-                                  std::chrono::steady_clock::now() - start)
-                                  .count();
-              };
+              // Records how long the call took, however it ends.
+              struct Stopwatch {
+                double& seconds;
+                std::chrono::steady_clock::time_point start =
+                    std::chrono::steady_clock::now();
+                ~Stopwatch() {
+                  seconds = std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - start)
+                                .count();
+                }
+              } stopwatch{seconds[me]};
               try {
                 call(rank, make, root);
-                stop_clock();
               } catch (const comm::TimeoutError&) {
-                stop_clock();
                 timed_out[me] = 1;
                 throw;
               } catch (const comm::MismatchError&) {
-                stop_clock();
                 mismatched[me] = 1;
-                throw;
-              } catch (...) {
-                stop_clock();
                 throw;
               }
             });
